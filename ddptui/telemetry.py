@@ -1,0 +1,112 @@
+"""The telemetry event schema shared by the ranks (trainer/) and the parent (ddptui/).
+
+Events are plain JSON-safe dicts; every one has "t" (unix time), "kind" and "rank" (-1: the parent).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+# kind -> the fields a consumer may rely on (beyond t, kind, rank).
+KINDS: dict[str, tuple[str, ...]] = {
+    "step": ("epoch", "step", "loss", "samples_per_s", "step_ms", "data_wait"),
+    "gpu": ("gpu",),  # util, mem_used, mem_total, power_w, temp_c | cpu_percent, rss
+    "epoch": ("epoch", "samples", "seconds", "samples_per_s", "data_wait", "settings"),
+    "settings": ("settings", "epoch"),
+    "rank": ("state",),  # starting|running|stopped|crashed|restarting|done, pid, reason
+    "world": ("size", "ranks"),
+    "run": ("status",),  # started|done|failed|interrupted
+    "message": ("level", "text"),  # progress and warnings for the event pane
+    "checkpoint": ("path", "epoch", "step"),
+}
+RANK_STATES = ("starting", "running", "stopped", "crashed", "restarting", "done")
+PARENT = -1
+
+
+def event(kind: str, rank: int, **fields) -> dict:
+    """A new event stamped with the current time."""
+    return {"t": round(time.time(), 3), "kind": kind, "rank": rank, **fields}
+
+
+def encode(ev: dict) -> str:
+    """One JSONL line; NaN/inf (a diverged loss) become null so the line stays valid JSON."""
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in ev.items()}
+    return json.dumps(clean, separators=(",", ":")) + "\n"
+
+
+def decode(line: str) -> dict | None:
+    """Parse one line; None for a blank, malformed or foreign line."""
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(ev, dict) or ev.get("kind") not in KINDS or "rank" not in ev:
+        return None
+    return ev
+
+
+class JsonlWriter:
+    """Appends events to a file; each line is one write() on an O_APPEND descriptor, so several
+    ranks of a torchrun launch can share one log without tearing lines."""
+
+    def __init__(self, path: str):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, ev: dict) -> None:
+        os.write(self._fd, encode(ev).encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_events(path: str) -> list[dict]:
+    """All valid events of a log, in file order."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [ev for ev in map(decode, f) if ev is not None]
+
+
+def describe(ev: dict) -> str | None:
+    """A human line for the events a log pane or a headless console shows; None for the rest."""
+    kind = ev["kind"]
+    who = "" if ev["rank"] == PARENT else f"rank {ev['rank']}: "
+    if kind == "message":
+        level = ev.get("level", "info")
+        return f"{who}{'' if level == 'info' else level + ': '}{ev.get('text', '')}"
+    if kind == "epoch":
+        s = ev.get("settings") or {}
+        val = (f"  val_loss {ev['val_loss']:.4f}  val_acc {100 * ev['val_acc']:.1f}%"
+               if ev.get("val_acc") is not None else "")
+        return (f"epoch {ev['epoch']}: loss {_num(ev.get('train_loss'))}{val}  "
+                f"{ev.get('samples_per_s', 0):,.0f} img/s/rank  "
+                f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
+                f"[prefetch {'on' if s.get('prefetch') else 'off'}, workers {s.get('workers')}, "
+                f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
+    if kind == "settings":
+        s = ev.get("settings") or {}
+        body = ", ".join(f"{k} {_onoff(v)}" for k, v in s.items())
+        return f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}: {body}"
+    if kind == "checkpoint":
+        return f"checkpoint written: {ev.get('path')}"
+    if kind == "rank":
+        reason = f" ({ev['reason']})" if ev.get("reason") else ""
+        return f"rank {ev['rank']} {ev.get('state')}{reason}"
+    if kind == "world":
+        return f"world: {ev.get('size')} ranks {ev.get('ranks')}"
+    if kind == "run" and ev.get("status") in ("paused", "resumed"):
+        return f"run {ev['status']} at step {ev.get('global_step')}"
+    return None
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _onoff(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)

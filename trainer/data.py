@@ -1,0 +1,210 @@
+"""Datasets and loaders for every --data kind, with the transforms and the sampler wired in.
+
+Image sets yield uint8 CHW tensors (normalisation happens on the device, see prefetch.py);
+`synthetic` makes its batches on the device and measures compute alone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+from torchvision import datasets, transforms
+
+from trainer.config import RunConfig, UsageError
+from trainer.lifeline import die_with_parent
+from trainer.sampler import ShardedBatchSampler, shard_indices
+from trainer.shapes import ensure_shapes
+
+SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
+SYNTHETIC_CLASSES = 1000
+
+
+class DataError(Exception):
+    """A data problem the user must fix (corrupt image, bad dataset function)."""
+
+
+@dataclass
+class DataBundle:
+    train: Dataset | None  # None for synthetic
+    val: Dataset | None
+    num_train: int
+    num_classes: int
+    in_channels: int
+
+
+class KeyedDataset(Dataset):
+    """Applies a transform to a base dataset and accepts the sampler's (epoch, index) keys.
+
+    With a seed, each sample's augmentation is seeded by (seed, epoch, index): the same sample
+    gets the same crop whatever worker, world size or resume point produced it.
+    """
+
+    def __init__(self, base: Dataset, transform: Callable | None, seed: int | None = None):
+        self.base, self.transform, self.seed = base, transform, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, key):
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        try:
+            image, label = self.base[index]
+        except (OSError, SyntaxError, ValueError) as e:  # PIL's ways of saying "not an image"
+            raise DataError(f"corrupt or unreadable sample {_describe(self.base, index)}: {e}") from None
+        if self.seed is not None:
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(label)
+
+
+def _describe(base: Dataset, index: int) -> str:
+    samples = getattr(base, "samples", None)
+    return samples[index][0] if samples else f"#{index}"
+
+
+def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -> DataBundle:
+    """Open (or generate) the configured data; user mistakes raise UsageError or DataError."""
+    kind, path, size = config.data_kind, config.data_path, config.resolved_image_size
+    seed = config.seed if config.deterministic else None
+    if kind == "synthetic":
+        return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
+    if kind == "shapes":
+        root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
+        return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed)
+    if kind == "imagefolder":
+        train_dir = os.path.join(path, "train")
+        if os.path.isdir(train_dir):
+            val_dir = os.path.join(path, "val")
+            return _imagefolder(train_dir, val_dir if os.path.isdir(val_dir) else None, size, seed)
+        return _imagefolder(path, None, size, seed)
+    if kind == "cifar10":
+        train = datasets.CIFAR10(path, train=True, download=False)
+        val = datasets.CIFAR10(path, train=False, download=False)
+        aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
+        return _small(train, val, 3, aug, size, 32, seed)
+    if kind in ("mnist", "fashion-mnist"):
+        cls = datasets.MNIST if kind == "mnist" else datasets.FashionMNIST
+        train, val = cls(path, train=True, download=False), cls(path, train=False, download=False)
+        return _small(train, val, 1, [], size, 28, seed)
+    return _custom(config.data, size, seed)
+
+
+def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None) -> DataBundle:
+    try:
+        train = datasets.ImageFolder(train_dir)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise UsageError(f"no images found under {train_dir}: {e}") from None
+    train_tf = transforms.Compose([
+        transforms.RandomResizedCrop(size, scale=(0.35, 1.0), antialias=True),
+        transforms.RandomHorizontalFlip(),
+        transforms.PILToTensor(),
+    ])
+    val_tf = transforms.Compose([
+        transforms.Resize(int(size * 8 / 7), antialias=True),
+        transforms.CenterCrop(size),
+        transforms.PILToTensor(),
+    ])
+    if val_dir:
+        val = datasets.ImageFolder(val_dir)
+    else:  # hold out every 20th image so each epoch still reports val accuracy
+        every = list(range(len(train)))
+        val = Subset(datasets.ImageFolder(train_dir), every[::20])
+        train = Subset(train, [i for i in every if i % 20])
+        train.samples = [train.dataset.samples[i] for i in train.indices]
+        val.samples = [val.dataset.samples[i] for i in val.indices]
+    classes = train.classes if hasattr(train, "classes") else train.dataset.classes
+    return DataBundle(KeyedDataset(train, train_tf, seed), KeyedDataset(val, val_tf), len(train),
+                      len(classes), 3)
+
+
+def _small(train: Dataset, val: Dataset, channels: int, aug: list, size: int, native: int,
+           seed: int | None) -> DataBundle:
+    resize = [transforms.Resize(size, antialias=True)] if size != native else []
+    train_tf = transforms.Compose(resize + aug + [transforms.PILToTensor()])
+    val_tf = transforms.Compose(resize + [transforms.PILToTensor()])
+    return DataBundle(KeyedDataset(train, train_tf, seed), KeyedDataset(val, val_tf), len(train),
+                      len(train.classes), channels)
+
+
+def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
+    fn = load_callable(spec, "data")
+    made = fn()
+    train, val = made if isinstance(made, tuple) else (made, None)
+    if not hasattr(train, "__getitem__") or not hasattr(train, "__len__") or len(train) == 0:
+        raise DataError(f"{spec} must return a non-empty map-style Dataset (or a (train, val) pair)")
+    image, _ = train[0]
+    if hasattr(image, "mode"):  # PIL: give it the ImageFolder treatment
+        channels = 1 if image.mode in ("L", "I", "F") else 3
+        tf = transforms.Compose([transforms.Resize((size, size), antialias=True),
+                                 transforms.PILToTensor()])
+    else:
+        channels, tf = int(image.shape[0]), None
+    classes = getattr(train, "classes", None)
+    num_classes = len(classes) if classes else getattr(train, "num_classes", None)
+    if not num_classes:  # no metadata: count the labels once
+        num_classes = 1 + max(int(train[i][1]) for i in range(len(train)))
+    return DataBundle(KeyedDataset(train, tf, seed), KeyedDataset(val, tf) if val else None,
+                      len(train), int(num_classes), channels)
+
+
+def load_callable(spec: str, what: str) -> Callable:
+    """Import `pkg.module:function`; a missing one is the user's mistake (UsageError)."""
+    module_name, _, attr = spec.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"cannot import {what} module {module_name}: {e}") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UsageError(f"{what} {spec}: {module_name} has no function {attr}")
+    return fn
+
+
+def build_train_loader(bundle: DataBundle, sampler: ShardedBatchSampler, workers: int,
+                       pin_memory: bool) -> DataLoader:
+    """The training DataLoader over the sampler's remaining batches."""
+    return DataLoader(bundle.train, batch_sampler=sampler, num_workers=workers,
+                      pin_memory=pin_memory, persistent_workers=workers > 0,
+                      prefetch_factor=4 if workers > 0 else None, worker_init_fn=worker_init)
+
+
+def build_val_loader(bundle: DataBundle, batch_size: int, rank: int, world_size: int,
+                     workers: int, pin_memory: bool) -> DataLoader | None:
+    if bundle.val is None:
+        return None
+    shard = Subset(bundle.val, shard_indices(len(bundle.val), rank, world_size))
+    return DataLoader(shard, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
+                      persistent_workers=workers > 0, worker_init_fn=worker_init)
+
+
+def worker_init(_worker_id: int) -> None:
+    """DataLoader workers die with their rank, even one killed with SIGKILL (no orphans)."""
+    die_with_parent()
+
+
+class SyntheticBatches:
+    """Random batches made once on the device and served len(sampler) times: compute alone."""
+
+    def __init__(self, sampler: ShardedBatchSampler, batch_size: int, image_size: int,
+                 num_classes: int, device: torch.device, channels_last: bool):
+        self.sampler = sampler
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(batch_size, 3, image_size, image_size, device=device, generator=g)
+        self.images = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+        self.labels = torch.randint(0, num_classes, (batch_size,), device=device, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(len(self.sampler)):
+            yield self.images, self.labels

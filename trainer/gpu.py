@@ -1,0 +1,95 @@
+"""The device sampler: a daemon thread per rank that reports its own device a few times a second.
+
+GPU ranks read NVML for their physical GPU; CPU ranks (and GPU ranks whose NVML fails) report the
+process tree's CPU% and RSS from psutil. A failure is said once and the run goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import psutil
+
+
+class DeviceSampler(threading.Thread):
+    """Calls emit("gpu", ...) every `interval` seconds until stopped."""
+
+    def __init__(self, emit: Callable[..., None], warn: Callable[[str], None],
+                 physical_gpu: int | None, interval: float = 0.5):
+        super().__init__(name="device-sampler", daemon=True)
+        self.emit, self.warn = emit, warn
+        self.physical_gpu = physical_gpu
+        self.interval = interval
+        self._halt = threading.Event()
+        self._process = psutil.Process()
+        self._known: dict[int, psutil.Process] = {}
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        nvml = self._open_nvml() if self.physical_gpu is not None else None
+        self._cpu_percent()  # psutil's first reading is meaningless; prime it
+        while not self._halt.wait(self.interval):
+            if nvml is not None:
+                try:
+                    self.emit("gpu", **nvml())
+                    continue
+                except Exception as e:  # a GPU fallen off the bus must not stop training
+                    self.warn(f"NVML reading failed, reporting CPU figures instead: {e}")
+                    nvml = None
+            self.emit("gpu", gpu=self.physical_gpu, cpu_percent=self._cpu_percent(),
+                      rss=self._rss())
+
+    def _open_nvml(self) -> Callable[[], dict] | None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical_gpu)
+        except Exception as e:
+            self.warn(f"NVML unavailable for GPU {self.physical_gpu}, reporting CPU figures: {e}")
+            return None
+        gpu = self.physical_gpu
+
+        def read() -> dict:
+            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            return {
+                "gpu": gpu,
+                "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
+                "mem_used": mem.used >> 20,
+                "mem_total": mem.total >> 20,
+                "power_w": round(pynvml.nvmlDeviceGetPowerUsage(handle) / 1000, 1),
+                "temp_c": pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+            }
+
+        return read
+
+    def _tree(self) -> list[psutil.Process]:
+        # Keep the Process objects: cpu_percent() measures since the same object's last call.
+        try:
+            children = self._process.children(recursive=True)
+        except psutil.Error:
+            children = []
+        alive = {p.pid: self._known.get(p.pid, p) for p in children}
+        self._known = alive
+        return [self._process, *alive.values()]
+
+    def _cpu_percent(self) -> float:
+        total = 0.0
+        for p in self._tree():
+            try:
+                total += p.cpu_percent()
+            except psutil.Error:
+                pass
+        return round(total, 1)
+
+    def _rss(self) -> int:
+        total = 0
+        for p in self._tree():
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total >> 20

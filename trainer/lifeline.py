@@ -1,0 +1,34 @@
+"""Ties a process's life to its parent's: a rank, or a DataLoader worker, never outlives the
+process that started it, even when that parent is killed with SIGKILL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us when the parent thread dies (Linux PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Belt and braces for PDEATHSIG (other OSes, a parent that died before prctl): a daemon
+    thread that ends the process within `interval` of the parent disappearing."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(interval)
+
+    if os.getppid() != parent_pid:
+        os._exit(1)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -1,0 +1,119 @@
+"""Where a rank's telemetry goes: the supervisor's queue, a JSONL log, or both.
+
+Also the StepMeter, which aggregates steps between sends and reads the loss one interval late,
+so reporting never adds a host/device synchronisation to the training step.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ddptui.telemetry import JsonlWriter, event
+
+
+class Reporter:
+    """Emits events for one rank; thread-safe (the device sampler thread shares it)."""
+
+    def __init__(self, rank: int, queue=None, log_path: str | None = None):
+        self.rank = rank
+        self.queue = queue
+        self.writer = JsonlWriter(log_path) if log_path else None
+
+    def emit(self, kind: str, **fields) -> None:
+        ev = event(kind, self.rank, **fields)
+        if self.queue is not None:
+            self.queue.put(ev)
+        if self.writer is not None:
+            self.writer.write(ev)
+
+    def message(self, text: str, level: str = "info") -> None:
+        self.emit("message", level=level, text=text)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self.queue is not None:
+            self.queue.close()
+            self.queue.join_thread()  # flush what the feeder thread still holds
+
+
+class StepMeter:
+    """Counts steps, samples and input wait; emits at most `hz` step events a second.
+
+    On CUDA the loss sum is copied to pinned memory behind an event and read at the next send,
+    by which time the copy has long finished: the loss shown lags by one interval, never syncs.
+    """
+
+    def __init__(self, reporter: Reporter, hz: float, batch_size: int, device: torch.device):
+        self.reporter = reporter
+        self.interval = 1.0 / hz if hz > 0 else 0.0
+        self.batch_size = batch_size
+        self.cuda = device.type == "cuda"
+        self.loss_sum = torch.zeros((), device=device)
+        self.epoch_loss_sum = torch.zeros((), device=device)
+        self._pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
+        self._last_loss: float | None = None
+        self.reset_epoch()
+        self._begin_interval()
+        self._sent_any = False
+
+    def reset_epoch(self) -> None:
+        self.epoch_steps = 0
+        self.epoch_wait = 0.0
+        self.epoch_start = time.perf_counter()
+        self.epoch_loss_sum.zero_()
+
+    def _begin_interval(self) -> None:
+        self.steps = 0
+        self.wait = 0.0
+        self.start = time.perf_counter()
+
+    def waited(self, seconds: float) -> None:
+        self.wait += seconds
+        self.epoch_wait += seconds
+
+    def step(self, loss: torch.Tensor, epoch: int, step: int, global_step: int) -> None:
+        loss = loss.detach().float()
+        self.loss_sum += loss
+        self.epoch_loss_sum += loss
+        self.steps += 1
+        self.epoch_steps += 1
+        now = time.perf_counter()
+        if self._sent_any and now - self.start < self.interval:
+            return
+        self._sent_any = True
+        elapsed = max(now - self.start, 1e-9)
+        self.reporter.emit(
+            "step", epoch=epoch, step=step, global_step=global_step, loss=self._read_loss(),
+            samples_per_s=round(self.steps * self.batch_size / elapsed, 2),
+            step_ms=round(1000 * elapsed / self.steps, 3),
+            data_wait=round(min(1.0, self.wait / elapsed), 4))
+        self._begin_interval()
+
+    def _read_loss(self) -> float | None:
+        if not self.cuda:
+            value = self.loss_sum.item() / self.steps
+            self.loss_sum.zero_()
+            return value
+        if self._pending is not None:
+            host, done, steps = self._pending
+            if done.query():
+                self._last_loss = host.item() / steps
+        host = torch.empty((), pin_memory=True)
+        host.copy_(self.loss_sum, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._pending = (host, done, self.steps)
+        self.loss_sum.zero_()
+        return self._last_loss
+
+    def epoch_summary(self) -> dict:
+        """Figures for the `epoch` event; one sync at the epoch's end is fine."""
+        seconds = max(time.perf_counter() - self.epoch_start, 1e-9)
+        steps = max(self.epoch_steps, 1)
+        return {"train_loss": self.epoch_loss_sum.item() / steps, "steps": self.epoch_steps,
+                "samples": self.epoch_steps * self.batch_size, "seconds": round(seconds, 3),
+                "samples_per_s": round(self.epoch_steps * self.batch_size / seconds, 2),
+                "data_wait": round(min(1.0, self.epoch_wait / seconds), 4)}

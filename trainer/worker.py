@@ -1,0 +1,444 @@
+"""One DDP rank: process group, data, model, and the training loop that applies live commands.
+
+`main()` is the entry for ranks spawned by ddptui's supervisor and, through __main__.py, for
+ranks started by torchrun or srun. Everything is built by plain functions from one RunConfig.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ddptui.telemetry import describe
+from trainer.checkpoint import (find_resume_state, load_checkpoint, prune_checkpoints,
+                                save_checkpoint)
+from trainer.config import RunConfig, UsageError
+from trainer.control import Control
+from trainer.data import (DataBundle, DataError, SyntheticBatches, build_datasets,
+                          build_train_loader, build_val_loader)
+from trainer.gpu import DeviceSampler
+from trainer.models import build_model, count_parameters
+from trainer.prefetch import Normalize, plain_batches, prefetched_batches
+from trainer.reporter import Reporter, StepMeter
+from trainer.sampler import ShardedBatchSampler
+
+
+@dataclass
+class Rank:
+    """Who this process is in the job and what it computes on."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    physical_gpu: int | None
+    reporter: Reporter
+    echo: bool  # print progress to the console (rank 0 under torchrun)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def say(self, text: str, level: str = "info") -> None:
+        """Progress for the user: rank 0 reports it; warnings come from every rank."""
+        if self.is_main or level != "info":
+            self.reporter.message(text, level)
+            if self.echo:
+                print(text if level == "info" else f"rank {self.rank}: {level}: {text}",
+                      file=sys.stdout if level == "info" else sys.stderr, flush=True)
+
+
+@dataclass
+class State:
+    """What the loop carries from step to step and into a checkpoint."""
+
+    settings: dict
+    global_step: int = 0
+    best_val_acc: float = 0.0
+    paused: bool = False
+    stop: bool = False
+    pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
+    written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
+
+
+def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
+         init_method: str = "env://", queue=None, inbox=None, physical_gpu: int | None = None,
+         echo: bool = False) -> int:
+    """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input)."""
+    use_cuda = torch.cuda.is_available() and config.cpus is None
+    local = rank if local_rank is None else local_rank
+    device = torch.device("cuda", 0 if physical_gpu is not None else local) if use_cuda else \
+        torch.device("cpu")
+    if use_cuda and physical_gpu is None:
+        physical_gpu = _physical_index(local)
+    me = Rank(rank, world_size, device, physical_gpu if use_cuda else None,
+              Reporter(rank, queue, config.log if queue is None else None), echo)
+    sampler_thread = DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), me.physical_gpu)
+    try:
+        control_group = setup_process_group(me, init_method)
+        me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(device),
+                         gpu=me.physical_gpu, host=os.uname().nodename)
+        me.say(f"process group ready: {world_size} ranks on {dist.get_backend()}")
+        sampler_thread.start()
+        train(config, me, Control(inbox, rank, control_group))
+        return 0
+    except (UsageError, DataError) as e:
+        text = _one_line(e)
+        me.reporter.emit("message", level="error", text=text, usage=True)
+        if echo or queue is None:
+            print(f"error: {text}", file=sys.stderr, flush=True)
+        return 2
+    except Exception as e:
+        traceback.print_exc()
+        me.reporter.emit("message", level="error", text=f"{type(e).__name__}: {_one_line(e)}")
+        return 1
+    finally:
+        sampler_thread.stop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        me.reporter.close()
+
+
+def _one_line(e: Exception) -> str:
+    # DataLoader re-raises a worker's exception with the worker traceback in the message.
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
+    last = lines[-1]
+    for prefix in ("trainer.data.DataError: ", "trainer.config.UsageError: "):
+        last = last.removeprefix(prefix)
+    return last
+
+
+def _physical_index(local_rank: int) -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v for v in visible.split(",") if v.strip()]
+        if local_rank < len(ids) and ids[local_rank].strip().isdigit():
+            return int(ids[local_rank])
+    return local_rank
+
+
+def setup_process_group(me: Rank, init_method: str):
+    """nccl on GPUs, gloo on CPUs; plus a small gloo group that carries live commands."""
+    if me.device.type == "cuda":
+        torch.cuda.set_device(me.device)
+        dist.init_process_group("nccl", init_method=init_method, rank=me.rank,
+                                world_size=me.world_size, device_id=me.device)
+    else:
+        dist.init_process_group("gloo", init_method=init_method, rank=me.rank,
+                                world_size=me.world_size)
+    return dist.new_group(backend="gloo")
+
+
+def configure_torch(config: RunConfig, me: Rank) -> None:
+    torch.manual_seed(config.seed)
+    if me.device.type == "cpu":
+        # Ranks share the host's cores; oversubscribed intra-op threads thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // me.world_size))
+    torch.backends.cudnn.benchmark = config.cudnn_benchmark
+    if config.deterministic:
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    if config.amp == "off" and me.device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
+                    total_steps: int):
+    lr = config.lr * (world_size if config.lr_scaling == "linear" else 1)
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]  # norms and biases
+    optimizer = torch.optim.SGD(
+        [{"params": decay, "weight_decay": config.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr, momentum=config.momentum, nesterov=True)
+    warmup = max(1, total_steps // 10)
+
+    def factor(step: int) -> float:
+        # Linear warm-up, then cosine decay; clamped, since a resumed or re-sharded run may
+        # take more steps than planned.
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class Loaders:
+    """The DataLoaders for the settings in force; rebuilt when the worker count changes."""
+
+    def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
+                 sampler: ShardedBatchSampler, settings: dict):
+        self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
+        self.normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
+        self.train = self.val = None
+        self.workers = None
+        self.apply(settings)
+
+    def apply(self, settings: dict) -> None:
+        if settings["workers"] == self.workers or self.bundle.train is None:
+            return
+        self.close()
+        self.workers = settings["workers"]
+        pin = self.me.device.type == "cuda"
+        self.train = build_train_loader(self.bundle, self.sampler, self.workers, pin)
+        self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
+                                    self.me.world_size, self.workers, pin)
+
+    def train_batches(self, prefetch: bool):
+        if self.bundle.train is None:
+            return iter(SyntheticBatches(self.sampler, self.config.batch_size,
+                                         self.config.resolved_image_size, self.bundle.num_classes,
+                                         self.me.device, self.config.channels_last))
+        if prefetch and self.me.device.type == "cuda":
+            return prefetched_batches(self.train, self.me.device, self.normalize)
+        return plain_batches(self.train, self.me.device, self.normalize,
+                             self.me.device.type == "cuda")
+
+    def close(self) -> None:
+        for loader in (self.train, self.val):
+            it = getattr(loader, "_iterator", None)
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()  # persistent workers end now, not at interpreter exit
+        self.train = self.val = None
+
+
+def train(config: RunConfig, me: Rank, control: Control) -> None:
+    """Build everything, then run epochs until done or stopped."""
+    configure_torch(config, me)
+    bundle = build_datasets(config, progress=me.say)
+    model = build_model(config.model, bundle.num_classes, bundle.in_channels,
+                        config.resolved_image_size).to(me.device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    if config.sync_bn:
+        if me.device.type == "cuda":
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        else:
+            me.say("--sync-bn needs CUDA ranks; using per-rank BatchNorm", "warning")
+    ddp = DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
+              gradient_as_bucket_view=True)
+    sampler = ShardedBatchSampler(bundle.num_train, config.batch_size, me.rank, me.world_size,
+                                  seed=config.seed, max_steps=config.steps_per_epoch)
+    total_steps = config.epochs * len(sampler)
+    if total_steps == 0:
+        raise UsageError(f"{bundle.num_train} training samples make no step of "
+                         f"{config.batch_size} x {me.world_size} ranks: lower --batch-size")
+    optimizer, scheduler = build_optimizer(config, model, me.world_size, total_steps)
+    scaler = torch.amp.GradScaler(me.device.type, enabled=config.amp == "fp16")
+    state = State(settings=config.settings(me.world_size))
+    start_epoch = resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
+    me.say(f"{config.model}: {count_parameters(model) / 1e6:.1f}M parameters, "
+           f"{bundle.num_classes} classes, {bundle.num_train} training samples, "
+           f"{len(sampler)} steps per epoch on rank {me.rank}")
+    if me.device.type != "cuda" and state.settings["prefetch"]:
+        me.say("prefetcher needs CUDA: CPU ranks load batches directly")
+    loaders = Loaders(config, me, bundle, sampler, state.settings)
+    meter = StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device)
+    autocast = _autocast(config, me.device)
+    parts = Parts(config, me, model, ddp, optimizer, scheduler, scaler, sampler, loaders, meter,
+                  autocast, control, state)
+    try:
+        for epoch in range(start_epoch, config.epochs):
+            if epoch != sampler.epoch or sampler.steps_done == 0:
+                sampler.set_epoch(epoch)
+            meter.reset_epoch()
+            train_one_epoch(parts, epoch)
+            if state.stop:
+                save(parts)
+                me.say(f"stopped at epoch {epoch} step {sampler.steps_done}")
+                return
+            end_epoch(parts, epoch)
+        me.say("training done")
+    finally:
+        control.finish()
+        loaders.close()
+
+
+@dataclass
+class Parts:
+    """The built pieces the loop works with, passed as one object."""
+
+    config: RunConfig
+    me: Rank
+    model: torch.nn.Module
+    ddp: DDP
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: ShardedBatchSampler
+    loaders: Loaders
+    meter: StepMeter
+    autocast: object
+    control: Control
+    state: State
+
+
+def _autocast(config: RunConfig, device: torch.device):
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
+    return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
+def train_one_epoch(p: Parts, epoch: int) -> None:
+    """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
+    p.ddp.train()
+    batches = p.loaders.train_batches(p.state.settings["prefetch"])
+    every = p.config.checkpoint_every
+    while not p.state.stop:
+        waited = time.perf_counter()
+        try:
+            images, labels = next(batches)
+        except StopIteration:
+            break
+        p.meter.waited(time.perf_counter() - waited)
+        with p.autocast():
+            loss = F.cross_entropy(p.ddp(images), labels)
+        p.optimizer.zero_grad(set_to_none=True)
+        p.scaler.scale(loss).backward()
+        p.scaler.step(p.optimizer)
+        p.scaler.update()
+        p.scheduler.step()
+        p.sampler.step_done()
+        p.state.global_step += 1
+        p.meter.step(loss, epoch, p.sampler.steps_done, p.state.global_step)
+        if every and p.state.global_step % every == 0:
+            save(p)
+        handle_commands(p, p.control.poll(p.state.global_step))
+        while p.state.paused and not p.state.stop:
+            handle_commands(p, p.control.tick_paused())
+
+
+def handle_commands(p: Parts, commands: list[dict]) -> None:
+    """Apply agreed commands; every rank runs this with the same list at the same step."""
+    for cmd in commands:
+        op = cmd.get("op")
+        if op == "pause" and not p.state.paused:
+            p.state.paused = True
+            p.me.reporter.emit("run", status="paused", global_step=p.state.global_step)
+        elif op == "resume" and p.state.paused:
+            p.state.paused = False
+            p.me.reporter.emit("run", status="resumed", global_step=p.state.global_step)
+        elif op == "checkpoint":
+            save(p)
+        elif op == "stop":
+            p.state.stop = True
+        elif op == "settings":
+            p.state.pending.update(cmd["settings"])
+            if p.me.is_main:
+                p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
+                                   epoch=p.sampler.epoch + 1, status="pending")
+
+
+@torch.no_grad()
+def validate(p: Parts) -> tuple[float, float] | None:
+    """Loss and accuracy over the whole validation set, all-reduced (each sample once)."""
+    if p.loaders.val is None:
+        return None
+    p.model.eval()  # the unwrapped module: no DDP collectives inside an uneven shard
+    totals = torch.zeros(3, device=p.me.device, dtype=torch.float64)
+    for images, labels in plain_batches(p.loaders.val, p.me.device, p.loaders.normalize,
+                                        p.me.device.type == "cuda"):
+        with p.autocast():
+            logits = p.model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+        totals[1] += (logits.argmax(1) == labels).sum()
+        totals[2] += labels.numel()
+    p.model.train()
+    dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return (loss_sum / count, correct / count) if count else None
+
+
+def end_epoch(p: Parts, epoch: int) -> None:
+    summary = p.meter.epoch_summary()
+    val = validate(p)
+    if val:
+        summary["val_loss"], summary["val_acc"] = round(val[0], 5), round(val[1], 5)
+        p.state.best_val_acc = max(p.state.best_val_acc, val[1])
+    ev = dict(epoch=epoch, settings=dict(p.state.settings), world_size=p.me.world_size,
+              global_step=p.state.global_step, **summary)
+    p.me.reporter.emit("epoch", **ev)
+    if p.me.echo and p.me.is_main:
+        print(describe({"kind": "epoch", "rank": 0, **ev}), flush=True)
+    p.sampler.set_epoch(epoch + 1)
+    if epoch + 1 < p.config.epochs:
+        apply_pending(p, epoch + 1)
+    save(p)
+
+
+def apply_pending(p: Parts, next_epoch: int) -> None:
+    """Settings agreed during the epoch take effect on every rank from the next epoch."""
+    if not p.state.pending:
+        return
+    p.state.settings.update(p.state.pending)
+    p.state.pending.clear()
+    torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
+    p.loaders.apply(p.state.settings)
+    if p.me.is_main:
+        p.me.reporter.emit("settings", settings=dict(p.state.settings), epoch=next_epoch,
+                           status="applied")
+
+
+def save(p: Parts) -> None:
+    """Rank 0 writes a checkpoint of the current position (when a directory is set)."""
+    if not p.config.checkpoint_dir or not p.me.is_main:
+        return
+    path = save_checkpoint(p.config.checkpoint_dir, {
+        "model_name": p.config.model,
+        "model": p.model.state_dict(),
+        "optimizer": p.optimizer.state_dict(),
+        "scheduler": p.scheduler.state_dict(),
+        "scaler": p.scaler.state_dict(),
+        "sampler": p.sampler.state_dict(),
+        "global_step": p.state.global_step,
+        "best_val_acc": p.state.best_val_acc,
+        "settings": dict(p.state.settings),
+        "world_size": p.me.world_size,
+    })
+    p.state.written.append(path)
+    prune_checkpoints(p.config.checkpoint_dir, p.state.written)
+    p.me.reporter.emit("checkpoint", path=path, epoch=p.sampler.epoch,
+                       step=p.sampler.steps_done, global_step=p.state.global_step)
+
+
+def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
+           sampler: ShardedBatchSampler, state: State) -> int:
+    """Load the resume checkpoint, if asked for; return the epoch to start at."""
+    if not config.resume:
+        return 0
+    if config.resume == "auto":
+        found = find_resume_state(config.checkpoint_dir, config.model,
+                                  lambda text: me.say(text, "warning") if me.is_main else None)
+        if found is None:
+            me.say(f"no usable checkpoint in {config.checkpoint_dir}: starting from scratch")
+            return 0
+        path, ckpt = found
+    else:
+        path = config.resume
+        try:
+            ckpt = load_checkpoint(path, config.model)
+        except ValueError as e:
+            raise UsageError(f"cannot resume from {path}: {e}") from None
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    scheduler.load_state_dict(ckpt["scheduler"])
+    scaler.load_state_dict(ckpt["scaler"])
+    # The position is in global samples, so it holds even if the world size changed.
+    sampler.load_state_dict(ckpt["sampler"])
+    state.global_step = ckpt["global_step"]
+    state.best_val_acc = ckpt["best_val_acc"]
+    state.settings.update(ckpt["settings"])
+    if config.workers is not None:
+        state.settings["workers"] = config.workers
+    torch.backends.cudnn.benchmark = state.settings["cudnn_benchmark"]
+    me.say(f"resumed from {path}: epoch {sampler.epoch}, step {sampler.steps_done}")
+    return sampler.epoch
