@@ -237,9 +237,13 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
     scaler = torch.amp.GradScaler(me.device.type, enabled=config.amp == "fp16")
     state = State(settings=config.settings(me.world_size))
     start_epoch = resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
-    me.say(f"{config.model}: {count_parameters(model) / 1e6:.1f}M parameters, "
-           f"{bundle.num_classes} classes, {bundle.num_train} training samples, "
-           f"{len(sampler)} steps per epoch on rank {me.rank}")
+    if me.is_main:
+        params = count_parameters(model)
+        me.reporter.emit("message", level="info", steps_per_epoch=total_steps // config.epochs,
+                         num_train=bundle.num_train, num_classes=bundle.num_classes,
+                         params=params, text=f"{config.model}: {params / 1e6:.1f}M parameters, "
+                         f"{bundle.num_classes} classes, {bundle.num_train} training samples, "
+                         f"{total_steps // config.epochs} steps per epoch")
     if me.device.type != "cuda" and state.settings["prefetch"]:
         me.say("prefetcher needs CUDA: CPU ranks load batches directly")
     loaders = Loaders(config, me, bundle, sampler, state.settings)

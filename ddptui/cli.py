@@ -1,0 +1,170 @@
+"""The `ddptui` command: run, gpus, replay. Parses and validates everything before any process
+starts, so bad input is one line on stderr and exit code 2; torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from ddptui import __version__
+from trainer.config import Parser, UsageError, add_training_options, config_from_args
+
+EXAMPLES = """examples:
+  ddptui run resnet18                         # all GPUs (or 2 CPU ranks), built-in shapes data
+  ddptui run resnet18 --gpus 0,1 --amp bf16 --channels-last
+  ddptui run resnet50 --gpus all --data imagefolder:/data/imagenet --workers 12
+  ddptui run mypkg.models:get_model --data mypkg.data:get_dataset --cpus 2
+  ddptui run resnet18 --headless --epochs 1 --log runs/quick.jsonl
+  ddptui gpus                                 # what NVML sees, in nvidia-smi order
+  ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
+
+keys in the dashboard: up/down select a rank, space pause/resume, ? help, q quit
+exit codes: 0 done, 1 training failed, 2 bad usage or input, 130 interrupted (Ctrl-C, q)"""
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="ddptui", description="Launch PyTorch DDP training and steer it live.",
+                    epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ddptui {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    run = sub.add_parser("run", help="start one rank per GPU (or CPU rank) and watch it",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_options(run)
+    g = run.add_argument_group("launch")
+    g.add_argument("--gpus", default=None, metavar="LIST",
+                   help="GPU indices in nvidia-smi order (0,1) or 'all' (default: all GPUs)")
+    g.add_argument("--cpus", type=int, default=None, metavar="N",
+                   help="N CPU ranks on gloo (default 2 where there is no GPU)")
+    g.add_argument("--headless", action="store_true",
+                   help="no dashboard: status lines on stdout (automatic when not a terminal)")
+    sub.add_parser("gpus", help="list the GPUs NVML sees")
+    replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
+    replay.add_argument("file", metavar="FILE.jsonl")
+    replay.add_argument("--speed", type=float, default=1.0,
+                        help="playback speed (0: as fast as possible)")
+    replay.add_argument("--headless", action="store_true", help="print the events instead")
+    return parser
+
+
+def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None):
+    """(--gpus, --cpus) -> (tuple of GPU indices or None, CPU rank count or None)."""
+    if gpus is not None and cpus is not None:
+        raise UsageError("use either --gpus or --cpus, not both")
+    if cpus is not None:
+        if cpus < 1:
+            raise UsageError(f"--cpus must be at least 1, got {cpus}")
+        return None, cpus
+    if count is None:
+        from ddptui.nvml import gpu_count
+
+        count = gpu_count()
+    if gpus is None:
+        return (tuple(range(count)), None) if count else (None, 2)
+    if count == 0:
+        raise UsageError("no NVIDIA GPU found: --gpus needs one (use --cpus N for CPU ranks)")
+    if gpus.strip() == "all":
+        return tuple(range(count)), None
+    try:
+        chosen = tuple(int(x) for x in gpus.split(","))
+    except ValueError:
+        raise UsageError(f"bad --gpus {gpus!r}: use indices like 0,1 or 'all'") from None
+    if len(set(chosen)) != len(chosen):
+        raise UsageError(f"bad --gpus {gpus!r}: an index appears twice")
+    bad = [i for i in chosen if not 0 <= i < count]
+    if bad:
+        raise UsageError(f"--gpus {gpus}: no GPU {bad[0]} (this machine has {count}: "
+                         f"0-{count - 1})")
+    return chosen, None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    gpus, cpus = resolve_devices(args.gpus, args.cpus)
+    headless = args.headless or not sys.stdout.isatty()
+    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
+    from ddptui.supervisor import Supervisor, default_log_path
+
+    supervisor = Supervisor(config, config.log or default_log_path())
+    if headless:
+        return run_headless(supervisor)
+    from ddptui.app import DashboardApp
+
+    app = DashboardApp(supervisor)
+    _stop_on_signals(lambda code: app.call_from_thread(app.action_quit)
+                     if app.is_running else supervisor.stop(code=code))
+    app.run()
+    code = supervisor.wait()
+    view = supervisor.state.view()
+    if code not in (0, None) and view["reason"]:
+        print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
+    return 1 if code is None else code
+
+
+def run_headless(supervisor) -> int:
+    from ddptui.headless import HeadlessConsole
+
+    console = HeadlessConsole(supervisor.state)
+    _stop_on_signals(lambda code: supervisor.stop(code=code))
+    print(f"ddptui: logging to {supervisor.log_path}", flush=True)
+    supervisor.start()
+    while not supervisor.done.wait(0.25):
+        console.poll()
+    console.finish()
+    code = supervisor.exit_code
+    view = supervisor.state.view()
+    if code == 2:
+        print(f"ddptui: error: {view['reason']}", file=sys.stderr)
+    elif code not in (0, None) and view["reason"]:
+        print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
+    return 1 if code is None else code
+
+
+def _stop_on_signals(stop) -> None:
+    """Ctrl-C -> 130, SIGTERM -> 143, SIGHUP -> 129: an orderly stop; a second one is immediate."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: stop(128 + signum))
+
+
+def cmd_gpus(_args: argparse.Namespace) -> int:
+    from ddptui.nvml import format_gpus, list_gpus
+
+    print(format_gpus(list_gpus()))
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.file):
+        raise UsageError(f"no such log: {args.file}")
+    if args.speed < 0:
+        raise UsageError(f"--speed must be 0 or more, got {args.speed}")
+    from ddptui.replay import Replay
+
+    replay = Replay(args.file, speed=args.speed)
+    if args.headless or not sys.stdout.isatty():
+        return run_headless(replay)
+    from ddptui.app import DashboardApp
+
+    DashboardApp(replay).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": cmd_run, "gpus": cmd_gpus, "replay": cmd_replay}
+    if args.command not in handlers:
+        parser.print_help()
+        return 2
+    try:
+        return handlers[args.command](args)
+    except UsageError as e:
+        print(f"ddptui: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The console without a dashboard: progress and event lines as they come, a compact status line
+every few seconds and a final summary. Used with --headless or when stdout is not a terminal.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from ddptui.runstate import RunState
+
+STATUS_EVERY_S = 5.0
+
+
+def status_line(view: dict) -> str:
+    epoch, epochs, step, steps = view["progress"]
+    loss = next((r.loss for r in view["ranks"] if r.loss is not None), None)
+    devices = " ".join(
+        f"{d.key} {d.util:.0f}%" if d.util is not None else f"r{d.rank} cpu {d.cpu_percent or 0:.0f}%"
+        for d in view["devices"])
+    mins, secs = divmod(int(view["elapsed"]), 60)
+    paused = "  PAUSED" if view["paused"] else ""
+    return (f"[{mins:02d}:{secs:02d}] epoch {epoch + 1}/{epochs} step {step}/{steps or '?'}  "
+            f"loss {'-' if loss is None else f'{loss:.4f}'}  {view['throughput']:,.0f} img/s  "
+            f"{devices}{paused}")
+
+
+def summary(view: dict) -> str:
+    epochs = view["epochs"]
+    rate = (sum(e["samples_per_s"] for e in epochs) / len(epochs)) if epochs else 0.0
+    best = view["best_val_acc"]
+    return (f"{view['status']} in {view['elapsed']:.1f} s: {len(epochs)} epochs, "
+            f"{rate:,.0f} img/s mean, best val_acc "
+            f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view['meta'].get('log')}")
+
+
+class HeadlessConsole:
+    """Prints new event lines of a RunState as they come and a status line now and then."""
+
+    def __init__(self, state: RunState, out=sys.stdout):
+        self.state, self.out = state, out
+        self.seq = 0
+        self.next_status = time.monotonic() + STATUS_EVERY_S
+
+    def poll(self) -> None:
+        for seq, _t, level, text in self.state.lines_after(self.seq):
+            self.seq = seq
+            print(text if level == "info" else f"{level}: {text}", file=self.out, flush=True)
+        now = time.monotonic()
+        if now >= self.next_status:
+            self.next_status = now + STATUS_EVERY_S
+            view = self.state.view()
+            if view["status"] == "running":
+                print(status_line(view), file=self.out, flush=True)
+
+    def finish(self) -> None:
+        self.next_status = float("inf")
+        self.poll()
+        print(summary(self.state.view()), file=self.out, flush=True)

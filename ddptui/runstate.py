@@ -1,0 +1,271 @@
+"""The run state: everything the dashboard and the headless console show, folded from events.
+
+Fed by the supervisor thread (live) or by a replayed log; readers take `view()` under the lock.
+Pure Python: no torch, no NVML, no psutil here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from ddptui.telemetry import PARENT, describe
+
+HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz
+FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent
+
+
+@dataclass
+class RankView:
+    rank: int
+    state: str = "starting"
+    pid: int | None = None
+    device: str = ""
+    gpu: int | None = None
+    host: str = ""
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    loss: float | None = None
+    samples_per_s: float = 0.0
+    step_ms: float = 0.0
+    data_wait: float = 0.0
+    reason: str = ""
+    last_step_t: float = 0.0
+
+
+@dataclass
+class DeviceView:
+    """One GPU (by physical index), or one CPU rank's process tree."""
+
+    key: str
+    rank: int
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    cpu_percent: float | None = None
+    rss: int | None = None
+    util_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+
+@dataclass
+class EpochRow:
+    epoch: int
+    ranks: dict = field(default_factory=dict)  # rank -> its epoch event
+
+    def merged(self) -> dict:
+        evs = list(self.ranks.values())
+        first = self.ranks.get(0, evs[0])
+        return {
+            "epoch": self.epoch,
+            "settings": first.get("settings") or {},
+            "samples_per_s": sum(e.get("samples_per_s", 0) for e in evs),
+            "data_wait": sum(e.get("data_wait", 0) for e in evs) / len(evs),
+            "train_loss": first.get("train_loss"),
+            "val_loss": first.get("val_loss"),
+            "val_acc": first.get("val_acc"),
+            "seconds": max(e.get("seconds", 0) for e in evs),
+            "world_size": first.get("world_size", len(evs)),
+            "ranks": len(evs),
+        }
+
+
+class RunState:
+    """Folds events into per-rank, per-device and per-epoch state, plus bounded histories."""
+
+    def __init__(self, meta: dict | None = None):
+        self.lock = threading.Lock()
+        self.meta = dict(meta or {})  # model, data, epochs, world_size, device_kind, log
+        self.status = "starting"
+        self.paused = False
+        self.started_t: float | None = None
+        self.first_step_t: float | None = None
+        self.ended_t: float | None = None
+        self.ranks: dict[int, RankView] = {}
+        self.devices: dict[str, DeviceView] = {}
+        self.epochs: dict[int, EpochRow] = {}
+        self.settings: dict = {}
+        self.pending: dict = {}
+        self.best_val_acc: float | None = None
+        self.loss_history: deque = deque(maxlen=HISTORY)
+        self.throughput_history: deque = deque(maxlen=HISTORY)
+        self.lines: deque = deque(maxlen=500)  # (seq, t, level, text) for the event pane
+        self.seq = 0
+        self.exit_code: int | None = None
+        self.reason = ""
+        self.last_t = 0.0
+        self.checkpoint_t: float | None = None
+        self.host: dict = {}
+
+    # -- writing -------------------------------------------------------------------------
+    def apply(self, ev: dict) -> None:
+        with self.lock:
+            self._apply(ev)
+
+    def say(self, text: str, level: str = "info", t: float | None = None) -> None:
+        with self.lock:
+            self._line(t or time.time(), level, text)
+
+    def _line(self, t: float, level: str, text: str) -> None:
+        self.seq += 1
+        self.lines.append((self.seq, t, level, text))
+
+    def _apply(self, ev: dict) -> None:
+        kind, rank, t = ev["kind"], ev["rank"], ev.get("t", time.time())
+        self.last_t = max(self.last_t, t)
+        handler = getattr(self, f"_on_{kind}", None)
+        if handler:
+            handler(ev, rank, t)
+        if kind not in ("epoch", "message", "run", "step", "gpu", "world"):
+            text = describe(ev)
+            if text:
+                self._line(t, "info", text)
+
+    def _rank(self, rank: int) -> RankView:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankView(rank)
+        return self.ranks[rank]
+
+    def _on_step(self, ev: dict, rank: int, t: float) -> None:
+        r = self._rank(rank)
+        r.state = "running" if r.state in ("starting", "restarting") else r.state
+        r.epoch, r.step = ev.get("epoch", r.epoch), ev.get("step", r.step)
+        r.global_step = ev.get("global_step", r.global_step)
+        if ev.get("loss") is not None:
+            r.loss = ev["loss"]
+        r.samples_per_s = ev.get("samples_per_s", 0.0)
+        r.step_ms = ev.get("step_ms", 0.0)
+        r.data_wait = ev.get("data_wait", 0.0)
+        r.last_step_t = t
+        if self.first_step_t is None:
+            self.first_step_t = t
+            if self.started_t:
+                self._line(t, "info", f"first step {t - self.started_t:.1f} s after launch")
+        if self.status == "starting":
+            self.status = "running"
+        if rank == min(self.ranks) and r.loss is not None:
+            self.loss_history.append(r.loss)
+        if rank == min(self.ranks):
+            self.throughput_history.append(self._throughput(t))
+
+    def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
+        key = f"gpu{ev['gpu']}" if ev.get("util") is not None else f"rank{rank}"
+        d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, rank))
+        d.rank = rank
+        for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss"):
+            if name in ev:
+                setattr(d, name, ev[name])
+        d.util_history.append(ev["util"] if ev.get("util") is not None else ev.get("cpu_percent"))
+
+    def _on_epoch(self, ev: dict, rank: int, t: float) -> None:
+        row = self.epochs.setdefault(ev["epoch"], EpochRow(ev["epoch"]))
+        row.ranks[rank] = ev
+        if ev.get("val_acc") is not None:
+            self.best_val_acc = max(self.best_val_acc or 0.0, ev["val_acc"])
+        if ev.get("settings"):
+            self.settings = dict(ev["settings"])
+        live = [r for r in self.ranks.values() if r.state in ("running", "starting")]
+        if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
+            m = row.merged()
+            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **m}).replace(
+                "img/s/rank", f"img/s ({m['ranks']} ranks)"))
+
+    def _on_settings(self, ev: dict, rank: int, t: float) -> None:
+        if ev.get("status") == "pending":
+            self.pending = {k: v for k, v in ev["settings"].items() if self.settings.get(k) != v}
+        else:
+            self.settings, self.pending = dict(ev["settings"]), {}
+
+    def _on_rank(self, ev: dict, rank: int, t: float) -> None:
+        r = self._rank(rank)
+        r.state = ev.get("state", r.state)
+        for name in ("pid", "device", "gpu", "host", "reason"):
+            if ev.get(name) is not None:
+                setattr(r, name, ev[name])
+
+    def _on_world(self, ev: dict, rank: int, t: float) -> None:
+        self.meta["world_size"] = ev.get("size")
+
+    def _on_run(self, ev: dict, rank: int, t: float) -> None:
+        status = ev.get("status")
+        if status == "started":
+            self.started_t = t
+            self.meta.update({k: v for k, v in ev.items() if k not in ("t", "kind", "rank")})
+            self.status = "starting"
+        elif status in ("paused", "resumed"):
+            self.paused = status == "paused"
+            if rank in (0, PARENT):
+                self._line(t, "info", describe(ev))
+        elif status in ("done", "failed", "interrupted"):
+            self.status, self.ended_t = status, t
+            self.exit_code = ev.get("exit_code")
+            self.reason = ev.get("reason", "")
+            self._line(t, "error" if status == "failed" else "info",
+                       f"run {status}" + (f": {self.reason}" if self.reason else ""))
+
+    def _on_message(self, ev: dict, rank: int, t: float) -> None:
+        for name in ("steps_per_epoch", "num_train", "num_classes", "params"):
+            if name in ev:
+                self.meta[name] = ev[name]
+        self._line(t, ev.get("level", "info"), describe(ev))
+
+    def _on_checkpoint(self, ev: dict, rank: int, t: float) -> None:
+        self.checkpoint_t = t
+
+    def _throughput(self, now: float) -> float:
+        return sum(r.samples_per_s for r in self.ranks.values()
+                   if r.state == "running" and now - r.last_step_t < FRESH_S)
+
+    # -- reading -------------------------------------------------------------------------
+    def view(self) -> dict:
+        """A consistent copy of what the screens draw (taken under the lock)."""
+        with self.lock:
+            now = self.ended_t or max(self.last_t, time.time() if self.ended_t is None else 0)
+            done_epochs = [self.epochs[k].merged() for k in sorted(self.epochs)]
+            return {
+                "meta": dict(self.meta),
+                "status": self.status,
+                "paused": self.paused,
+                "elapsed": (now - self.started_t) if self.started_t else 0.0,
+                "ranks": [RankView(**vars(r)) for r in sorted(self.ranks.values(),
+                                                              key=lambda r: r.rank)],
+                "devices": [self._copy_device(d) for d in sorted(self.devices.values(),
+                                                                 key=_device_order)],
+                "epochs": done_epochs,
+                "settings": dict(self.settings),
+                "pending": dict(self.pending),
+                "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0,
+                "loss_history": list(self.loss_history),
+                "throughput_history": list(self.throughput_history),
+                "best_val_acc": self.best_val_acc,
+                "progress": self._progress(),
+                "exit_code": self.exit_code,
+                "reason": self.reason,
+                "checkpoint_t": self.checkpoint_t,
+                "host": dict(self.host),
+            }
+
+    def lines_after(self, seq: int) -> list[tuple[int, float, str, str]]:
+        with self.lock:
+            return [line for line in self.lines if line[0] > seq]
+
+    def _copy_device(self, d: DeviceView) -> DeviceView:
+        copy = DeviceView(**{k: v for k, v in vars(d).items() if k != "util_history"})
+        copy.util_history = deque(d.util_history, maxlen=HISTORY)
+        return copy
+
+    def _progress(self) -> tuple[int, int, int, int]:
+        """(epoch, epochs, step in epoch, steps per epoch) from the lowest live rank."""
+        live = [r for r in self.ranks.values() if r.state == "running"] or list(self.ranks.values())
+        r = min(live, key=lambda r: r.rank) if live else RankView(0)
+        return (r.epoch, int(self.meta.get("epochs") or 0), r.step,
+                int(self.meta.get("steps_per_epoch") or 0))
+
+
+def _device_order(d: DeviceView) -> tuple[int, int]:
+    digits = "".join(c for c in d.key if c.isdigit())
+    return (0 if d.key.startswith("gpu") else 1, int(digits or 0))

@@ -1,0 +1,51 @@
+"""The first code a rank spawned by ddptui runs: it ties the rank's life to the parent, pins its
+GPU and silences the terminal, all before torch is imported; then it hands over to worker.main.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from ddptui.telemetry import event
+from trainer.config import RunConfig
+from trainer.lifeline import die_with_parent, watch_parent
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What the supervisor tells one rank process."""
+
+    config: RunConfig
+    rank: int
+    world_size: int
+    init_method: str
+    physical_gpu: int | None
+    parent_pid: int
+    output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
+
+
+def run_rank(spec: RankSpec, queue, inbox) -> None:
+    """multiprocessing target; the exit code is worker.main's."""
+    die_with_parent()
+    watch_parent(spec.parent_pid)
+    # The supervisor orders every shutdown; a terminal Ctrl-C reaches the whole process group,
+    # and a rank interrupted mid-collective would leave the others hanging.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd = os.open(spec.output_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    if spec.physical_gpu is not None:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.physical_gpu)
+    if spec.rank == 0:
+        queue.put(event("message", 0, level="info", text="importing torch"))
+    from trainer.worker import main
+
+    code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
+                queue=queue, inbox=inbox, physical_gpu=spec.physical_gpu)
+    sys.stdout.flush()
+    sys.exit(code)
