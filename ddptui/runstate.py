@@ -175,8 +175,9 @@ class RunState:
                 "img/s/rank", f"img/s ({m['ranks']} ranks)"))
 
     def _on_settings(self, ev: dict, rank: int, t: float) -> None:
-        if ev.get("status") == "pending":
-            self.pending = {k: v for k, v in ev["settings"].items() if self.settings.get(k) != v}
+        if ev.get("status") in ("requested", "pending"):
+            wanted = {**self.pending, **ev["settings"]}
+            self.pending = {k: v for k, v in wanted.items() if self.settings.get(k) != v}
         else:
             self.settings, self.pending = dict(ev["settings"]), {}
 
@@ -219,6 +220,10 @@ class RunState:
     def _throughput(self, now: float) -> float:
         return sum(r.samples_per_s for r in self.ranks.values()
                    if r.state == "running" and now - r.last_step_t < FRESH_S)
+
+    def set_host(self, host: dict) -> None:
+        with self.lock:
+            self.host = host
 
     # -- reading -------------------------------------------------------------------------
     def view(self) -> dict:

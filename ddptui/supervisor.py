@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from multiprocessing.connection import wait as wait_any
 
 import psutil
@@ -40,8 +41,8 @@ class RankProcess:
     rank: int
     gpu: int | None
     process: mp.process.BaseProcess
-    telemetry: object  # this rank's own multiprocessing Queue
-    inbox: object  # commands for the rank (rank 0 relays them to all)
+    telemetry: object  # read end of this rank's telemetry pipe
+    inbox: object  # write end of its command pipe (rank 0 relays commands to all)
     state: RankState = RankState.STARTING
     children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
 
@@ -61,6 +62,8 @@ class Supervisor:
     """Start with start(); steer with pause()/resume()/checkpoint()/change_settings()/stop();
     wait() returns the exit code. Only this class starts or kills processes."""
 
+    live = True  # there are ranks to steer (a Replay has none)
+
     def __init__(self, config: RunConfig, log_path: str | None = None):
         self.config = config
         self.log_path = log_path or config.log or default_log_path()
@@ -78,9 +81,14 @@ class Supervisor:
         self._stop_deadline: float | None = None
         self._failure: tuple[int, str] | None = None
         self._usage_error: str | None = None
+        self._errors: dict[int, str] = {}  # rank -> its last error message
         self._writer: JsonlWriter | None = None
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
+        # Plain pipes, no multiprocessing Queue: a Queue's semaphores need the resource tracker
+        # (which trips over Textual's stderr and warns about "leaked" locks of killed ranks) and
+        # a shared Queue's lock, held by a rank killed mid-send, would silence every rank.
         self._ctx = mp.get_context("spawn")
+        self._start_resource_tracker(os.path.splitext(self.log_path)[0] + ".tracker.out")
 
     # -- the API the app, the headless console and tests use ---------------------------------
     def start(self) -> None:
@@ -101,6 +109,8 @@ class Supervisor:
         self._commands.put({"op": "checkpoint"})
 
     def change_settings(self, **settings) -> None:
+        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
+        self.state.apply(event("settings", PARENT, settings=settings, status="requested"))
         self._commands.put({"op": "settings", "settings": settings})
 
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED) -> None:
@@ -117,6 +127,25 @@ class Supervisor:
             found |= r.children
         return found
 
+    @staticmethod
+    def _start_resource_tracker(path: str) -> None:
+        """Start multiprocessing's resource tracker (spawn needs it) with its stderr in a file.
+
+        It inherits fd 2: on the terminal its warnings about the named semaphores of a rank we
+        had to kill would garble the one-line error promise and the dashboard. And it must start
+        before Textual runs, since it also asks sys.stderr for a file descriptor.
+        """
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        saved = os.dup(2)
+        try:
+            os.dup2(fd, 2)
+            resource_tracker.ensure_running()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(fd)
+
     # -- the supervisor thread -----------------------------------------------------------------
     def _emit(self, kind: str, **fields) -> None:
         self._handle(event(kind, PARENT, **fields))
@@ -125,8 +154,10 @@ class Supervisor:
         self.state.apply(ev)
         if self._writer:
             self._writer.write(ev)
-        if ev["kind"] == "message" and ev.get("usage") and self._usage_error is None:
-            self._usage_error = ev.get("text", "bad input")
+        if ev["kind"] == "message" and ev.get("level") == "error":
+            self._errors[ev["rank"]] = ev.get("text", "")
+            if ev.get("usage") and self._usage_error is None:
+                self._usage_error = ev.get("text", "bad input")
         if ev["kind"] == "rank" and ev.get("state") == "running":
             rp = self._by_rank(ev["rank"])
             if rp:
@@ -150,7 +181,8 @@ class Supervisor:
             raise
         finally:
             self._end_all()
-            self._drain_telemetry(final=True)
+            self._drain_telemetry()
+            self._close_pipes()
             if self._writer:
                 self._writer.close()
             self.exit_code = code if self.exit_code is None else self.exit_code
@@ -182,10 +214,13 @@ class Supervisor:
         for rank, gpu in enumerate(gpus):
             spec = RankSpec(self.config, rank, world, init, gpu, os.getpid(),
                             f"{stem}.rank{rank}.out")
-            telemetry, inbox = self._ctx.Queue(), self._ctx.Queue()
-            p = self._ctx.Process(target=run_rank, args=(spec, telemetry, inbox),
+            telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
+            inbox_end, inbox = self._ctx.Pipe(duplex=False)
+            p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
                                   name=f"ddptui-rank{rank}", daemon=False)
             p.start()
+            telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
+            inbox_end.close()
             self.ranks.append(RankProcess(rank, gpu, p, telemetry, inbox))
             self._handle(event("rank", rank, state="starting", pid=p.pid, gpu=gpu,
                                device=f"cuda:{gpu}" if gpu is not None else "cpu"))
@@ -194,7 +229,7 @@ class Supervisor:
     def _loop(self) -> None:
         next_scan = 0.0
         while any(r.process.exitcode is None for r in self.ranks):
-            readers = [r.telemetry._reader for r in self.ranks]
+            readers = [r.telemetry for r in self.ranks if not r.telemetry.closed]
             sentinels = [r.process.sentinel for r in self.ranks if r.process.exitcode is None]
             wait_any(readers + sentinels, timeout=0.1)
             self._drain_telemetry()
@@ -203,6 +238,7 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_scan:
                 self._scan_children()
+                self._sample_host()
                 next_scan = now + 1.0
             if self._stop_deadline and now > self._stop_deadline:
                 self._emit("message", level="warning",
@@ -210,14 +246,13 @@ class Supervisor:
                 self._end_all()
         self._reap()
 
-    def _drain_telemetry(self, final: bool = False) -> None:
+    def _drain_telemetry(self) -> None:
         for r in self.ranks:
-            for _ in range(10_000):
-                try:
-                    ev = r.telemetry.get_nowait() if final else r.telemetry.get(block=False)
-                except (queue.Empty, OSError, EOFError, ValueError):
-                    break
-                self._handle(ev)
+            try:
+                while not r.telemetry.closed and r.telemetry.poll():
+                    self._handle(r.telemetry.recv())
+            except (EOFError, OSError):
+                r.telemetry.close()
 
     def _reap(self) -> None:
         for r in self.ranks:
@@ -252,9 +287,7 @@ class Supervisor:
             except ValueError:
                 name = f"signal {-code}"
             return f"killed by {name}"
-        errors = [text for _, _, level, text in self.state.lines_after(0)
-                  if level == "error" and text.startswith(f"rank {r.rank}:")]
-        return errors[-1].split(": ", 1)[1] if errors else f"exited with code {code}"
+        return self._errors.get(r.rank) or f"exited with code {code}"
 
     def _fail(self, code: int, reason: str) -> None:
         """In this version a lost rank ends the run: the others are ended, cleanly and at once."""
@@ -277,7 +310,15 @@ class Supervisor:
         # Rank 0 is the authority: it offers commands to every rank at an agreed step.
         leader = next((r for r in self.ranks if r.process.exitcode is None), None)
         if leader is not None:
-            leader.inbox.put(cmd)
+            try:
+                leader.inbox.send(cmd)
+            except OSError:  # it died this instant; the sentinel says so next
+                pass
+
+    def _close_pipes(self) -> None:
+        for r in self.ranks:
+            r.telemetry.close()
+            r.inbox.close()
 
     def _begin_stop(self, status: str, code: int) -> None:
         if self._stop_requested is not None:  # asked twice: no more waiting
@@ -302,6 +343,12 @@ class Supervisor:
         if self.ranks and all(r.state == RankState.DONE for r in self.ranks):
             return EXIT_OK, "done", ""
         return EXIT_FAILED, "failed", "ranks ended unexpectedly"
+
+    def _sample_host(self) -> None:
+        mem = psutil.virtual_memory()
+        self.state.set_host({"cpu_percent": psutil.cpu_percent(), "mem_percent": mem.percent,
+                             "mem_used": (mem.total - mem.available) >> 20,
+                             "mem_total": mem.total >> 20, "cpus": psutil.cpu_count()})
 
     def _scan_children(self) -> None:
         for r in self.ranks:

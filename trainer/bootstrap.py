@@ -27,7 +27,7 @@ class RankSpec:
     output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
 
 
-def run_rank(spec: RankSpec, queue, inbox) -> None:
+def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is worker.main's."""
     die_with_parent()
     watch_parent(spec.parent_pid)
@@ -42,10 +42,10 @@ def run_rank(spec: RankSpec, queue, inbox) -> None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.physical_gpu)
     if spec.rank == 0:
-        queue.put(event("message", 0, level="info", text="importing torch"))
+        channel.send(event("message", 0, level="info", text="importing torch"))
     from trainer.worker import main
 
     code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
-                queue=queue, inbox=inbox, physical_gpu=spec.physical_gpu)
+                channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu)
     sys.stdout.flush()
     sys.exit(code)

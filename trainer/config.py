@@ -241,7 +241,7 @@ def check_data(spec: str) -> None:
             raise UsageError(f"--data {kind} takes no path")
         return
     if kind not in DATA_KINDS:
-        if ":" in spec:
+        if ":" in spec and path.isidentifier():
             _check_import_spec(spec, "data")
             return
         raise UsageError(f"unknown --data {spec!r}: use one of {', '.join(DATA_KINDS)} "

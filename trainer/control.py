@@ -6,7 +6,6 @@ ranks read it one interval later, so control costs no device sync and almost no 
 
 from __future__ import annotations
 
-import queue
 import time
 
 import torch
@@ -65,8 +64,9 @@ class Control:
 
     def _drain(self) -> list[dict]:
         cmds = []
-        while True:
-            try:
-                cmds.append(self.inbox.get_nowait())
-            except queue.Empty:
-                return cmds
+        try:
+            while self.inbox.poll():
+                cmds.append(self.inbox.recv())
+        except (EOFError, OSError):  # the supervisor is gone; the parent watch ends us
+            pass
+        return cmds

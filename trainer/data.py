@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
@@ -56,7 +57,9 @@ class KeyedDataset(Dataset):
         try:
             image, label = self.base[index]
         except (OSError, SyntaxError, ValueError) as e:  # PIL's ways of saying "not an image"
-            raise DataError(f"corrupt or unreadable sample {_describe(self.base, index)}: {e}") from None
+            why = str(e).split(" <")[0]  # PIL appends the file object's repr
+            raise DataError(f"corrupt or unreadable sample {_describe(self.base, index)}: {why}") \
+                from None
         if self.seed is not None:
             torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
         if self.transform is not None:
@@ -140,7 +143,7 @@ def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
     if not hasattr(train, "__getitem__") or not hasattr(train, "__len__") or len(train) == 0:
         raise DataError(f"{spec} must return a non-empty map-style Dataset (or a (train, val) pair)")
     image, _ = train[0]
-    if hasattr(image, "mode"):  # PIL: give it the ImageFolder treatment
+    if isinstance(image, Image.Image):  # PIL: give it the ImageFolder treatment
         channels = 1 if image.mode in ("L", "I", "F") else 3
         tf = transforms.Compose([transforms.Resize((size, size), antialias=True),
                                  transforms.PILToTensor()])

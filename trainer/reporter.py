@@ -1,4 +1,4 @@
-"""Where a rank's telemetry goes: the supervisor's queue, a JSONL log, or both.
+"""Where a rank's telemetry goes: the supervisor's pipe, a JSONL log, or both.
 
 Also the StepMeter, which aggregates steps between sends and reads the loss one interval late,
 so reporting never adds a host/device synchronisation to the training step.
@@ -6,6 +6,8 @@ so reporting never adds a host/device synchronisation to the training step.
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 import torch
@@ -13,18 +15,58 @@ import torch
 from ddptui.telemetry import JsonlWriter, event
 
 
+class ChannelSender:
+    """Sends events over a multiprocessing Connection from a feeder thread, so a step never
+    waits on the pipe; if the reader falls far behind, the oldest unsent events are dropped."""
+
+    def __init__(self, conn, limit: int = 10_000):
+        self.conn = conn
+        self.buffer: collections.deque = collections.deque(maxlen=limit)
+        self.ready = threading.Condition()
+        self.closing = False
+        self.thread = threading.Thread(target=self._feed, name="telemetry-feeder", daemon=True)
+        self.thread.start()
+
+    def put(self, ev: dict) -> None:
+        with self.ready:
+            self.buffer.append(ev)
+            self.ready.notify()
+
+    def _feed(self) -> None:
+        while True:
+            with self.ready:
+                while not self.buffer and not self.closing:
+                    self.ready.wait()
+                if not self.buffer:
+                    return
+                batch = list(self.buffer)
+                self.buffer.clear()
+            try:
+                for ev in batch:
+                    self.conn.send(ev)
+            except (OSError, ValueError):  # the supervisor is gone; we are about to be too
+                return
+
+    def close(self) -> None:
+        with self.ready:
+            self.closing = True
+            self.ready.notify()
+        self.thread.join(timeout=5)
+        self.conn.close()
+
+
 class Reporter:
     """Emits events for one rank; thread-safe (the device sampler thread shares it)."""
 
-    def __init__(self, rank: int, queue=None, log_path: str | None = None):
+    def __init__(self, rank: int, channel=None, log_path: str | None = None):
         self.rank = rank
-        self.queue = queue
+        self.channel = ChannelSender(channel) if channel is not None else None
         self.writer = JsonlWriter(log_path) if log_path else None
 
     def emit(self, kind: str, **fields) -> None:
         ev = event(kind, self.rank, **fields)
-        if self.queue is not None:
-            self.queue.put(ev)
+        if self.channel is not None:
+            self.channel.put(ev)
         if self.writer is not None:
             self.writer.write(ev)
 
@@ -34,9 +76,8 @@ class Reporter:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-        if self.queue is not None:
-            self.queue.close()
-            self.queue.join_thread()  # flush what the feeder thread still holds
+        if self.channel is not None:
+            self.channel.close()  # flushes what the feeder still holds
 
 
 class StepMeter:

@@ -70,7 +70,7 @@ class State:
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
-         init_method: str = "env://", queue=None, inbox=None, physical_gpu: int | None = None,
+         init_method: str = "env://", channel=None, inbox=None, physical_gpu: int | None = None,
          echo: bool = False) -> int:
     """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input)."""
     use_cuda = torch.cuda.is_available() and config.cpus is None
@@ -80,7 +80,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     if use_cuda and physical_gpu is None:
         physical_gpu = _physical_index(local)
     me = Rank(rank, world_size, device, physical_gpu if use_cuda else None,
-              Reporter(rank, queue, config.log if queue is None else None), echo)
+              Reporter(rank, channel, config.log if channel is None else None), echo)
     sampler_thread = DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), me.physical_gpu)
     try:
         control_group = setup_process_group(me, init_method)
@@ -93,7 +93,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     except (UsageError, DataError) as e:
         text = _one_line(e)
         me.reporter.emit("message", level="error", text=text, usage=True)
-        if echo or queue is None:
+        if echo or channel is None:
             print(f"error: {text}", file=sys.stderr, flush=True)
         return 2
     except Exception as e:
@@ -244,6 +244,9 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
                          params=params, text=f"{config.model}: {params / 1e6:.1f}M parameters, "
                          f"{bundle.num_classes} classes, {bundle.num_train} training samples, "
                          f"{total_steps // config.epochs} steps per epoch")
+    if me.is_main:
+        me.reporter.emit("settings", settings=dict(state.settings), epoch=start_epoch,
+                         status="applied")
     if me.device.type != "cuda" and state.settings["prefetch"]:
         me.say("prefetcher needs CUDA: CPU ranks load batches directly")
     loaders = Loaders(config, me, bundle, sampler, state.settings)

@@ -1,0 +1,205 @@
+"""The Textual dashboard: header, per-device bars, ranks, history, epochs and events, redrawn a
+few times a second from the run state; keys steer the run through the supervisor, never block.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, RichLog
+
+from ddptui.widgets.devices import DevicePanel
+from ddptui.widgets.header import RunHeader
+from ddptui.widgets.help import HelpScreen
+from ddptui.widgets.history import History
+from ddptui.widgets.tables import EpochTable, RankTable
+
+REFRESH_S = 0.2
+CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint"}
+LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
+
+
+class ConfirmQuit(ModalScreen[bool]):
+    """Asked only when a checkpoint directory is set and the last checkpoint is stale."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Quit"), Binding("n,escape", "answer(False)", "Stay")]
+
+    def __init__(self, age: float | None):
+        super().__init__()
+        self.age = age
+
+    def compose(self) -> ComposeResult:
+        age = "no checkpoint yet" if self.age is None else f"last checkpoint {self.age:.0f} s ago"
+        with Vertical(id="confirm"):
+            yield Label(f"Quit the run? ({age}; a final checkpoint is written first)")
+            yield Label("[b]y[/b] quit    [b]n[/b] keep training")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
+class DashboardApp(App[int]):
+    """Shows a Supervisor's (live) or a Replay's run; `source.state` is the RunState."""
+
+    CSS_PATH = "ddptui.tcss"
+    TITLE = "ddptui"
+    BINDINGS = [
+        Binding("up", "select(-1)", "Prev rank", show=False),
+        Binding("down", "select(1)", "Next rank", show=False),
+        Binding("space", "pause", "Pause"),
+        Binding("p", "toggle('prefetch')", "Prefetch"),
+        Binding("w", "workers(-1)", "Workers-"),
+        Binding("W", "workers(1)", "Workers+"),
+        Binding("b", "toggle('cudnn_benchmark')", "Benchmark"),
+        Binding("c", "checkpoint", "Checkpoint"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
+    ]
+
+    selected_rank: reactive[int] = reactive(0)
+
+    def __init__(self, source, refresh_s: float = REFRESH_S):
+        super().__init__()
+        self.source = source
+        self.live = getattr(source, "live", True)
+        self.refresh_s = refresh_s
+        self.view: dict | None = None
+        self.quitting = False
+        self._seq = 0
+
+    def compose(self) -> ComposeResult:
+        yield RunHeader()
+        with Horizontal(id="top"):
+            yield _boxed(DevicePanel(), "GPUs")
+            yield _boxed(RankTable(), "ranks")
+        with Horizontal(id="bottom"):
+            yield _boxed(History(), "history")
+            yield _boxed(EpochTable(), "epochs")
+        yield _boxed(RichLog(id="events", max_lines=500, wrap=False), "events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.source.start()
+        self.refresh_view()
+        self.set_interval(self.refresh_s, self.refresh_view)
+
+    def refresh_view(self) -> None:
+        """Pull a snapshot of the run state and hand it to the widgets."""
+        state = self.source.state
+        view = self.view = state.view()
+        self.query_one(RunHeader).view = view
+        devices = self.query_one(DevicePanel)
+        devices.view = view
+        devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
+            "CPU ranks and host"
+        self.query_one(RankTable).show(view, self.selected_rank)
+        self.query_one(History).show(view)
+        epochs = self.query_one(EpochTable)
+        epochs.show(view)
+        pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
+        epochs.border_title = f"epochs · pending: {pending} (next epoch)" if pending else "epochs"
+        log = self.query_one("#events", RichLog)
+        start = view["elapsed"] and (state.started_t or 0)
+        for seq, t, level, text in state.lines_after(self._seq):
+            self._seq = seq
+            stamp = f"{t - start:7.1f}s " if start else ""
+            log.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
+        if self.quitting and self.source.done.is_set():
+            self.exit(self.source.exit_code)
+
+    # -- keys -------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple) -> bool | None:
+        if action in CONTROL_ACTIONS and not self.live:
+            return False  # a replay has nothing to steer: hide those keys
+        return True
+
+    def action_select(self, delta: int) -> None:
+        ranks = [r.rank for r in (self.view or {}).get("ranks", [])]
+        if ranks:
+            i = ranks.index(self.selected_rank) if self.selected_rank in ranks else 0
+            self.selected_rank = ranks[max(0, min(len(ranks) - 1, i + delta))]
+
+    def watch_selected_rank(self, rank: int) -> None:
+        if self.view is not None:
+            self.query_one(RankTable).show(self.view, rank)
+
+    def action_pause(self) -> None:
+        if not self._running():
+            return
+        if self.view and self.view["paused"]:
+            self.source.resume()
+            self.notify("resuming every rank")
+        else:
+            self.source.pause()
+            self.notify("pausing every rank at the next agreed step")
+
+    def action_toggle(self, name: str) -> None:
+        if self._running():
+            value = not self._desired().get(name, False)
+            self.source.change_settings(**{name: value})
+
+    def action_workers(self, delta: int) -> None:
+        if self._running():
+            workers = max(0, int(self._desired().get("workers", 0)) + delta)
+            self.source.change_settings(workers=workers)
+
+    def action_checkpoint(self) -> None:
+        if not self._running():
+            return
+        if not (self.view or {}).get("meta", {}).get("checkpoint_dir"):
+            self.notify("no --checkpoint-dir was given", severity="warning")
+            return
+        self.source.checkpoint()
+        self.notify("checkpoint requested")
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        if self.source.done.is_set() or not self.live:
+            self.source.stop()
+            self.exit(self.source.exit_code)
+            return
+        if self.quitting:  # asked twice: end everything now
+            self.source.stop()
+            return
+        view = self.view or {}
+        last = view.get("checkpoint_t")
+        age = None if last is None else time.time() - last
+        if view.get("meta", {}).get("checkpoint_dir") and (age is None or age > 60):
+            self.push_screen(ConfirmQuit(age), self._confirmed)
+        else:
+            self._begin_quit()
+
+    def _confirmed(self, yes: bool | None) -> None:
+        if yes:
+            self._begin_quit()
+
+    def _begin_quit(self) -> None:
+        self.quitting = True
+        self.source.stop()
+        self.notify("stopping: every rank finishes its step, then every process ends")
+
+    def _running(self) -> bool:
+        return self.live and not self.source.done.is_set() and not self.quitting
+
+    def _desired(self) -> dict:
+        v = self.view or {"settings": {}, "pending": {}}
+        return {**v["settings"], **v["pending"]}
+
+
+def _boxed(widget, title: str):
+    widget.add_class("box")
+    widget.border_title = title
+    return widget
+
+
+def _onoff(v) -> str:
+    return ("on" if v else "off") if isinstance(v, bool) else str(v)

@@ -1,0 +1,34 @@
+"""Text helpers shared by the widgets: load bars coloured like nvitop's, and compact numbers."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+
+def load_style(percent: float) -> str:
+    return "green" if percent < 50 else "yellow" if percent < 85 else "red"
+
+
+def bar(percent: float | None, width: int, style: str | None = None) -> Text:
+    """A horizontal bar of `width` cells for 0-100%."""
+    if percent is None:
+        return Text("·" * width, style="dim")
+    filled = round(max(0.0, min(100.0, percent)) / 100 * width)
+    text = Text("█" * filled, style=style or load_style(percent))
+    text.append("░" * (width - filled), style="dim")
+    return text
+
+
+def mib(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1024:.1f}G" if value >= 1024 else f"{value}M"
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "--:--"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:02d}:{s:02d}"

@@ -1,0 +1,75 @@
+"""The two tables: ranks (one row per rank, the selected one highlighted) and epochs (one row
+per finished epoch with the settings in force, so a setting's effect is visible)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow",
+               "stopped": "dim", "crashed": "bold red", "done": "cyan"}
+
+
+def _fmt(value, spec: str, dash: str = "-") -> str:
+    return dash if value is None else format(value, spec)
+
+
+class RankTable(DataTable):
+    """Rank, pid, device, state, position, loss, speed, input wait, workers."""
+
+    COLUMNS = ("rank", "pid", "device", "state", "epoch/step", "loss", "img/s", "step ms",
+               "wait", "workers")
+    can_focus = False
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for name in self.COLUMNS:
+            self.add_column(name, key=name)
+
+    def show(self, view: dict, selected: int) -> None:
+        workers = view["settings"].get("workers", "-")
+        for r in view["ranks"]:
+            cells = (
+                str(r.rank), str(r.pid or "-"), r.device or "-",
+                Text(r.state, style=STATE_STYLE.get(r.state, "")),
+                f"{r.epoch}/{r.step}", _fmt(r.loss, ".4f"),
+                _fmt(r.samples_per_s if r.state == "running" else None, ",.0f"),
+                _fmt(r.step_ms if r.state == "running" else None, ".1f"),
+                f"{100 * r.data_wait:.0f}%", str(workers))
+            key = str(r.rank)
+            if key in self.rows:
+                for column, value in zip(self.COLUMNS, cells):
+                    self.update_cell(key, column, value)
+            else:
+                self.add_row(*cells, key=key)
+        index = next((i for i, r in enumerate(view["ranks"]) if r.rank == selected), 0)
+        if self.row_count and self.cursor_row != index:
+            self.move_cursor(row=index)
+
+
+class EpochTable(DataTable):
+    """Epoch, settings in force, throughput, input wait, losses, accuracy."""
+
+    COLUMNS = ("epoch", "prefetch", "workers", "bench", "img/s", "wait", "loss", "val_loss",
+               "val_acc")
+    can_focus = False
+
+    def on_mount(self) -> None:
+        self.zebra_stripes = True
+        for name in self.COLUMNS:
+            self.add_column(name, key=name)
+
+    def show(self, view: dict) -> None:
+        for e in view["epochs"]:
+            key = str(e["epoch"])
+            if key in self.rows:
+                continue
+            s = e["settings"]
+            self.add_row(
+                str(e["epoch"]), "on" if s.get("prefetch") else "off", str(s.get("workers", "-")),
+                "on" if s.get("cudnn_benchmark") else "off", f"{e['samples_per_s']:,.0f}",
+                f"{100 * e['data_wait']:.0f}%", _fmt(e["train_loss"], ".4f"),
+                _fmt(e["val_loss"], ".4f"),
+                "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%", key=key)
+            self.scroll_end(animate=False)

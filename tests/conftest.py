@@ -1,0 +1,92 @@
+"""Shared fixtures: a cached shapes dataset for the session, running ddptui as a user would,
+reading its JSONL log, and proving that no process of a run is left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ddptui.telemetry import read_events
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ["--image-size", "32", "--batch-size", "16", "--workers", "1"]
+TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs",
+        "--batch-size", "16", "--workers", "0"]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("cache"))
+
+
+@pytest.fixture
+def env(cache_dir) -> dict:
+    e = dict(os.environ, DDPTUI_CACHE=cache_dir, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    return e
+
+
+def ddptui(args: list[str], env: dict, cwd, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `ddptui ARGS` to completion (stdout is a pipe, so it runs headless)."""
+    return subprocess.run([sys.executable, "-m", "ddptui", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_ddptui(args: list[str], env: dict, cwd) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ddptui", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def events(path, kind: str | None = None) -> list[dict]:
+    evs = read_events(str(path))
+    return [e for e in evs if kind is None or e["kind"] == kind]
+
+
+def wait_for_event(path, predicate, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path):
+            for ev in read_events(str(path)):
+                if predicate(ev):
+                    return ev
+        time.sleep(0.2)
+    raise AssertionError(f"no matching event in {path} within {timeout} s")
+
+
+def run_pids(path) -> set[int]:
+    """Every pid a run reported: ranks (rank events) and whatever they started since."""
+    pids = {e["pid"] for e in read_events(str(path)) if e.get("pid")}
+    for pid in list(pids):
+        try:
+            pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    return pids
+
+
+def assert_gone(pids: set[int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    while alive and time.monotonic() < deadline:
+        alive = {p for p in alive if _alive(p)}
+        time.sleep(0.1)
+    assert not alive, f"processes left behind: {[_describe(p) for p in alive]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _describe(pid: int) -> str:
+    try:
+        return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:100]}"
+    except psutil.Error:
+        return str(pid)

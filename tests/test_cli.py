@@ -1,0 +1,88 @@
+"""Bad input is one line on stderr and exit code 2, before any process starts; the CLI never
+imports torch; the model list matches torchvision."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ddptui.cli import resolve_devices
+from tests.conftest import ROOT, ddptui
+from trainer.config import UsageError
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "resnt18"], "unknown model 'resnt18' (did you mean resnet18"),
+    (["run", "resnet18", "--gpus", "abc"], "no NVIDIA GPU found"),
+    (["run", "resnet18", "--data", "imagefolder:/no/such/dir"], "data path not found: /no/such/dir"),
+    (["run", "resnet18", "--data", "mnist"], "needs a path"),
+    (["run", "resnet18", "--data", "lmdb:/x"], "unknown --data"),
+    (["run", "resnet18", "--batch-size", "0"], "--batch-size: must be at least 1"),
+    (["run", "resnet18", "--epochs", "-1"], "--epochs: must be at least 1"),
+    (["run", "resnet18", "--cpus", "0"], "--cpus must be at least 1"),
+    (["run", "resnet18", "--checkpoint-dir", "/etc/passwd/ckpt"], "--checkpoint-dir is not writable"),
+    (["run", "resnet18", "--resume"], "--resume needs --checkpoint-dir"),
+    (["run", "resnet18", "--resume", "/no/ckpt.pt"], "checkpoint not found"),
+    (["run", "nosuchpkg.models:net"], "model module not found: nosuchpkg.models"),
+    (["run", "resnet18", "--amp", "fp8"], "invalid choice: 'fp8'"),
+    (["replay", "/no/such.jsonl"], "no such log"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
+    r = ddptui(args, env, tmp_path, timeout=60)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert says in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "runs").exists()  # nothing started, no log written
+
+
+def test_mnist_missing_files_are_named(env, tmp_path):
+    r = ddptui(["run", "resnet18", "--data", f"mnist:{tmp_path}"], env, tmp_path)
+    assert r.returncode == 2
+    assert "MNIST/raw/train-images-idx3-ubyte" in r.stderr
+
+
+def test_gpu_selection_rules():
+    assert resolve_devices(None, None, count=0) == (None, 2)
+    assert resolve_devices(None, None, count=2) == ((0, 1), None)
+    assert resolve_devices("all", None, count=4) == ((0, 1, 2, 3), None)
+    assert resolve_devices("1,0", None, count=2) == ((1, 0), None)
+    assert resolve_devices(None, 3, count=2) == (None, 3)
+    for gpus, text in (("0,9", "no GPU 9"), ("0,0", "twice"), ("x", "bad --gpus")):
+        with pytest.raises(UsageError, match=text):
+            resolve_devices(gpus, None, count=2)
+    with pytest.raises(UsageError, match="either --gpus or --cpus"):
+        resolve_devices("0", 2, count=2)
+
+
+def test_gpus_command_without_a_gpu(env, tmp_path):
+    r = ddptui(["gpus"], env, tmp_path)
+    assert r.returncode == 0
+    assert "no NVIDIA GPU found" in r.stdout or "GPU" in r.stdout
+
+
+def test_help_has_examples_and_version(env, tmp_path):
+    r = ddptui(["run", "--help"], env, tmp_path)
+    assert r.returncode == 0 and "ddptui run resnet18 --gpus 0,1" in r.stdout
+    assert "--prefetch, --no-prefetch" in r.stdout
+    r = ddptui(["--version"], env, tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("ddptui ")
+
+
+def test_the_dashboard_path_never_imports_torch(env):
+    code = ("import sys, ddptui.cli, ddptui.app, ddptui.supervisor, ddptui.replay, "
+            "ddptui.headless, trainer.bootstrap; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
+
+
+def test_model_list_matches_torchvision():
+    import torchvision.models
+
+    from trainer.model_names import TORCHVISION_CLASSIFIERS
+
+    known = set(torchvision.models.list_models(module=torchvision.models))
+    assert set(TORCHVISION_CLASSIFIERS) <= known

@@ -1,0 +1,148 @@
+"""The trainer as a user meets it: torchrun launches, every data kind, learning, checkpoints and
+exact resume. Real processes, 2 gloo ranks on CPU."""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+from PIL import Image
+
+from tests.conftest import FAST, ROOT, TINY, ddptui, events
+
+
+def test_torchrun_trains_and_logs_both_ranks(env, tmp_path):
+    log = tmp_path / "run.jsonl"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "trainer", "--", "resnet18", "--epochs", "2", "--steps-per-epoch", "8",
+           *FAST, "--log", str(log)]
+    r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "epoch 1:" in r.stdout and r.stdout.count("training done") == 1  # rank 0 prints
+    for kind in ("step", "gpu", "epoch"):
+        assert {e["rank"] for e in events(log, kind)} == {0, 1}, kind
+    losses = [e["train_loss"] for e in events(log, "epoch") if e["rank"] == 0]
+    assert losses[1] < losses[0]
+
+
+def test_learns_on_the_builtin_shapes(env, tmp_path):
+    log = tmp_path / "run.jsonl"
+    r = ddptui(["run", "resnet18", "--cpus", "2", "--epochs", "3", "--image-size", "32",
+                "--log", str(log)], env, tmp_path, timeout=240)
+    assert r.returncode == 0, r.stderr
+    rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert len(rank0) == 3
+    assert rank0[-1]["train_loss"] < 0.8 * rank0[0]["train_loss"]
+    assert rank0[-1]["val_acc"] > 0.2  # ten classes: chance is 0.1
+    assert "best val_acc" in r.stdout
+
+
+def _write_mnist(root, n_train=64, n_test=32):
+    raw = root / "MNIST" / "raw"
+    raw.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        labels = torch.randint(0, 10, (n,), generator=g, dtype=torch.uint8)
+        images = torch.randint(0, 256, (n, 28, 28), generator=g, dtype=torch.uint8)
+        (raw / f"{prefix}-images-idx3-ubyte").write_bytes(
+            struct.pack(">IIII", 2051, n, 28, 28) + images.numpy().tobytes())
+        (raw / f"{prefix}-labels-idx1-ubyte").write_bytes(
+            struct.pack(">II", 2049, n) + labels.numpy().tobytes())
+
+
+def test_mnist_format_trains_resnet18_with_one_channel(env, tmp_path):
+    _write_mnist(tmp_path / "mnist")
+    log = tmp_path / "run.jsonl"
+    r = ddptui(["run", "resnet18", "--cpus", "2", "--data", f"mnist:{tmp_path / 'mnist'}",
+                "--epochs", "1", "--batch-size", "8", "--workers", "0", "--log", str(log)],
+               env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    (ep,) = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert ep["steps"] == 4 and ep["val_acc"] is not None
+
+
+def test_user_model_and_dataset_functions_learn(env, tmp_path):
+    log = tmp_path / "run.jsonl"
+    r = ddptui(["run", *TINY, "--cpus", "2", "--epochs", "3", "--lr", "0.1", "--log", str(log)],
+               env, ROOT)
+    assert r.returncode == 0, r.stderr
+    rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert rank0[-1]["val_acc"] > 0.6  # four classes: chance is 0.25
+
+
+def test_synthetic_data_runs_compute_only(env, tmp_path):
+    log = tmp_path / "run.jsonl"
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--data", "synthetic", "--cpus", "2",
+                "--image-size", "16", "--epochs", "1", "--steps-per-epoch", "3",
+                "--log", str(log)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert [e["steps"] for e in events(log, "epoch")] == [3, 3]
+
+
+def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path):
+    for cls in ("a", "b"):
+        (tmp_path / "imgs" / cls).mkdir(parents=True)
+        for i in range(8):
+            Image.new("RGB", (40, 40), (i * 30, 0, 0)).save(tmp_path / "imgs" / cls / f"{i}.jpg")
+    bad = tmp_path / "imgs" / "a" / "3.jpg"
+    bad.write_bytes(b"\xff\xd8 this is not a jpeg")
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
+                f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
+                "--epochs", "1"], env, ROOT)
+    assert r.returncode == 2, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "corrupt or unreadable sample" in line and str(bad) in line
+
+
+def _final_state(directory):
+    (final,) = [f for f in os.listdir(directory) if f.startswith("ckpt-e0002-s000000")]
+    return torch.load(os.path.join(directory, final), weights_only=True)
+
+
+def test_resume_mid_epoch_equals_uninterrupted_training(env, tmp_path):
+    common = [*TINY, "--cpus", "2", "--epochs", "2", "--steps-per-epoch", "6", "--deterministic"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = ddptui(["run", *common, "--checkpoint-dir", str(a)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    r = ddptui(["run", *common, "--checkpoint-dir", str(b), "--checkpoint-every", "3"], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    # Pretend the run died after epoch 1 step 3: only the checkpoints up to there exist.
+    for name in os.listdir(b):
+        if name > "ckpt-e0001-s000003.pt":
+            os.unlink(b / name)
+    log = tmp_path / "resume.jsonl"
+    r = ddptui(["run", *common, "--checkpoint-dir", str(b), "--resume", "--log", str(log)],
+               env, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert any("resumed from" in e["text"] and "e0001-s000003" in e["text"]
+               for e in events(log, "message"))
+    steps = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert [e["steps"] for e in steps] == [3]  # only the rest of epoch 1 was trained
+    sa, sb = _final_state(a), _final_state(b)
+    for key, tensor in sa["model"].items():
+        assert torch.equal(tensor, sb["model"][key]), key
+    for i, st in sa["optimizer"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], sb["optimizer"]["state"][i]["momentum_buffer"])
+    assert sa["scheduler"]["last_epoch"] == sb["scheduler"]["last_epoch"]
+
+
+def test_truncated_checkpoint_is_reported_and_skipped(env, tmp_path):
+    ck = tmp_path / "ck"
+    common = [*TINY, "--cpus", "2", "--steps-per-epoch", "4", "--checkpoint-dir", str(ck)]
+    r = ddptui(["run", *common, "--epochs", "1", "--checkpoint-every", "2"], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    newest = ck / "ckpt-e0001-s000000.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    r = ddptui(["run", *common, "--epochs", "1", "--resume", str(newest)], env, ROOT)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "cannot resume from" in r.stderr
+    log = tmp_path / "resume.jsonl"
+    r = ddptui(["run", *common, "--epochs", "2", "--resume", "--log", str(log)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    texts = [e["text"] for e in events(log, "message")]
+    assert any("skipping checkpoint" in t and "e0001-s000000" in t for t in texts)
+    assert any("resumed from" in t and "e0000-s000004" in t for t in texts)
+    assert newest.exists()  # reported, never deleted: the user decides
