@@ -1,0 +1,77 @@
+"""ddptui vs the plain torchrun script, in one call on the same GPUs; prints a markdown table.
+
+python bench/compare.py --models resnet18 resnet50 --gpus 1 2 --out results.json
+Each row: the plain script's img/s, ddptui run --headless img/s over the same steady window
+(from its step events), their ratio, and launch -> first step for both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def plain(model: str, gpus: int, steps: int, warmup: int) -> dict:
+    env = dict(os.environ, BENCH_T0=str(time.time()))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", str(gpus), os.path.join(ROOT, "bench/plain_ddp.py"),
+                          "--model", model, "--steps", str(steps), "--warmup", str(warmup)],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def ours(model: str, gpus: int, steps: int, warmup: int, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "run.jsonl")
+        t0 = time.time()
+        subprocess.run([sys.executable, "-m", "ddptui", "run", model, "--headless",
+                        "--gpus", ",".join(map(str, range(gpus))), "--data", "synthetic",
+                        "--amp", "bf16", "--channels-last", "--batch-size", "256",
+                        "--epochs", "1", "--steps-per-epoch", str(warmup + steps),
+                        "--log", log, *extra], check=True, capture_output=True, cwd=tmp)
+        evs = [json.loads(line) for line in open(log)]
+    steps_ev = [e for e in evs if e["kind"] == "step" and e["rank"] == 0]
+    window = [e for e in steps_ev if e["global_step"] >= warmup]
+    a, b = window[0], window[-1]
+    img_s = (b["global_step"] - a["global_step"]) * 256 * gpus / (b["t"] - a["t"])
+    gpu = [e for e in evs if e["kind"] == "gpu" and e.get("util") is not None]
+    return {"img_s": img_s, "first_step_s": steps_ev[0]["t"] - t0,
+            "mean_util": sum(e["util"] for e in gpu[len(gpu) // 2:]) / max(1, len(gpu) // 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="+", default=["resnet18"])
+    ap.add_argument("--gpus", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--extra", nargs="*", default=[], help="more ddptui run options")
+    args = ap.parse_args()
+    rows = []
+    print("| model | GPUs | plain img/s | ddptui img/s | ratio | first step plain / ddptui (s) |")
+    print("|---|---|---|---|---|---|")
+    for model in args.models:
+        for gpus in args.gpus:
+            p = plain(model, gpus, args.steps, args.warmup)
+            o = ours(model, gpus, args.steps, args.warmup, args.extra)
+            row = {"model": model, "gpus": gpus, "plain": p, "ddptui": o,
+                   "ratio": o["img_s"] / p["img_s"]}
+            rows.append(row)
+            print(f"| {model} | {gpus} | {p['img_s']:,.0f} | {o['img_s']:,.0f} | "
+                  f"{row['ratio']:.3f} | {p['first_step_s']:.1f} / {o['first_step_s']:.1f} |",
+                  flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

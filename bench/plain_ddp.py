@@ -1,0 +1,61 @@
+"""The baseline: a hand-written torchrun DDP script with no ddptui code, as a user would write it.
+
+torchrun --standalone --nproc-per-node 2 bench/plain_ddp.py --model resnet18 --steps 300
+Synthetic data on the device, bf16 autocast, channels_last, SGD; prints one JSON line (rank 0).
+"""
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchvision
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=50)
+    args = ap.parse_args()
+    t_launch = float(os.environ.get("BENCH_T0", time.time()))
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.get_model(args.model, num_classes=1000).cuda()
+    model = DDP(model.to(memory_format=torch.channels_last), device_ids=[local])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device="cuda")
+    x = x.contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (args.batch_size,), device="cuda")
+    first_step = None
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if first_step is None:
+            torch.cuda.synchronize()
+            first_step = time.time() - t_launch
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - t0
+    world = dist.get_world_size()
+    if dist.get_rank() == 0:
+        print(json.dumps({"img_s": args.steps * args.batch_size * world / seconds,
+                          "first_step_s": first_step, "world": world}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Every exit path ends every process: a normal end, SIGTERM, Ctrl-C, the parent SIGKILLed, a
+rank SIGKILLed. Exit codes and the JSONL log say what happened."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import (FAST, ROOT, TINY, assert_gone, ddptui, events, run_pids,
+                            start_ddptui, wait_for_event)
+
+LONG = [*TINY, "--cpus", "2", "--epochs", "50"]
+
+
+def test_headless_run_logs_every_event_kind_from_both_ranks(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    r = ddptui(["run", "resnet18", "--cpus", "2", "--headless", "--epochs", "1",
+                "--steps-per-epoch", "10", *FAST, "--log", str(log)], env, tmp_path, timeout=150)
+    assert r.returncode == 0, r.stderr
+    for kind in ("step", "gpu", "epoch"):
+        assert {e["rank"] for e in events(log, kind)} == {0, 1}, kind
+    assert {e["state"] for e in events(log, "rank")} >= {"starting", "running", "done"}
+    assert [e["status"] for e in events(log, "run")] == ["started", "done"]
+    assert events(log, "world")[0]["size"] == 2
+    assert "first step" in r.stdout and "done in" in r.stdout
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_signal_stops_in_order_with_a_checkpoint(sig, code, env, tmp_path):
+    log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
+    p = start_ddptui(["run", *LONG, "--checkpoint-dir", str(ck), "--log", str(log)], env, ROOT)
+    wait_for_event(log, lambda e: e["kind"] == "step" and e.get("global_step", 0) >= 3)
+    pids = run_pids(log)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == code, err
+    assert events(log, "run")[-1]["status"] == "interrupted"
+    assert events(log, "checkpoint"), "an orderly stop writes a final checkpoint"
+    assert os.listdir(ck)
+    assert_gone(pids | {p.pid})
+
+
+def test_parent_killed_takes_every_rank_and_worker_with_it(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    args = ["run", "resnet18", "--cpus", "2", "--epochs", "50", *FAST, "--workers", "1",
+            "--log", str(log)]
+    p = start_ddptui(args, env, tmp_path)
+    wait_for_event(log, lambda e: e["kind"] == "step", timeout=90)
+    time.sleep(1.5)  # let the supervisor see the DataLoader workers too
+    pids = run_pids(log)
+    assert len(pids) >= 5, pids  # parent, two ranks, their workers
+    p.kill()
+    p.wait()
+    t0 = time.monotonic()
+    assert_gone(pids, timeout=5)
+    assert time.monotonic() - t0 < 3.0
+
+
+def test_a_rank_killed_fails_the_run_quickly_with_the_reason(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    p = start_ddptui(["run", *LONG, "--log", str(log)], env, ROOT)
+    wait_for_event(log, lambda e: e["kind"] == "step")
+    pids = run_pids(log)
+    victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    out, err = p.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert p.returncode == 1
+    assert "rank 1 killed by SIGKILL" in err
+    assert events(log, "run")[-1]["status"] == "failed"
+    assert_gone(pids)
