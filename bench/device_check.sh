@@ -22,7 +22,7 @@ print('nvml samples', len(gpu), 'gpus', sorted({e['gpu'] for e in gpu}), 'max ut
 PY
 
 # Issue 6 (part): ddptui vs the plain script.
-timeout 420 python3 bench/compare.py --models resnet18 resnet50 --gpus 1 2 --steps 250 --warmup 60 \
+timeout 380 python3 bench/compare.py --models resnet18 resnet50 --gpus 1 2 --steps 200 --warmup 50 \
     --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.md"
 
 # Issue 4: the dashboard in tmux with real GPU bars; then q, and nothing left behind.
