@@ -82,7 +82,9 @@ class DashboardApp(App[int]):
         with Horizontal(id="bottom"):
             yield _boxed(History(), "history")
             yield _boxed(EpochTable(), "epochs")
-        yield _boxed(RichLog(id="events", max_lines=500, wrap=False), "events")
+        events = RichLog(id="events", max_lines=500, wrap=False)
+        events.can_focus = False  # up/down belong to rank selection; the wheel still scrolls
+        yield _boxed(events, "events")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -106,10 +108,10 @@ class DashboardApp(App[int]):
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
         epochs.border_title = f"epochs · pending: {pending} (next epoch)" if pending else "epochs"
         log = self.query_one("#events", RichLog)
-        start = view["elapsed"] and (state.started_t or 0)
+        start = state.started_t
         for seq, t, level, text in state.lines_after(self._seq):
             self._seq = seq
-            stamp = f"{t - start:7.1f}s " if start else ""
+            stamp = f"{t - start:7.1f}s " if start else "         "
             log.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
         if self.quitting and self.source.done.is_set():
             self.exit(self.source.exit_code)
@@ -131,7 +133,7 @@ class DashboardApp(App[int]):
             self.query_one(RankTable).show(self.view, rank)
 
     def action_pause(self) -> None:
-        if not self._running():
+        if not self._can_steer():
             return
         if self.view and self.view["paused"]:
             self.source.resume()
@@ -141,17 +143,17 @@ class DashboardApp(App[int]):
             self.notify("pausing every rank at the next agreed step")
 
     def action_toggle(self, name: str) -> None:
-        if self._running():
+        if self._can_steer():
             value = not self._desired().get(name, False)
             self.source.change_settings(**{name: value})
 
     def action_workers(self, delta: int) -> None:
-        if self._running():
+        if self._can_steer():
             workers = max(0, int(self._desired().get("workers", 0)) + delta)
             self.source.change_settings(workers=workers)
 
     def action_checkpoint(self) -> None:
-        if not self._running():
+        if not self._can_steer():
             return
         if not (self.view or {}).get("meta", {}).get("checkpoint_dir"):
             self.notify("no --checkpoint-dir was given", severity="warning")
@@ -187,7 +189,7 @@ class DashboardApp(App[int]):
         self.source.stop()
         self.notify("stopping: every rank finishes its step, then every process ends")
 
-    def _running(self) -> bool:
+    def _can_steer(self) -> bool:
         return self.live and not self.source.done.is_set() and not self.quitting
 
     def _desired(self) -> dict:

@@ -20,7 +20,7 @@ class Replay:
         self.log_path = path
         self.speed = speed
         self.events = events if events is not None else read_events(path)
-        self.state = RunState({"log": path})
+        self.state = RunState({"log": path}, live=False)
         self.done = threading.Event()
         self.exit_code: int | None = None
         self._halt = threading.Event()

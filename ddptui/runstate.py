@@ -77,8 +77,9 @@ class EpochRow:
 class RunState:
     """Folds events into per-rank, per-device and per-epoch state, plus bounded histories."""
 
-    def __init__(self, meta: dict | None = None):
+    def __init__(self, meta: dict | None = None, live: bool = True):
         self.lock = threading.Lock()
+        self.live = live  # a live run's clock is the wall clock; a replay's is its last event
         self.meta = dict(meta or {})  # model, data, epochs, world_size, device_kind, log
         self.status = "starting"
         self.paused = False
@@ -229,7 +230,7 @@ class RunState:
     def view(self) -> dict:
         """A consistent copy of what the screens draw (taken under the lock)."""
         with self.lock:
-            now = self.ended_t or max(self.last_t, time.time() if self.ended_t is None else 0)
+            now = self.ended_t or (time.time() if self.live else self.last_t)
             done_epochs = [self.epochs[k].merged() for k in sorted(self.epochs)]
             return {
                 "meta": dict(self.meta),

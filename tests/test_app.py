@@ -1,0 +1,145 @@
+"""The dashboard driven like a user drives it: Pilot key presses against replayed logs and a
+real 2-rank CPU run, SVG snapshots of the layout, and responsiveness under a flood of events."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import pytest
+
+from ddptui.app import DashboardApp
+from ddptui.replay import Replay
+from ddptui.supervisor import Supervisor
+from ddptui.widgets.help import HelpScreen
+from ddptui.widgets.tables import EpochTable, RankTable
+from tests.conftest import TINY, assert_gone
+from trainer.config import Parser, add_training_options, config_from_args
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+RECORDED = os.path.join(DATA, "run-2cpu.jsonl")
+
+
+async def _settle(app: DashboardApp, pilot) -> None:
+    """Wait for a replay to finish, then draw its final state."""
+    while not app.source.done.is_set():
+        await pilot.pause(0.05)
+    app.refresh_view()
+    await pilot.pause()
+
+
+def _cells(table) -> list[list[str]]:
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
+    app = DashboardApp(Replay(RECORDED, speed=0))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _settle(app, pilot)
+        ranks = _cells(app.query_one(RankTable))
+        assert [row[0] for row in ranks] == ["0", "1"]
+        assert all(row[3] == "done" for row in ranks)
+        epochs = _cells(app.query_one(EpochTable))
+        assert [row[0] for row in epochs] == ["0", "1", "2"]
+        assert float(epochs[-1][6]) < float(epochs[0][6])  # the loss fell
+        # A replay has nothing to steer: the control keys are neither shown nor active.
+        assert app.check_action("pause", ()) is False
+        assert app.check_action("toggle", ("prefetch",)) is False
+        await pilot.press("down")
+        assert app.selected_rank == 1 and app.query_one(RankTable).cursor_row == 1
+        await pilot.press("down", "up")
+        assert app.selected_rank == 0
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+        await pilot.pause()
+    assert app.return_code == 0
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 50)])
+def test_main_screen_snapshot(snap_compare, size):
+    async def settle(pilot):
+        await _settle(pilot.app, pilot)
+
+    assert snap_compare(DashboardApp(Replay(RECORDED, speed=0)), terminal_size=size,
+                        run_before=settle)
+
+
+def _flood(ranks: int = 8, rate: float = 20.0, seconds: float = 6.0) -> list[dict]:
+    """A run of `ranks` ranks each sending `rate` events a second."""
+    t0 = 1_000_000.0
+    evs = [{"t": t0, "kind": "run", "rank": -1, "status": "started", "model": "resnet50",
+            "data": "synthetic", "epochs": 1, "world_size": ranks, "device_kind": "cuda"}]
+    evs += [{"t": t0, "kind": "rank", "rank": r, "state": "running", "pid": 100 + r,
+             "device": "cuda:0", "gpu": r} for r in range(ranks)]
+    n = int(rate * seconds)
+    for i in range(n):
+        t = t0 + i / rate
+        for r in range(ranks):
+            if i % 2:
+                evs.append({"t": t, "kind": "step", "rank": r, "epoch": 0, "step": i,
+                            "global_step": i, "loss": 2.0 - i / n, "samples_per_s": 1000.0,
+                            "step_ms": 250.0, "data_wait": 0.1})
+            else:
+                evs.append({"t": t, "kind": "gpu", "rank": r, "gpu": r, "util": 90,
+                            "mem_used": 1000, "mem_total": 80000, "power_w": 500.0,
+                            "temp_c": 60})
+    return evs
+
+
+async def test_keys_stay_responsive_under_8_ranks_at_20_events_per_second():
+    app = DashboardApp(Replay("flood", speed=1.0, events=_flood()), refresh_s=0.1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause(1.0)
+        assert app.query_one(RankTable).row_count == 8
+        for expected in (1, 2, 3):
+            t0 = time.monotonic()
+            await pilot.press("down")
+            while app.query_one(RankTable).cursor_row != expected:
+                assert time.monotonic() - t0 < 0.5, "a key press took more than a few frames"
+                await pilot.pause(0.02)
+        assert not app.source.done.is_set()  # measured while the flood was still coming
+        await pilot.press("q")
+
+
+def _config(*args: str):
+    parser = Parser()
+    add_training_options(parser)
+    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=False)
+
+
+async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
+    config = _config(*TINY, "--epochs", "200")
+    sup = Supervisor(config, str(tmp_path / "live.jsonl"))
+    app = DashboardApp(sup)
+    async with app.run_test(size=(120, 40)) as pilot:
+        deadline = time.monotonic() + 60
+        while not (app.view and all(r.state == "running" and r.step for r in app.view["ranks"])
+                   and len(app.view["ranks"]) == 2):
+            assert time.monotonic() < deadline, "ranks never showed live figures"
+            await pilot.pause(0.2)
+        rows = _cells(app.query_one(RankTable))
+        assert all(row[5] != "-" and row[6] != "-" for row in rows)  # loss and img/s shown
+        await pilot.press("space")
+        await _until(pilot, lambda: app.view["paused"], "pause")
+        await pilot.press("space")
+        await _until(pilot, lambda: not app.view["paused"], "resume")
+        await pilot.press("W")
+        await _until(pilot, lambda: "pending: workers 1" in
+                     str(app.query_one(EpochTable).border_title), "pending settings")
+        pids = sup.pids() | {r.process.pid for r in sup.ranks}
+        await pilot.press("q")
+        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
+    assert sup.exit_code == 130
+    assert_gone(pids)
+
+
+async def _until(pilot, predicate, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        await pilot.pause(0.1)
+    await asyncio.sleep(0)
