@@ -87,7 +87,12 @@ class DashboardApp(App[int]):
         yield _boxed(events, "events")
         yield Footer()
 
+    def on_resize(self) -> None:
+        # Below 100 columns the history pane gives its room to the tables.
+        self.set_class(self.size.width < 100, "-narrow")
+
     def on_mount(self) -> None:
+        self.on_resize()
         self.source.start()
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view)

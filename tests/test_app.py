@@ -39,7 +39,7 @@ async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
         await _settle(app, pilot)
         ranks = _cells(app.query_one(RankTable))
         assert [row[0] for row in ranks] == ["0", "1"]
-        assert all(row[3] == "done" for row in ranks)
+        assert all(row[1] == "done" for row in ranks)
         epochs = _cells(app.query_one(EpochTable))
         assert [row[0] for row in epochs] == ["0", "1", "2"]
         assert float(epochs[-1][6]) < float(epochs[0][6])  # the loss fell
@@ -122,7 +122,7 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
             assert time.monotonic() < deadline, "ranks never showed live figures"
             await pilot.pause(0.2)
         rows = _cells(app.query_one(RankTable))
-        assert all(row[5] != "-" and row[6] != "-" for row in rows)  # loss and img/s shown
+        assert all(row[3] != "-" and row[4] != "-" for row in rows)  # loss and img/s shown
         await pilot.press("space")
         await _until(pilot, lambda: app.view["paused"], "pause")
         await pilot.press("space")

@@ -32,11 +32,13 @@ class RunHeader(Static):
             done = 1.0
         eta = (v["elapsed"] / done - v["elapsed"]) if 0.02 < done < 1 else None
         best = v["best_val_acc"]
+        wide = self.size.width >= 100
         line2 = Text.assemble(
-            f"epoch {min(epoch + 1, epochs or 1)}/{epochs} ", bar(100 * done, 20, "cyan"),
-            f" {100 * done:3.0f}%  ETA {duration(eta)}  elapsed {duration(v['elapsed'])}  ",
-            (f"{v['throughput']:,.0f} img/s", "bold"),
-            f"  best val_acc {'-' if best is None else f'{100 * best:.1f}%'}")
+            f"epoch {min(epoch + 1, epochs or 1)}/{epochs} ", bar(100 * done, 20 if wide else 8,
+                                                                   "cyan"),
+            f" {100 * done:3.0f}%  ETA {duration(eta)}  {'elapsed ' if wide else ''}"
+            f"{duration(v['elapsed'])}  ", (f"{v['throughput']:,.0f} img/s", "bold"),
+            f"  best {'val_acc ' if wide else ''}{'-' if best is None else f'{100 * best:.1f}%'}")
         return Text("\n").join([line1, line2])
 
 

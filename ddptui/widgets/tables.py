@@ -15,10 +15,11 @@ def _fmt(value, spec: str, dash: str = "-") -> str:
 
 
 class RankTable(DataTable):
-    """Rank, pid, device, state, position, loss, speed, input wait, workers."""
+    """Rank, state, position, loss, speed, input wait, workers, pid, device (most telling
+    first, so a narrow terminal cuts the least useful columns)."""
 
-    COLUMNS = ("rank", "pid", "device", "state", "epoch/step", "loss", "img/s", "step ms",
-               "wait", "workers")
+    COLUMNS = ("rank", "state", "epoch/step", "loss", "img/s", "step ms", "wait", "workers",
+               "pid", "device")
     can_focus = False
 
     def on_mount(self) -> None:
@@ -31,12 +32,11 @@ class RankTable(DataTable):
         workers = view["settings"].get("workers", "-")
         for r in view["ranks"]:
             cells = (
-                str(r.rank), str(r.pid or "-"), r.device or "-",
-                Text(r.state, style=STATE_STYLE.get(r.state, "")),
+                str(r.rank), Text(r.state, style=STATE_STYLE.get(r.state, "")),
                 f"{r.epoch}/{r.step}", _fmt(r.loss, ".4f"),
                 _fmt(r.samples_per_s if r.state == "running" else None, ",.0f"),
                 _fmt(r.step_ms if r.state == "running" else None, ".1f"),
-                f"{100 * r.data_wait:.0f}%", str(workers))
+                f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), r.device or "-")
             key = str(r.rank)
             if key in self.rows:
                 for column, value in zip(self.COLUMNS, cells):
