@@ -200,6 +200,8 @@ class RunState:
             self.status = "starting"
         elif status in ("paused", "resumed"):
             self.paused = status == "paused"
+            if rank in self.ranks and ev.get("global_step") is not None:
+                self.ranks[rank].global_step = ev["global_step"]  # exact, unlike the sampled steps
             if rank in (0, PARENT):
                 self._line(t, "info", describe(ev))
         elif status in ("done", "failed", "interrupted"):

@@ -1,0 +1,77 @@
+"""Live control through the supervisor API, without a terminal: settings land on every rank at
+the same epoch, pause holds every rank at the same step, a checkpoint can be asked for."""
+
+from __future__ import annotations
+
+import time
+
+from ddptui.supervisor import Supervisor
+from tests.conftest import TINY, assert_gone, events
+from trainer.config import Parser, add_training_options, config_from_args
+
+
+def _config(*args: str):
+    parser = Parser()
+    add_training_options(parser)
+    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=True)
+
+
+def _wait(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        time.sleep(0.05)
+
+
+def _steps(sup: Supervisor) -> dict[int, int]:
+    return {r.rank: r.global_step for r in sup.state.view()["ranks"]}
+
+
+def test_settings_change_applies_on_every_rank_at_the_same_epoch(tmp_path):
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "12"), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    sup.change_settings(workers=1, cudnn_benchmark=False)
+    assert sup.state.view()["pending"] == {"workers": 1, "cudnn_benchmark": False}
+    _wait(lambda: not sup.state.view()["pending"], "settings applied")
+    _wait(lambda: len({e["rank"] for e in events(log, "epoch")
+                       if e["settings"]["workers"] == 1}) == 2, "an epoch under the new settings")
+    sup.stop()
+    assert sup.wait(60) == 130
+    first_new = {}
+    for e in events(log, "epoch"):
+        if e["settings"] == {"prefetch": True, "workers": 1, "cudnn_benchmark": False}:
+            first_new.setdefault(e["rank"], e["epoch"])
+        else:
+            assert e["settings"]["workers"] == 0
+            assert e["epoch"] < first_new.get(e["rank"], 10**9)
+    assert len(set(first_new.values())) == 1 and min(first_new.values()) >= 1
+    (applied,) = [e for e in events(log, "settings") if e.get("status") == "applied"
+                  and e["settings"]["workers"] == 1]
+    assert applied["epoch"] == first_new[0]
+    assert_gone(sup.pids())
+
+
+def test_pause_holds_every_rank_and_checkpoint_now_writes_mid_epoch(tmp_path):
+    log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--checkpoint-dir", str(ck)), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    sup.pause()
+    _wait(lambda: len([e for e in events(log, "run") if e["status"] == "paused"]) == 2, "pause")
+    held = {e["rank"]: e["global_step"] for e in events(log, "run") if e["status"] == "paused"}
+    assert len(set(held.values())) == 1  # every rank stopped at the same step
+    step = held[0]
+    time.sleep(1.5)
+    assert not [e for e in events(log, "step") if e["global_step"] > step], "stepped while paused"
+    assert _steps(sup) == held
+    sup.checkpoint()  # honoured while paused too
+    # (epoch ends write checkpoints too; the one asked for is at the paused step)
+    _wait(lambda: [e for e in events(log, "checkpoint") if e["global_step"] == step],
+          "checkpoint at the paused step")
+    sup.resume()
+    _wait(lambda: min(_steps(sup).values()) > step + 4, "steps after resume")
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())
