@@ -1,0 +1,62 @@
+"""What a live input-pipeline change does: one run, settings switched between epochs through the
+supervisor API (as the dashboard's p/w/W/b keys do), one table row per epoch.
+
+python bench/settings_switch.py resnet18 --gpus 0,1 --data shapes --switch workers=1 prefetch=false
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ddptui.cli import resolve_devices
+from ddptui.supervisor import Supervisor
+from ddptui.telemetry import read_events
+from trainer.config import Parser, add_training_options, config_from_args
+
+
+def parse_switch(items: list[str]) -> list[dict]:
+    """Each item `name=value[,name=value]` is one change, made one epoch after the previous."""
+    changes = []
+    for item in items:
+        change = {}
+        for pair in item.split(","):
+            name, _, value = pair.partition("=")
+            change[name] = value.lower() == "true" if value.lower() in ("true", "false") \
+                else int(value)
+        changes.append(change)
+    return changes
+
+
+def main() -> int:
+    parser = Parser(description=__doc__)
+    add_training_options(parser)
+    parser.add_argument("--gpus", default=None)
+    parser.add_argument("--switch", nargs="+", default=[])
+    args = parser.parse_args()
+    gpus, cpus = resolve_devices(args.gpus, None)
+    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
+    log = config.log or "settings_switch.jsonl"
+    sup = Supervisor(config, log)
+    sup.start()
+    for change in parse_switch(args.switch):
+        seen = len([e for e in sup.state.view()["epochs"]])
+        while len(sup.state.view()["epochs"]) <= seen and not sup.done.is_set():
+            time.sleep(0.1)
+        sup.change_settings(**change)
+    code = sup.wait()
+    print("| epoch | prefetch | workers | cudnn.benchmark | img/s | data-wait |")
+    print("|---|---|---|---|---|---|")
+    for e in sup.state.view()["epochs"]:
+        s = e["settings"]
+        print(f"| {e['epoch']} | {s['prefetch']} | {s['workers']} | {s['cudnn_benchmark']} | "
+              f"{e['samples_per_s']:,.0f} | {100 * e['data_wait']:.0f}% |")
+    first = [e for e in read_events(log) if e["kind"] == "step"]
+    if first:
+        print(f"launch -> first step: {first[0]['t'] - sup.state.started_t:.1f} s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
