@@ -7,6 +7,7 @@ Image sets yield uint8 CHW tensors (normalisation happens on the device, see pre
 from __future__ import annotations
 
 import importlib
+import multiprocessing as mp
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -172,21 +173,34 @@ def load_callable(spec: str, what: str) -> Callable:
     return fn
 
 
+def worker_context(cuda: bool):
+    """How DataLoader workers start. A rank holding a CUDA context and NCCL maps so much memory
+    that each fork() takes seconds (measured on H200: ~5 s a worker, one after another), so CUDA
+    ranks start workers from a clean fork server that has torch preloaded; CPU ranks fork."""
+    if not cuda:
+        return None
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torchvision", "trainer.data"])
+    return ctx
+
+
 def build_train_loader(bundle: DataBundle, sampler: ShardedBatchSampler, workers: int,
-                       pin_memory: bool) -> DataLoader:
-    """The training DataLoader over the sampler's remaining batches."""
+                       cuda: bool) -> DataLoader:
+    """The training DataLoader over the sampler's remaining batches (pinned for CUDA)."""
     return DataLoader(bundle.train, batch_sampler=sampler, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=workers > 0,
-                      prefetch_factor=4 if workers > 0 else None, worker_init_fn=worker_init)
+                      pin_memory=cuda, persistent_workers=workers > 0,
+                      prefetch_factor=4 if workers > 0 else None, worker_init_fn=worker_init,
+                      multiprocessing_context=worker_context(cuda) if workers else None)
 
 
 def build_val_loader(bundle: DataBundle, batch_size: int, rank: int, world_size: int,
-                     workers: int, pin_memory: bool) -> DataLoader | None:
+                     workers: int, cuda: bool) -> DataLoader | None:
     if bundle.val is None:
         return None
     shard = Subset(bundle.val, shard_indices(len(bundle.val), rank, world_size))
-    return DataLoader(shard, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory,
-                      persistent_workers=workers > 0, worker_init_fn=worker_init)
+    return DataLoader(shard, batch_size=batch_size, num_workers=workers, pin_memory=cuda,
+                      persistent_workers=workers > 0, worker_init_fn=worker_init,
+                      multiprocessing_context=worker_context(cuda) if workers else None)
 
 
 def worker_init(_worker_id: int) -> None:

@@ -189,10 +189,10 @@ class Loaders:
             return
         self.close()
         self.workers = settings["workers"]
-        pin = self.me.device.type == "cuda"
-        self.train = build_train_loader(self.bundle, self.sampler, self.workers, pin)
+        cuda = self.me.device.type == "cuda"
+        self.train = build_train_loader(self.bundle, self.sampler, self.workers, cuda)
         self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
-                                    self.me.world_size, self.workers, pin)
+                                    self.me.world_size, self.workers, cuda)
 
     def train_batches(self, prefetch: bool):
         if self.bundle.train is None:
