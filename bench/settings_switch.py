@@ -6,7 +6,6 @@ python bench/settings_switch.py resnet18 --gpus 0,1 --data shapes --switch worke
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 

@@ -9,8 +9,17 @@ import time
 
 import pytest
 
-from tests.conftest import (FAST, ROOT, TINY, assert_gone, ddptui, events, run_pids,
-                            start_ddptui, wait_for_event)
+from tests.conftest import (
+    FAST,
+    ROOT,
+    TINY,
+    assert_gone,
+    ddptui,
+    events,
+    run_pids,
+    start_ddptui,
+    wait_for_event,
+)
 
 LONG = [*TINY, "--cpus", "2", "--epochs", "50"]
 

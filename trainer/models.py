@@ -14,6 +14,7 @@ from torchvision import models
 from trainer.config import UsageError, check_model_name
 from trainer.data import load_callable
 
+
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
     """A freshly initialised model for `num_classes` outputs and `in_channels` inputs."""
     if ":" in name:

@@ -19,12 +19,17 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddptui.telemetry import describe
-from trainer.checkpoint import (find_resume_state, load_checkpoint, prune_checkpoints,
-                                save_checkpoint)
+from trainer.checkpoint import find_resume_state, load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig, UsageError
 from trainer.control import Control
-from trainer.data import (DataBundle, DataError, SyntheticBatches, build_datasets,
-                          build_train_loader, build_val_loader)
+from trainer.data import (
+    DataBundle,
+    DataError,
+    SyntheticBatches,
+    build_datasets,
+    build_train_loader,
+    build_val_loader,
+)
 from trainer.gpu import DeviceSampler
 from trainer.models import build_model, count_parameters
 from trainer.prefetch import Normalize, plain_batches, prefetched_batches

@@ -39,7 +39,7 @@ class RankTable(DataTable):
                 f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), r.device or "-")
             key = str(r.rank)
             if key in self.rows:
-                for column, value in zip(self.COLUMNS, cells):
+                for column, value in zip(self.COLUMNS, cells, strict=True):
                     self.update_cell(key, column, value)
             else:
                 self.add_row(*cells, key=key)
