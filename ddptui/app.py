@@ -72,19 +72,23 @@ class DashboardApp(App[int]):
         self.refresh_s = refresh_s
         self.view: dict | None = None
         self.quitting = False
+        self.closing = False
         self._seq = 0
 
     def compose(self) -> ComposeResult:
-        yield RunHeader()
+        # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.
+        self.header, self.devices = RunHeader(), DevicePanel()
+        self.rank_table, self.history, self.epoch_table = RankTable(), History(), EpochTable()
+        self.events = RichLog(id="events", max_lines=500, wrap=False)
+        self.events.can_focus = False  # up/down belong to rank selection; the wheel still scrolls
+        yield self.header
         with Horizontal(id="top"):
-            yield _boxed(DevicePanel(), "GPUs")
-            yield _boxed(RankTable(), "ranks")
+            yield _boxed(self.devices, "GPUs")
+            yield _boxed(self.rank_table, "ranks")
         with Horizontal(id="bottom"):
-            yield _boxed(History(), "history")
-            yield _boxed(EpochTable(), "epochs")
-        events = RichLog(id="events", max_lines=500, wrap=False)
-        events.can_focus = False  # up/down belong to rank selection; the wheel still scrolls
-        yield _boxed(events, "events")
+            yield _boxed(self.history, "history")
+            yield _boxed(self.epoch_table, "epochs")
+        yield _boxed(self.events, "events")
         yield Footer()
 
     def on_resize(self) -> None:
@@ -99,27 +103,32 @@ class DashboardApp(App[int]):
 
     def refresh_view(self) -> None:
         """Pull a snapshot of the run state and hand it to the widgets."""
+        if self.closing:
+            return
+        if self.quitting and self.source.done.is_set():
+            self._close(self.source.exit_code)
+            return
         state = self.source.state
         view = self.view = state.view()
-        self.query_one(RunHeader).view = view
-        devices = self.query_one(DevicePanel)
-        devices.view = view
-        devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
+        self.header.view = view
+        self.devices.view = view
+        self.devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
             "CPU ranks and host"
-        self.query_one(RankTable).show(view, self.selected_rank)
-        self.query_one(History).show(view)
-        epochs = self.query_one(EpochTable)
-        epochs.show(view)
+        self.rank_table.show(view, self.selected_rank)
+        self.history.show(view)
+        self.epoch_table.show(view)
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
-        epochs.border_title = f"epochs · pending: {pending} (next epoch)" if pending else "epochs"
-        log = self.query_one("#events", RichLog)
+        self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch)" if pending
+                                         else "epochs")
         start = state.started_t
         for seq, t, level, text in state.lines_after(self._seq):
             self._seq = seq
             stamp = f"{t - start:7.1f}s " if start else "         "
-            log.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
-        if self.quitting and self.source.done.is_set():
-            self.exit(self.source.exit_code)
+            self.events.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
+
+    def _close(self, code: int | None) -> None:
+        self.closing = True
+        self.exit(code)
 
     # -- keys -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
@@ -135,7 +144,7 @@ class DashboardApp(App[int]):
 
     def watch_selected_rank(self, rank: int) -> None:
         if self.view is not None:
-            self.query_one(RankTable).show(self.view, rank)
+            self.rank_table.show(self.view, rank)
 
     def action_pause(self) -> None:
         if not self._can_steer():
@@ -172,7 +181,7 @@ class DashboardApp(App[int]):
     async def action_quit(self) -> None:
         if self.source.done.is_set() or not self.live:
             self.source.stop()
-            self.exit(self.source.exit_code)
+            self._close(self.source.exit_code)
             return
         if self.quitting:  # asked twice: end everything now
             self.source.stop()

@@ -91,6 +91,8 @@ def describe(ev: dict) -> str | None:
     if kind == "settings":
         s = ev.get("settings") or {}
         body = ", ".join(f"{k} {_onoff(v)}" for k, v in s.items())
+        if ev.get("status") == "requested":
+            return f"settings requested: {body} (every rank applies them at an epoch boundary)"
         return f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}: {body}"
     if kind == "checkpoint":
         return f"checkpoint written: {ev.get('path')}"

@@ -128,8 +128,10 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         await pilot.press("space")
         await _until(pilot, lambda: not app.view["paused"], "resume")
         await pilot.press("W")
-        await _until(pilot, lambda: "pending: workers 1" in
-                     str(app.query_one(EpochTable).border_title), "pending settings")
+        await _until(pilot, lambda: any("settings requested: workers 1" in line.text
+                                        for line in app.events.lines), "request in the events")
+        await _until(pilot, lambda: any(row[2] == "1" for row in _cells(app.epoch_table)),
+                     "an epoch with 1 worker", timeout=30)
         pids = sup.pids() | {r.process.pid for r in sup.ranks}
         await pilot.press("q")
         await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
