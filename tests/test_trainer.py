@@ -146,3 +146,15 @@ def test_truncated_checkpoint_is_reported_and_skipped(env, tmp_path):
     assert any("skipping checkpoint" in t and "e0001-s000000" in t for t in texts)
     assert any("resumed from" in t and "e0000-s000004" in t for t in texts)
     assert newest.exists()  # reported, never deleted: the user decides
+
+
+def test_cifar10_files_that_fail_torchvision_checks_are_exit_2(env, tmp_path):
+    folder = tmp_path / "cifar" / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (folder / name).write_bytes(b"not a pickle")
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
+                f"cifar10:{tmp_path / 'cifar'}", "--epochs", "1"], env, ROOT)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "cannot read cifar10" in line

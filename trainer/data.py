@@ -88,16 +88,22 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
             val_dir = os.path.join(path, "val")
             return _imagefolder(train_dir, val_dir if os.path.isdir(val_dir) else None, size, seed)
         return _imagefolder(path, None, size, seed)
-    if kind == "cifar10":
-        train = datasets.CIFAR10(path, train=True, download=False)
-        val = datasets.CIFAR10(path, train=False, download=False)
-        aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
-        return _small(train, val, 3, aug, size, 32, seed)
-    if kind in ("mnist", "fashion-mnist"):
-        cls = datasets.MNIST if kind == "mnist" else datasets.FashionMNIST
-        train, val = cls(path, train=True, download=False), cls(path, train=False, download=False)
+    if kind in ("cifar10", "mnist", "fashion-mnist"):
+        cls = {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST,
+               "fashion-mnist": datasets.FashionMNIST}[kind]
+        try:  # never downloaded: torchvision's "not found or corrupted" is the user's to fix
+            train, val = cls(path, train=True, download=False), cls(path, train=False, download=False)
+        except (RuntimeError, OSError, ValueError) as e:
+            raise UsageError(f"cannot read {kind} at {path}: {_one_line(e)}") from None
+        if kind == "cifar10":
+            aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
+            return _small(train, val, 3, aug, size, 32, seed)
         return _small(train, val, 1, [], size, 28, seed)
     return _custom(config.data, size, seed)
+
+
+def _one_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None) -> DataBundle:

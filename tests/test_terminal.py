@@ -1,0 +1,49 @@
+"""The dashboard in a real terminal: tmux at 120x40 shows both ranks with live numbers, and `q`
+ends the run and every process of it."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT, TINY, assert_gone, events, run_pids
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+
+
+def _tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path):
+    session, log = f"ddptui-test-{time.monotonic_ns()}", tmp_path / "tui.jsonl"
+    cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
+                    "--epochs", "500", "--log", str(log)])
+    environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
+    _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+          f"cd {ROOT} && env {environ} {cmd}; sleep 30")
+    try:
+        deadline, screen = time.monotonic() + 60, ""
+        while time.monotonic() < deadline:
+            screen = _tmux("capture-pane", "-p", "-t", session)
+            rows = re.findall(r"\b([01])\s+running\s+\d+/\d+\s+[\d.]+\s+[\d,]+", screen)
+            if sorted(rows) == ["0", "1"] and "RUNNING" in screen:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"both ranks never showed live on screen:\n{screen}")
+        pids = run_pids(log)
+        _tmux("send-keys", "-t", session, "q")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(
+                e["status"] == "interrupted" for e in events(log, "run")):
+            time.sleep(0.3)
+        assert events(log, "run")[-1]["status"] == "interrupted"
+        assert_gone(pids)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
