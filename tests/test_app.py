@@ -131,7 +131,7 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         await _until(pilot, lambda: any("settings requested: workers 1" in line.text
                                         for line in app.events.lines), "request in the events")
         await _until(pilot, lambda: any(row[2] == "1" for row in _cells(app.epoch_table)),
-                     "an epoch with 1 worker", timeout=30)
+                     "an epoch with 1 worker", timeout=60)
         pids = sup.pids() | {r.process.pid for r in sup.ranks}
         await pilot.press("q")
         await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
