@@ -92,8 +92,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ddptui.app import DashboardApp
 
     app = DashboardApp(supervisor)
-    _stop_on_signals(lambda code: app.call_from_thread(app.action_quit)
-                     if app.is_running else supervisor.stop(code=code))
+
+    def on_signal(code: int) -> None:
+        # Signal handlers run on the app's own thread: call_from_thread would deadlock. Ask the
+        # supervisor to stop; the app's refresh tick exits once it is done.
+        app.quitting = True
+        supervisor.stop(code=code)
+
+    _stop_on_signals(on_signal)
     app.run()
     code = supervisor.wait()
     view = supervisor.state.view()

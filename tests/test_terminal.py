@@ -47,3 +47,25 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         assert_gone(pids)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+@pytest.mark.xfail(strict=True, reason="known bug: after SIGHUP the ranks end but the dashboard "
+                   "process stays, hung on its closed terminal (see the session's closing note)")
+def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env, tmp_path):
+    session, log = f"ddptui-hup-{time.monotonic_ns()}", tmp_path / "tui.jsonl"
+    cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
+                    "--epochs", "500", "--log", str(log)])
+    environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
+    _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+          f"cd {ROOT} && env {environ} {cmd}")
+    deadline = time.monotonic() + 60
+    while not (log.exists() and events(log, "step")):
+        assert time.monotonic() < deadline, "no step within 60 s"
+        time.sleep(0.3)
+    pids = run_pids(log)
+    subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    try:
+        assert_gone(pids, timeout=30)
+    finally:
+        for pid in pids:  # leave nothing behind even while the bug stands
+            subprocess.run(["kill", "-9", str(pid)], capture_output=True)
