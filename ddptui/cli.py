@@ -88,6 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     supervisor = Supervisor(config, config.log or default_log_path())
     if headless:
+        print(f"ddptui: logging to {supervisor.log_path}", flush=True)
         return run_headless(supervisor)
     from ddptui.app import DashboardApp
 
@@ -113,7 +114,6 @@ def run_headless(supervisor) -> int:
 
     console = HeadlessConsole(supervisor.state)
     _stop_on_signals(lambda code: supervisor.stop(code=code))
-    print(f"ddptui: logging to {supervisor.log_path}", flush=True)
     supervisor.start()
     while not supervisor.done.wait(0.25):
         console.poll()

@@ -148,9 +148,9 @@ class RunState:
                 self._line(t, "info", f"first step {t - self.started_t:.1f} s after launch")
         if self.status == "starting":
             self.status = "running"
-        if rank == min(self.ranks) and r.loss is not None:
-            self.loss_history.append(r.loss)
-        if rank == min(self.ranks):
+        if rank == min(self.ranks):  # one point per interval, from the lowest rank
+            if r.loss is not None:
+                self.loss_history.append(r.loss)
             self.throughput_history.append(self._throughput(t))
 
     def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
@@ -171,9 +171,7 @@ class RunState:
             self.settings = dict(ev["settings"])
         live = [r for r in self.ranks.values() if r.state in ("running", "starting")]
         if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
-            m = row.merged()
-            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **m}).replace(
-                "img/s/rank", f"img/s ({m['ranks']} ranks)"))
+            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **row.merged()}))
 
     def _on_settings(self, ev: dict, rank: int, t: float) -> None:
         if ev.get("status") in ("requested", "pending"):

@@ -281,14 +281,19 @@ def _check_import_spec(spec: str, what: str) -> None:
         raise UsageError(f"bad {what} {spec!r}: expected pkg.module:function")
     # find_spec locates the module without running it, so a user module that imports torch
     # does not slow the dashboard's start.
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         found = None
     if found is None:
         raise UsageError(f"{what} module not found: {module} (from {spec})")
+
+
+def importable_from_cwd() -> None:
+    """User `pkg.module:function` specs resolve from the working directory, as with `python -m`."""
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def check_writable_dir(path: str, what: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import multiprocessing as mp
 import os
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -18,7 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
-from trainer.config import RunConfig, UsageError
+from trainer.config import RunConfig, UsageError, importable_from_cwd
 from trainer.lifeline import die_with_parent
 from trainer.sampler import ShardedBatchSampler, shard_indices
 from trainer.shapes import ensure_shapes
@@ -94,7 +93,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
         try:  # never downloaded: torchvision's "not found or corrupted" is the user's to fix
             train, val = cls(path, train=True, download=False), cls(path, train=False, download=False)
         except (RuntimeError, OSError, ValueError) as e:
-            raise UsageError(f"cannot read {kind} at {path}: {_one_line(e)}") from None
+            raise UsageError(f"cannot read {kind} at {path}: {_first_line(e)}") from None
         if kind == "cifar10":
             aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
             return _small(train, val, 3, aug, size, 32, seed)
@@ -102,7 +101,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     return _custom(config.data, size, seed)
 
 
-def _one_line(e: Exception) -> str:
+def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
@@ -167,8 +166,7 @@ def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
 def load_callable(spec: str, what: str) -> Callable:
     """Import `pkg.module:function`; a missing one is the user's mistake (UsageError)."""
     module_name, _, attr = spec.partition(":")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    importable_from_cwd()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -70,9 +70,6 @@ class Reporter:
         if self.writer is not None:
             self.writer.write(ev)
 
-    def message(self, text: str, level: str = "info") -> None:
-        self.emit("message", level=level, text=text)
-
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()

@@ -52,10 +52,10 @@ class Rank:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def say(self, text: str, level: str = "info") -> None:
+    def say(self, text: str, level: str = "info", **fields) -> None:
         """Progress for the user: rank 0 reports it; warnings come from every rank."""
         if self.is_main or level != "info":
-            self.reporter.message(text, level)
+            self.reporter.emit("message", level=level, text=text, **fields)
             if self.echo:
                 print(text if level == "info" else f"rank {self.rank}: {level}: {text}",
                       file=sys.stdout if level == "info" else sys.stderr, flush=True)
@@ -242,13 +242,11 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
     scaler = torch.amp.GradScaler(me.device.type, enabled=config.amp == "fp16")
     state = State(settings=config.settings(me.world_size))
     start_epoch = resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
-    if me.is_main:
-        params = count_parameters(model)
-        me.reporter.emit("message", level="info", steps_per_epoch=total_steps // config.epochs,
-                         num_train=bundle.num_train, num_classes=bundle.num_classes,
-                         params=params, text=f"{config.model}: {params / 1e6:.1f}M parameters, "
-                         f"{bundle.num_classes} classes, {bundle.num_train} training samples, "
-                         f"{total_steps // config.epochs} steps per epoch")
+    params, steps = count_parameters(model), total_steps // config.epochs
+    me.say(f"{config.model}: {params / 1e6:.1f}M parameters, {bundle.num_classes} classes, "
+           f"{bundle.num_train} training samples, {steps} steps per epoch",
+           steps_per_epoch=steps, num_train=bundle.num_train, num_classes=bundle.num_classes,
+           params=params)
     if me.is_main:
         me.reporter.emit("settings", settings=dict(state.settings), epoch=start_epoch,
                          status="applied")
@@ -261,7 +259,7 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
                   autocast, control, state)
     try:
         for epoch in range(start_epoch, config.epochs):
-            if epoch != sampler.epoch or sampler.steps_done == 0:
+            if epoch != sampler.epoch:
                 sampler.set_epoch(epoch)
             meter.reset_epoch()
             train_one_epoch(parts, epoch)
