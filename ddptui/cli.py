@@ -8,9 +8,13 @@ import argparse
 import os
 import signal
 import sys
+import threading
+import time
 
 from ddptui import __version__
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
+
+EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 
 EXAMPLES = """examples:
   ddptui run resnet18                         # all GPUs (or 2 CPU ranks), built-in shapes data
@@ -99,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # supervisor to stop; the app's refresh tick exits once it is done.
         app.quitting = True
         supervisor.stop(code=code)
+        threading.Thread(target=_exit_when_done, args=(supervisor, code), daemon=True).start()
 
     _stop_on_signals(on_signal)
     app.run()
@@ -107,6 +112,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if code not in (0, None) and view["reason"]:
         print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
     return 1 if code is None else code
+
+
+def _exit_when_done(supervisor, code: int) -> None:
+    """A terminal that closed (SIGHUP, with SIGCONT from the kernel) can leave Textual blocked
+    writing to it forever. Once the supervisor is done every process of the run has ended and the
+    log is closed, so after a grace period for the app to restore the terminal, the process ends."""
+    supervisor.wait()
+    time.sleep(EXIT_GRACE_S)
+    os._exit(code)
 
 
 def run_headless(supervisor) -> int:
