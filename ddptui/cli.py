@@ -25,7 +25,8 @@ EXAMPLES = """examples:
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
 
-keys in the dashboard: up/down select a rank, space pause/resume, ? help, q quit
+keys in the dashboard: up/down select a rank, s stop it, r restart it, space pause/resume,
+  p/w/W/b change the input pipeline next epoch, a apply now, c checkpoint, ? help, q quit
 exit codes: 0 done, 1 training failed, 2 bad usage or input, 130 interrupted (Ctrl-C, q)"""
 
 
@@ -44,6 +45,9 @@ def build_parser() -> Parser:
                    help="N CPU ranks on gloo (default 2 where there is no GPU)")
     g.add_argument("--headless", action="store_true",
                    help="no dashboard: status lines on stdout (automatic when not a terminal)")
+    g.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                   help="bring crashed ranks back into the run, K times in all (default 0: the "
+                   "run goes on without them; r brings one back)")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
     replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
     replay.add_argument("file", metavar="FILE.jsonl")
@@ -87,6 +91,8 @@ def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None
 def cmd_run(args: argparse.Namespace) -> int:
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
     headless = args.headless or not sys.stdout.isatty()
+    if args.max_restarts < 0:
+        raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
     from ddptui.supervisor import Supervisor, default_log_path
 

@@ -1,5 +1,9 @@
 """The supervisor: spawns one process per rank, owns every process it started, and keeps the run
 state; one thread polls telemetry, process sentinels and commands, decides and acts.
+
+It also decides who is in the world: it orders leaves and joins (agreed by the ranks at a step),
+recoveries when a rank dies (sent straight to the survivors), and keeps a warm standby process
+for every rank that is out of the world, ready to join.
 """
 
 from __future__ import annotations
@@ -30,19 +34,26 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 class RankState(str, enum.Enum):
     STARTING = "starting"
     RUNNING = "running"
+    STANDBY = "standby"  # warmed up outside the world, ready to join
     STOPPED = "stopped"
     CRASHED = "crashed"
-    RESTARTING = "restarting"
+    RESTARTING = "restarting"  # joining the world
     DONE = "done"
+
+
+FINAL = (RankState.DONE, RankState.CRASHED, RankState.STOPPED)
 
 
 @dataclass
 class RankProcess:
-    rank: int
+    """One process started for a rank slot (a slot gets a new process after a stop or crash)."""
+
+    slot: int
     gpu: int | None
     process: mp.process.BaseProcess
     telemetry: object  # read end of this rank's telemetry pipe
-    inbox: object  # write end of its command pipe (rank 0 relays commands to all)
+    inbox: object  # write end of its command pipe (the world's rank 0 relays commands to all)
+    standby: bool = False
     state: RankState = RankState.STARTING
     children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
 
@@ -59,8 +70,9 @@ def default_log_path() -> str:
 
 
 class Supervisor:
-    """Start with start(); steer with pause()/resume()/checkpoint()/change_settings()/stop();
-    wait() returns the exit code. Only this class starts or kills processes."""
+    """Start with start(); steer with pause()/resume()/checkpoint()/change_settings()/
+    apply_now()/stop_rank()/restart_rank()/stop(); wait() returns the exit code.
+    Only this class starts or kills processes."""
 
     live = True  # there are ranks to steer (a Replay has none)
 
@@ -73,7 +85,15 @@ class Supervisor:
             "gpus": list(config.gpus or []), "batch_size": config.batch_size,
             "log": self.log_path, "checkpoint_dir": config.checkpoint_dir,
         })
-        self.ranks: list[RankProcess] = []
+        self.procs: list[RankProcess] = []  # every process started, in order
+        self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
+        self.members: list[int] = []  # the slots in the world (or in the world being formed)
+        self._generation = 0
+        self._world_change: dict | None = None  # an order the ranks have not confirmed yet
+        self._deferred: list[tuple[str, int]] = []  # stop/restart asked during a world change
+        self._leaving: set[int] = set()
+        self._wanted: set[int] = set()  # slots to bring back as soon as their standby is ready
+        self._restarts = 0
         self.exit_code: int | None = None
         self.done = threading.Event()
         self._commands: queue.Queue = queue.Queue()
@@ -113,6 +133,18 @@ class Supervisor:
         self.state.apply(event("settings", PARENT, settings=settings, status="requested"))
         self._commands.put({"op": "settings", "settings": settings})
 
+    def apply_now(self) -> None:
+        """Pending settings take effect at the next agreed step instead of the next epoch."""
+        self._commands.put({"op": "apply"})
+
+    def stop_rank(self, rank: int) -> None:
+        """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
+        self._commands.put({"op": "stop_rank", "slot": rank})
+
+    def restart_rank(self, rank: int) -> None:
+        """A stopped or crashed rank joins again; a running one leaves and joins again."""
+        self._commands.put({"op": "restart_rank", "slot": rank})
+
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED) -> None:
         """Orderly end: ranks agree on a step, checkpoint if a directory is set, and exit.
         A second call while stopping ends every process at once."""
@@ -121,7 +153,7 @@ class Supervisor:
     def pids(self) -> set[int]:
         """Every process of the run seen so far: ranks and their workers."""
         found = set()
-        for r in self.ranks:
+        for r in self.procs:
             if r.process.pid:
                 found.add(r.process.pid)
             found |= r.children
@@ -154,14 +186,22 @@ class Supervisor:
         self.state.apply(ev)
         if self._writer:
             self._writer.write(ev)
-        if ev["kind"] == "message" and ev.get("level") == "error":
+        kind = ev["kind"]
+        if kind == "message" and ev.get("level") == "error":
             self._errors[ev["rank"]] = ev.get("text", "")
             if ev.get("usage") and self._usage_error is None:
                 self._usage_error = ev.get("text", "bad input")
-        if ev["kind"] == "rank" and ev.get("state") == "running":
-            rp = self._by_rank(ev["rank"])
-            if rp:
+        elif kind == "rank" and ev["rank"] in self.slots:
+            rp = self.slots[ev["rank"]]
+            if ev.get("state") == "running" and rp.state not in FINAL:
                 rp.state = RankState.RUNNING
+            elif ev.get("state") == "standby" and rp.state == RankState.STARTING:
+                rp.state = RankState.STANDBY
+                self._next_change()
+        elif kind == "world" and ev["rank"] != PARENT and self._world_change is not None \
+                and ev.get("generation") == self._world_change["gen"]:
+            self._world_change = None
+            self._next_change()
 
     def _main(self) -> None:
         code = EXIT_FAILED
@@ -204,33 +244,41 @@ class Supervisor:
         ensure_shapes(progress)
 
     def _spawn(self) -> None:
-        from trainer.bootstrap import RankSpec, run_rank
-
         world = self.config.world_size
         init = f"tcp://127.0.0.1:{free_port()}"
-        stem = os.path.splitext(self.log_path)[0]
         gpus = list(self.config.gpus) if self.config.gpus else [None] * world
         self._emit("message", level="info", text=f"starting {world} ranks")
-        for rank, gpu in enumerate(gpus):
-            spec = RankSpec(self.config, rank, world, init, gpu, os.getpid(),
-                            f"{stem}.rank{rank}.out")
-            telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
-            inbox_end, inbox = self._ctx.Pipe(duplex=False)
-            p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
-                                  name=f"ddptui-rank{rank}", daemon=False)
-            p.start()
-            telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
-            inbox_end.close()
-            self.ranks.append(RankProcess(rank, gpu, p, telemetry, inbox))
-            self._handle(event("rank", rank, state="starting", pid=p.pid, gpu=gpu,
-                               device=f"cuda:{gpu}" if gpu is not None else "cpu"))
-        self._emit("world", size=world, ranks=list(range(world)))
+        for slot, gpu in enumerate(gpus):
+            self._start_process(slot, gpu, init, standby=False)
+        self.members = list(range(world))
+        self._emit("world", size=world, ranks=list(self.members), generation=0)
+
+    def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
+        from trainer.bootstrap import RankSpec, run_rank
+
+        stem = os.path.splitext(self.log_path)[0]
+        spec = RankSpec(self.config, slot, slot, self.config.world_size, init, gpu, os.getpid(),
+                        f"{stem}.rank{slot}.out", standby=standby)
+        telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
+        inbox_end, inbox = self._ctx.Pipe(duplex=False)
+        p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
+                              name=f"ddptui-rank{slot}", daemon=False)
+        p.start()
+        telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
+        inbox_end.close()
+        rp = RankProcess(slot, gpu, p, telemetry, inbox, standby=standby)
+        self.procs.append(rp)
+        self.slots[slot] = rp
+        self._errors.pop(slot, None)
+        self._handle(event("rank", slot, state="starting", pid=p.pid, gpu=gpu, standby=standby,
+                           device=f"cuda:{gpu}" if gpu is not None else "cpu",
+                           reason="standby: warming up to join" if standby else ""))
 
     def _loop(self) -> None:
         next_scan = 0.0
-        while any(r.process.exitcode is None for r in self.ranks):
-            readers = [r.telemetry for r in self.ranks if not r.telemetry.closed]
-            sentinels = [r.process.sentinel for r in self.ranks if r.process.exitcode is None]
+        while self._world_alive():
+            readers = [r.telemetry for r in self.procs if not r.telemetry.closed]
+            sentinels = [r.process.sentinel for r in self.procs if r.process.exitcode is None]
             wait_any(readers + sentinels, timeout=0.1)
             self._drain_telemetry()
             self._reap()
@@ -246,8 +294,12 @@ class Supervisor:
                 self._end_all()
         self._reap()
 
+    def _world_alive(self) -> bool:
+        """Training goes on while a process of the world lives (standbys alone do not count)."""
+        return any(self.slots[s].process.exitcode is None for s in self.members)
+
     def _drain_telemetry(self) -> None:
-        for r in self.ranks:
+        for r in self.procs:
             try:
                 while not r.telemetry.closed and r.telemetry.poll():
                     self._handle(r.telemetry.recv())
@@ -255,29 +307,68 @@ class Supervisor:
                 r.telemetry.close()
 
     def _reap(self) -> None:
-        for r in self.ranks:
+        for r in self.procs:
             code = r.process.exitcode
-            if code is None or r.state in (RankState.DONE, RankState.CRASHED, RankState.STOPPED):
+            if code is None or r.state in FINAL:
                 continue
             self._drain_telemetry()
-            if code == 0:
-                r.state = RankState.STOPPED if self._stop_requested else RankState.DONE
-                self._emit_rank(r, r.state.value, "")
+            member = r.slot in self.members and self.slots[r.slot] is r
+            if code == 0 and r.slot in self._leaving and not member:
+                self._leaving.discard(r.slot)
+                self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
+                self._bring_up_standby(r.slot)
+            elif code == 0:
+                ours = self._stop_requested or not member
+                self._set_state(r, RankState.STOPPED if ours else RankState.DONE, "")
             elif code == EXIT_USAGE:
-                r.state = RankState.STOPPED
-                self._emit_rank(r, "stopped", self._usage_error or "bad input")
+                self._set_state(r, RankState.STOPPED, self._usage_error or "bad input")
                 self._fail(EXIT_USAGE, self._usage_error or "bad input")
-            elif self._failure or self._stop_requested:  # we ended it
-                r.state = RankState.STOPPED
-                self._emit_rank(r, "stopped", "ended by ddptui")
+            elif self._failure or self._stop_requested or r.state == RankState.STOPPED:
+                self._set_state(r, RankState.STOPPED, "ended by ddptui")
             else:
-                r.state = RankState.CRASHED
                 reason = self._death_reason(r, code)
-                self._emit_rank(r, "crashed", reason)
-                self._fail(EXIT_FAILED, f"rank {r.rank} {reason}")
+                self._set_state(r, RankState.CRASHED, reason)
+                if member:
+                    self._lost(r, reason)
+                else:
+                    self._emit("message", level="warning",
+                               text=f"standby for rank {r.slot} {reason}; r starts another")
 
-    def _emit_rank(self, r: RankProcess, state: str, reason: str) -> None:
-        self._handle(event("rank", r.rank, state=state, pid=r.process.pid, gpu=r.gpu,
+    def _set_state(self, r: RankProcess, state: RankState, reason: str | None) -> None:
+        r.state = state
+        self._emit_rank(r, state.value, reason)
+
+    def _lost(self, r: RankProcess, reason: str) -> None:
+        """A rank of the world died: the survivors re-form without it, or the run fails."""
+        survivors = [s for s in self.members
+                     if s != r.slot and self.slots[s].process.exitcode is None]
+        if not (self.config.snapshot_every and self.state.first_step_t and survivors):
+            self._fail(EXIT_FAILED, f"rank {r.slot} {reason}")
+            return
+        order = self._order("recover", survivors)
+        for s in survivors:
+            self._tell(self.slots[s], order)
+        self._emit("message", level="warning",
+                   text=f"rank {r.slot} {reason}: the other {len(survivors)} roll back to "
+                   f"their last common step and go on")
+        if self._restarts < self.config.max_restarts:
+            self._restarts += 1
+            self._wanted.add(r.slot)
+            self._emit("message", level="info", text=f"restarting rank {r.slot} "
+                       f"({self._restarts} of --max-restarts {self.config.max_restarts})")
+        self._bring_up_standby(r.slot)
+
+    def _order(self, op: str, members: list[int], **extra) -> dict:
+        """A world-change order: the new members, where they meet, and its generation."""
+        self._generation += 1
+        order = {"op": op, "members": sorted(members), "gen": self._generation,
+                 "init": f"tcp://127.0.0.1:{free_port()}", **extra}
+        self.members = order["members"]
+        self._world_change = order
+        return order
+
+    def _emit_rank(self, r: RankProcess, state: str, reason: str | None) -> None:
+        self._handle(event("rank", r.slot, state=state, pid=r.process.pid, gpu=r.gpu,
                            reason=reason, exit_code=r.process.exitcode))
 
     def _death_reason(self, r: RankProcess, code: int) -> str:
@@ -287,10 +378,10 @@ class Supervisor:
             except ValueError:
                 name = f"signal {-code}"
             return f"killed by {name}"
-        return self._errors.get(r.rank) or f"exited with code {code}"
+        return self._errors.get(r.slot) or f"exited with code {code}"
 
     def _fail(self, code: int, reason: str) -> None:
-        """In this version a lost rank ends the run: the others are ended, cleanly and at once."""
+        """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
         if self._failure is None and self._stop_requested is None:
             self._failure = (code, reason)
             self._end_all()
@@ -301,22 +392,92 @@ class Supervisor:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if cmd["op"] == "stop":
+            op = cmd["op"]
+            if op == "stop":
                 self._begin_stop(cmd["status"], cmd["code"])
+            elif op in ("stop_rank", "restart_rank"):
+                self._rank_command(op, cmd["slot"])
             else:
                 self._send(cmd)
 
-    def _send(self, cmd: dict) -> None:
-        # Rank 0 is the authority: it offers commands to every rank at an agreed step.
-        leader = next((r for r in self.ranks if r.process.exitcode is None), None)
-        if leader is not None:
+    def _rank_command(self, op: str, slot: int) -> None:
+        if self._stop_requested or self._failure or slot not in self.slots:
+            return
+        if self._world_change is not None:  # one change at a time: this one waits its turn
+            self._deferred.append((op, slot))
+            return
+        running = slot in self.members
+        if op == "restart_rank":
+            r = self.slots[slot]
+            if not running and r.state not in FINAL and r.state != RankState.STANDBY \
+                    and not r.standby:
+                return
+            self._wanted.add(slot)
+            self._emit("message", level="info", text=f"restarting rank {slot}: it joins again "
+                       "from a warm standby" + (" after leaving" if running else ""))
+            if not running:
+                if r.process.exitcode is not None:
+                    self._bring_up_standby(slot)
+                self._next_change()
+                return
+        if not running:
+            self._emit("message", level="warning", text=f"rank {slot} is not running")
+        elif len(self.members) == 1:
+            self._wanted.discard(slot)
+            self._emit("message", level="warning",
+                       text=f"rank {slot} is the last rank: q ends the run instead")
+        else:
+            leader = self.slots[self.members[0]]
+            order = self._order("reform", [s for s in self.members if s != slot])
+            self._leaving.add(slot)
+            self._send(order, leader)
+            self._emit("message", level="info", text=f"stopping rank {slot}: it leaves at the "
+                       f"next agreed step, the other {len(self.members)} go on")
+
+    def _next_change(self) -> None:
+        """After a world change: the next asked-for stop/restart, or a wanted rank's join."""
+        while self._world_change is None and self._deferred:
+            self._rank_command(*self._deferred.pop(0))
+        if self._world_change is not None or self._stop_requested or self._failure:
+            return
+        ready = [s for s in sorted(self._wanted) if self.slots[s].state == RankState.STANDBY]
+        if not ready or not self.members:
+            return
+        slot = ready[0]
+        self._wanted.discard(slot)
+        leader = self.slots[self.members[0]]
+        order = self._order("reform", self.members + [slot], joiner=slot)
+        joiner = self.slots[slot]
+        self._send(order, leader)
+        self._tell(joiner, {**order, "op": "join"})
+        self._set_state(joiner, RankState.RESTARTING, "joining the world")
+
+    def _bring_up_standby(self, slot: int) -> None:
+        """Keep a warm process for a rank that is out of the world (once the run goes on)."""
+        if self._stop_requested or self._failure:
+            return
+        current = self.slots[slot]
+        if current.process.exitcode is None and current.standby:
+            return
+        self._start_process(slot, current.gpu, "", standby=True)
+
+    def _send(self, cmd: dict, to: RankProcess | None = None) -> None:
+        # The world's rank 0 is the authority: it offers commands to every rank at an agreed step.
+        if to is None:
+            if not self.members:
+                return
+            to = self.slots[self.members[0]]
+        self._tell(to, cmd)
+
+    def _tell(self, r: RankProcess, cmd: dict) -> None:
+        if r.process.exitcode is None:
             try:
-                leader.inbox.send(cmd)
+                r.inbox.send(cmd)
             except OSError:  # it died this instant; the sentinel says so next
                 pass
 
     def _close_pipes(self) -> None:
-        for r in self.ranks:
+        for r in self.procs:
             r.telemetry.close()
             r.inbox.close()
 
@@ -327,7 +488,12 @@ class Supervisor:
         self._stop_requested = (status, code)
         self._emit("message", level="info", text="stopping: ranks finish their step"
                    + (" and checkpoint" if self.config.checkpoint_dir else ""))
-        if any(r.state == RankState.RUNNING for r in self.ranks) and self.state.first_step_t:
+        for r in self.slots.values():  # standbys hold no state worth waiting for
+            if r.slot not in self.members and r.process.exitcode is None:
+                r.state = RankState.STOPPED
+                r.process.terminate()
+        members = [self.slots[s] for s in self.members]
+        if any(r.state == RankState.RUNNING for r in members) and self.state.first_step_t:
             self._send({"op": "stop"})
             self._stop_deadline = time.monotonic() + STOP_GRACE_S
         else:  # still starting up: nothing to save, nothing to agree on
@@ -340,7 +506,7 @@ class Supervisor:
         if self._stop_requested:
             status, code = self._stop_requested
             return code, status, ""
-        if self.ranks and all(r.state == RankState.DONE for r in self.ranks):
+        if self.members and all(self.slots[s].state == RankState.DONE for s in self.members):
             return EXIT_OK, "done", ""
         return EXIT_FAILED, "failed", "ranks ended unexpectedly"
 
@@ -351,7 +517,7 @@ class Supervisor:
                              "mem_total": mem.total >> 20, "cpus": psutil.cpu_count()})
 
     def _scan_children(self) -> None:
-        for r in self.ranks:
+        for r in self.procs:
             if r.process.exitcode is None and r.process.pid:
                 try:
                     r.children |= {c.pid for c in psutil.Process(r.process.pid).children(True)}
@@ -366,12 +532,12 @@ class Supervisor:
         """
         self._scan_children()
         workers = []
-        for pid in {pid for r in self.ranks for pid in r.children}:
+        for pid in {pid for r in self.procs for pid in r.children}:
             try:
                 workers.append(psutil.Process(pid))
             except psutil.Error:
                 pass
-        live = [r.process for r in self.ranks if r.process.exitcode is None]
+        live = [r.process for r in self.procs if r.process.exitcode is None]
         for p in live:
             p.terminate()
         deadline = time.monotonic() + TERM_GRACE_S
@@ -388,6 +554,3 @@ class Supervisor:
                 pass
         psutil.wait_procs(workers, timeout=TERM_GRACE_S)
         self._stop_deadline = None
-
-    def _by_rank(self, rank: int) -> RankProcess | None:
-        return next((r for r in self.ranks if r.rank == rank), None)

@@ -19,12 +19,14 @@ class RankSpec:
     """What the supervisor tells one rank process."""
 
     config: RunConfig
-    rank: int
+    slot: int  # the rank's name for the whole run
+    rank: int  # its rank in the world it starts in (a standby's is assigned when it joins)
     world_size: int
     init_method: str
     physical_gpu: int | None
     parent_pid: int
     output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
+    standby: bool = False  # warm up, then wait for the supervisor's join order
 
 
 def run_rank(spec: RankSpec, channel, inbox) -> None:
@@ -41,11 +43,15 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     if spec.physical_gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.physical_gpu)
-    if spec.rank == 0:
+        # A dead peer is handled by aborting the communicators ourselves (trainer/world.py);
+        # NCCL's watchdog must not tear the process down first.
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    if spec.rank == 0 and not spec.standby:
         channel.send(event("message", 0, level="info", text="importing torch"))
     from trainer.worker import main
 
     code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
-                channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu)
+                channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu, slot=spec.slot,
+                standby=spec.standby)
     sys.stdout.flush()
     sys.exit(code)

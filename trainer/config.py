@@ -67,10 +67,12 @@ class RunConfig:
     resume: str | None = None  # None: fresh start; "auto": newest good checkpoint; else a file
     log: str | None = None
     telemetry_hz: float = 4.0
+    snapshot_every: int = 8  # steps between on-device rollback points (crash recovery)
     # Launch options (ddptui run only); a torchrun launch takes its devices from the environment.
     gpus: tuple[int, ...] | None = None
     cpus: int | None = None
     headless: bool = False
+    max_restarts: int = 0
 
     @property
     def data_kind(self) -> str:
@@ -185,6 +187,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="FILE",
                    help="continue from the newest good checkpoint in --checkpoint-dir, or FILE")
     g.add_argument("--log", default=None, metavar="FILE.jsonl", help="telemetry log")
+    g.add_argument("--snapshot-every", type=_non_negative_int, default=d.snapshot_every,
+                   metavar="STEPS", help="under ddptui run: steps between on-device rollback "
+                   "points; after a rank dies the others go back at most this far and carry on "
+                   "(0: a dead rank ends the run)")
 
 
 def config_from_args(args: argparse.Namespace, **launch) -> RunConfig:

@@ -1,28 +1,84 @@
 """Commands from the supervisor, agreed by every rank at the same step through a gloo group.
 
-Rank 0 offers what its inbox holds in a one-element async broadcast every few steps and the
+Rank 0 offers what its mailbox holds in a one-element async broadcast every few steps and the
 ranks read it one interval later, so control costs no device sync and almost no step time.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
-OPS = ("pause", "resume", "checkpoint", "stop", "settings")
+# Orders that cannot wait for an agreed step: the world they would be agreed in is broken
+# (recover), or the process is not in a world yet (join).
+URGENT = ("recover", "join")
+
+
+class Mailbox:
+    """Reads this rank's command pipe on a thread: urgent orders are kept apart (and announced
+    through `on_urgent` at once), everything else waits for the agreed step."""
+
+    def __init__(self, inbox, on_urgent: Callable[[dict], None] = lambda order: None):
+        self.inbox = inbox
+        self.on_urgent = on_urgent
+        self.commands: queue.Queue = queue.Queue()
+        self.urgent: queue.Queue = queue.Queue()
+        self.has_urgent = False  # read every step: a plain attribute, no lock
+        threading.Thread(target=self._read, name="mailbox", daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.inbox.recv()
+            except (EOFError, OSError):  # the supervisor is gone; the parent watch ends us
+                self.urgent.put(None)
+                return
+            if msg.get("op") in URGENT:
+                self.has_urgent = True
+                self.urgent.put(msg)
+                self.on_urgent(msg)
+            else:
+                self.commands.put(msg)
+
+    def drain(self) -> list[dict]:
+        cmds = []
+        while True:
+            try:
+                cmds.append(self.commands.get_nowait())
+            except queue.Empty:
+                return cmds
+
+    def requeue(self, cmds: list[dict]) -> None:
+        """Put commands back in front: offered to a world that then changed, they are offered
+        again to the new one (a joining rank must see them too)."""
+        rest = self.drain()
+        for cmd in cmds + rest:
+            self.commands.put(cmd)
+
+    def wait_urgent(self, timeout: float | None) -> dict | None:
+        """The next urgent order (None on timeout or when the supervisor has gone)."""
+        try:
+            order = self.urgent.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        self.has_urgent = not self.urgent.empty()
+        return order
 
 
 class Control:
-    """Rank 0 drains `inbox`; every rank gets the same commands back at the same global step."""
+    """Rank 0 drains the mailbox; every rank gets the same commands back at the same step."""
 
-    def __init__(self, inbox, rank: int, group, every: int = 4):
-        self.inbox = inbox
+    def __init__(self, mailbox: Mailbox | None, rank: int, group, every: int = 4):
+        self.mailbox = mailbox
         self.rank = rank
         self.group = group
         self.every = every
-        self.active = inbox is not None
+        self.active = mailbox is not None
         self._count = torch.zeros(1, dtype=torch.int64)
         self._work = None
         self._offered: list[dict] = []
@@ -33,7 +89,7 @@ class Control:
             return []
         agreed = self._complete()
         if self.rank == 0:
-            self._offered = self._drain()
+            self._offered = self.mailbox.drain()
             self._count[0] = len(self._offered)
         self._work = dist.broadcast(self._count, src=0, group=self.group, async_op=True)
         return agreed
@@ -43,13 +99,14 @@ class Control:
         agreed = self._complete()
         if self.rank == 0:
             time.sleep(period)
-        box = [self._drain() if self.rank == 0 else None]
+        box = [self.mailbox.drain() if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return agreed + box[0]
 
-    def finish(self) -> None:
-        """Complete the broadcast in flight; every rank calls this at the same point."""
-        self._complete()
+    def finish(self) -> list[dict]:
+        """Complete the broadcast in flight (every rank at the same point); its commands are
+        returned so that none offered is lost when the world changes."""
+        return self._complete()
 
     def _complete(self) -> list[dict]:
         if self._work is None:
@@ -61,12 +118,3 @@ class Control:
         box = [self._offered if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
-
-    def _drain(self) -> list[dict]:
-        cmds = []
-        try:
-            while self.inbox.poll():
-                cmds.append(self.inbox.recv())
-        except (EOFError, OSError):  # the supervisor is gone; the parent watch ends us
-            pass
-        return cmds

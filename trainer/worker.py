@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddptui.telemetry import describe
+from trainer import world
 from trainer.checkpoint import find_resume_state, load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import RunConfig, UsageError
-from trainer.control import Control
+from trainer.control import Control, Mailbox
 from trainer.data import (
     DataBundle,
     DataError,
@@ -35,18 +36,23 @@ from trainer.models import build_model, count_parameters
 from trainer.prefetch import Normalize, plain_batches, prefetched_batches
 from trainer.reporter import Reporter, StepMeter
 from trainer.sampler import ShardedBatchSampler
+from trainer.snapshot import Snapshots, WorldLost, state_tensors
+
+RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
 
 
 @dataclass
 class Rank:
     """Who this process is in the job and what it computes on."""
 
-    rank: int
+    slot: int  # the rank's name for the run (telemetry, keys); fixed while `rank` may change
+    rank: int  # its rank in the current world
     world_size: int
     device: torch.device
     physical_gpu: int | None
     reporter: Reporter
     echo: bool  # print progress to the console (rank 0 under torchrun)
+    standby: bool = False  # started to join a running world later
 
     @property
     def is_main(self) -> bool:
@@ -70,30 +76,38 @@ class State:
     best_val_acc: float = 0.0
     paused: bool = False
     stop: bool = False
+    apply_now: bool = False  # `a`: pending settings take effect at the agreed step
+    reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
+    segment_start: int = 0  # the epoch's step where the current measured segment began
     pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
     written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
          init_method: str = "env://", channel=None, inbox=None, physical_gpu: int | None = None,
-         echo: bool = False) -> int:
-    """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input)."""
+         echo: bool = False, slot: int | None = None, standby: bool = False) -> int:
+    """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input).
+
+    A standby builds everything, warms up and waits for the supervisor to let it join."""
     use_cuda = torch.cuda.is_available() and config.cpus is None
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", 0 if physical_gpu is not None else local) if use_cuda else \
         torch.device("cpu")
     if use_cuda and physical_gpu is None:
         physical_gpu = _physical_index(local)
-    me = Rank(rank, world_size, device, physical_gpu if use_cuda else None,
-              Reporter(rank, channel, config.log if channel is None else None), echo)
+    slot = rank if slot is None else slot
+    me = Rank(slot, rank, world_size, device, physical_gpu if use_cuda else None,
+              Reporter(slot, channel, config.log if channel is None else None), echo, standby)
     sampler_thread = DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), me.physical_gpu)
     try:
-        control_group = setup_process_group(me, init_method)
-        me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(device),
-                         gpu=me.physical_gpu, host=os.uname().nodename)
-        me.say(f"process group ready: {world_size} ranks on {dist.get_backend()}")
+        control_group = None
+        if not standby:
+            control_group = world.form(me, init_method)
+            me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(device),
+                             gpu=me.physical_gpu, host=os.uname().nodename)
+            me.say(f"process group ready: {world_size} ranks on {dist.get_backend()}")
         sampler_thread.start()
-        train(config, me, Control(inbox, rank, control_group))
+        train(config, me, inbox, control_group)
         return 0
     except (UsageError, DataError) as e:
         text = _one_line(e)
@@ -108,7 +122,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     finally:
         sampler_thread.stop()
         if dist.is_initialized():
-            dist.destroy_process_group()
+            world.dismantle()
         me.reporter.close()
 
 
@@ -128,18 +142,6 @@ def _physical_index(local_rank: int) -> int:
         if local_rank < len(ids) and ids[local_rank].strip().isdigit():
             return int(ids[local_rank])
     return local_rank
-
-
-def setup_process_group(me: Rank, init_method: str):
-    """nccl on GPUs, gloo on CPUs; plus a small gloo group that carries live commands."""
-    if me.device.type == "cuda":
-        torch.cuda.set_device(me.device)
-        dist.init_process_group("nccl", init_method=init_method, rank=me.rank,
-                                world_size=me.world_size, device_id=me.device)
-    else:
-        dist.init_process_group("gloo", init_method=init_method, rank=me.rank,
-                                world_size=me.world_size)
-    return dist.new_group(backend="gloo")
 
 
 def configure_torch(config: RunConfig, me: Rank) -> None:
@@ -165,6 +167,10 @@ def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
         [{"params": decay, "weight_decay": config.weight_decay},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=lr, momentum=config.momentum, nesterov=True)
+    for p in model.parameters():
+        # Made now rather than at the first step (zeros give the same first update), so the
+        # state has one shape from the start: rollback points and joining ranks rely on it.
+        optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     warmup = max(1, total_steps // 10)
 
     def factor(step: int) -> float:
@@ -199,6 +205,20 @@ class Loaders:
         self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
                                     self.me.world_size, self.workers, cuda)
 
+    def reshard(self) -> None:
+        """After a world change: the validation shard follows the new rank and world size (the
+        training batches follow the sampler already)."""
+        if self.val is not None:
+            self.close(train=False)
+            self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
+                                        self.me.world_size, self.workers,
+                                        self.me.device.type == "cuda")
+
+    def start_workers(self) -> None:
+        """A standby starts its workers ahead of the join (what it loads now is thrown away)."""
+        if self.train is not None and self.workers:
+            iter(self.train)
+
     def train_batches(self, prefetch: bool):
         if self.bundle.train is None:
             return iter(SyntheticBatches(self.sampler, self.config.batch_size,
@@ -209,16 +229,18 @@ class Loaders:
         return plain_batches(self.train, self.me.device, self.normalize,
                              self.me.device.type == "cuda")
 
-    def close(self) -> None:
-        for loader in (self.train, self.val):
+    def close(self, train: bool = True) -> None:
+        for loader in (self.train, self.val) if train else (self.val,):
             it = getattr(loader, "_iterator", None)
             if it is not None and hasattr(it, "_shutdown_workers"):
                 it._shutdown_workers()  # persistent workers end now, not at interpreter exit
-        self.train = self.val = None
+        if train:
+            self.train = None
+        self.val = None
 
 
-def train(config: RunConfig, me: Rank, control: Control) -> None:
-    """Build everything, then run epochs until done or stopped."""
+def train(config: RunConfig, me: Rank, inbox, control_group) -> None:
+    """Build everything, enter the world (a standby waits to join), then run epochs."""
     configure_torch(config, me)
     bundle = build_datasets(config, progress=me.say)
     model = build_model(config.model, bundle.num_classes, bundle.in_channels,
@@ -230,8 +252,8 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
             model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
         else:
             me.say("--sync-bn needs CUDA ranks; using per-rank BatchNorm", "warning")
-    ddp = DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
-              gradient_as_bucket_view=True)
+    # Sized for the world the run started with: a joining rank takes its position (and the lr
+    # that goes with the world it joins) from a live rank.
     sampler = ShardedBatchSampler(bundle.num_train, config.batch_size, me.rank, me.world_size,
                                   seed=config.seed, max_steps=config.steps_per_epoch)
     total_steps = config.epochs * len(sampler)
@@ -240,38 +262,130 @@ def train(config: RunConfig, me: Rank, control: Control) -> None:
                          f"{config.batch_size} x {me.world_size} ranks: lower --batch-size")
     optimizer, scheduler = build_optimizer(config, model, me.world_size, total_steps)
     scaler = torch.amp.GradScaler(me.device.type, enabled=config.amp == "fp16")
+    scaler.scale(torch.zeros((), device=me.device))  # creates its state tensors now
     state = State(settings=config.settings(me.world_size))
-    start_epoch = resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
-    params, steps = count_parameters(model), total_steps // config.epochs
-    me.say(f"{config.model}: {params / 1e6:.1f}M parameters, {bundle.num_classes} classes, "
-           f"{bundle.num_train} training samples, {steps} steps per epoch",
-           steps_per_epoch=steps, num_train=bundle.num_train, num_classes=bundle.num_classes,
-           params=params)
-    if me.is_main:
-        me.reporter.emit("settings", settings=dict(state.settings), epoch=start_epoch,
-                         status="applied")
-    if me.device.type != "cuda" and state.settings["prefetch"]:
-        me.say("prefetcher needs CUDA: CPU ranks load batches directly")
+    if not me.standby:
+        resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
     loaders = Loaders(config, me, bundle, sampler, state.settings)
     meter = StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device)
-    autocast = _autocast(config, me.device)
-    parts = Parts(config, me, model, ddp, optimizer, scheduler, scaler, sampler, loaders, meter,
-                  autocast, control, state)
+    p = Parts(config, me, model, None, optimizer, scheduler, scaler, sampler, loaders, meter,
+              _autocast(config, me.device), None, state, None, None)
+    if inbox is not None:  # under ddptui: live commands, and recovery when a peer dies
+        p.mailbox = Mailbox(inbox, lambda order: _on_urgent(order, p))
+        if config.snapshot_every:
+            p.snapshots = Snapshots(state_tensors(model, optimizer, scaler),
+                                    me.device.type == "cuda")
     try:
-        for epoch in range(start_epoch, config.epochs):
-            if epoch != sampler.epoch:
-                sampler.set_epoch(epoch)
-            meter.reset_epoch()
-            train_one_epoch(parts, epoch)
-            if state.stop:
-                save(parts)
-                me.say(f"stopped at epoch {epoch} step {sampler.steps_done}")
+        if me.standby:
+            warm_up(p)
+            me.reporter.emit("rank", state="standby", pid=os.getpid(), device=str(me.device),
+                             gpu=me.physical_gpu, host=os.uname().nodename)
+            if not world.join(p):
                 return
-            end_epoch(parts, epoch)
-        me.say("training done")
+        else:
+            p.ddp = world.wrap(model, me)
+            p.control = Control(p.mailbox, me.rank, control_group)
+            params, steps = count_parameters(model), total_steps // config.epochs
+            me.say(f"{config.model}: {params / 1e6:.1f}M parameters, {bundle.num_classes} "
+                   f"classes, {bundle.num_train} training samples, {steps} steps per epoch",
+                   steps_per_epoch=steps, num_train=bundle.num_train,
+                   num_classes=bundle.num_classes, params=params)
+            if me.is_main:
+                me.reporter.emit("settings", settings=dict(state.settings), epoch=sampler.epoch,
+                                 status="applied")
+            if me.device.type != "cuda" and state.settings["prefetch"]:
+                me.say("prefetcher needs CUDA: CPU ranks load batches directly")
+        if run_epochs(p):
+            me.say("training done")
     finally:
-        control.finish()
+        if p.control is not None:
+            p.control.finish()
         loaders.close()
+
+
+def _on_urgent(order: dict, p: Parts) -> None:
+    """On the mailbox thread, as soon as the supervisor says a peer died."""
+    if order.get("op") == "recover":
+        if p.snapshots is not None:
+            p.snapshots.mark_lost()
+        if p.me.device.type == "cuda":
+            world.abort()
+
+
+def warm_up(p: Parts) -> None:
+    """One forward and backward at the training shapes, so that cudnn has chosen its
+    algorithms before the join instead of stalling the ranks it joins."""
+    size, channels = p.config.resolved_image_size, p.loaders.bundle.in_channels
+    images = torch.zeros(p.config.batch_size, channels, size, size, device=p.me.device)
+    if p.config.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    labels = torch.zeros(p.config.batch_size, dtype=torch.long, device=p.me.device)
+    with p.autocast():
+        loss = F.cross_entropy(p.model(images), labels)
+    p.scaler.scale(loss).backward()
+    p.optimizer.zero_grad(set_to_none=True)
+    p.loaders.start_workers()
+    if p.me.device.type == "cuda":
+        torch.cuda.synchronize(p.me.device)
+
+
+def run_epochs(p: Parts) -> bool:
+    """Epochs until done (True), stopped or left (False); world changes happen in between."""
+    while p.sampler.epoch < p.config.epochs:
+        try:
+            outcome = run_segment(p)
+        except Exception as e:
+            order = await_recover(p, e)
+            redone = world.recover(p, order)
+            p.me.say(f"recovered on {p.me.world_size} ranks: back to global step "
+                     f"{p.state.global_step}, {redone} steps to redo",
+                     redone=redone, global_step=p.state.global_step)
+            continue
+        if outcome != "next":
+            return False
+    return True
+
+
+def await_recover(p: Parts, error: Exception) -> dict:
+    """A collective failed: if a peer died, the supervisor's recover order arrives; otherwise
+    (or without a supervisor) the error is ours and is raised again."""
+    lost_peer = isinstance(error, (WorldLost, dist.DistError)) or p.mailbox is not None \
+        and p.mailbox.has_urgent
+    if p.mailbox is None or p.snapshots is None or not lost_peer \
+            and not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
+        raise error
+    order = p.mailbox.wait_urgent(RECOVER_WAIT_S)
+    if order is None or order.get("op") != "recover":
+        raise error
+    return order
+
+
+def run_segment(p: Parts) -> str:
+    """Train from the current position until the epoch ends or something changes the world
+    or the settings: 'next' (carry on), 'stopped' or 'left'."""
+    epoch = p.sampler.epoch
+    p.meter.reset_epoch()
+    p.state.segment_start = p.sampler.steps_done
+    if p.snapshots is not None and p.sampler.steps_done == 0:
+        p.snapshots.take(p.state.global_step, world.host_state(p))
+    train_one_epoch(p, epoch)
+    if p.state.stop:
+        save(p)
+        p.me.say(f"stopped at epoch {epoch} step {p.sampler.steps_done}")
+        return "stopped"
+    if p.state.apply_now or p.state.reform:
+        report_segment(p, epoch)
+        if p.state.apply_now:
+            p.state.apply_now = False
+            apply_pending(p, epoch, step=p.sampler.steps_done)
+        order, p.state.reform = p.state.reform, None
+        if order and not world.reform(p, order):
+            p.me.reporter.emit("rank", state="stopped", pid=os.getpid(), gpu=p.me.physical_gpu,
+                               reason=f"left the world at global step {p.state.global_step}")
+            return "left"
+        return "next"
+    end_epoch(p, epoch)
+    return "next"
 
 
 @dataclass
@@ -281,7 +395,7 @@ class Parts:
     config: RunConfig
     me: Rank
     model: torch.nn.Module
-    ddp: DDP
+    ddp: DDP | None  # None while out of a world (a standby, or between two worlds)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -289,8 +403,10 @@ class Parts:
     loaders: Loaders
     meter: StepMeter
     autocast: object
-    control: Control
+    control: Control | None
     state: State
+    mailbox: Mailbox | None
+    snapshots: Snapshots | None
 
 
 def _autocast(config: RunConfig, device: torch.device):
@@ -302,8 +418,12 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
     """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
     p.ddp.train()
     batches = p.loaders.train_batches(p.state.settings["prefetch"])
-    every = p.config.checkpoint_every
-    while not p.state.stop:
+    every, snap_every = p.config.checkpoint_every, p.config.snapshot_every
+    while True:
+        while p.state.paused and not _interrupted(p.state):
+            handle_commands(p, p.control.tick_paused())
+        if _interrupted(p.state):
+            break
         waited = time.perf_counter()
         try:
             images, labels = next(batches)
@@ -319,12 +439,21 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
         p.scheduler.step()
         p.sampler.step_done()
         p.state.global_step += 1
-        p.meter.step(loss, epoch, p.sampler.steps_done, p.state.global_step)
-        if every and p.state.global_step % every == 0:
+        step = p.state.global_step
+        p.meter.step(loss, epoch, p.sampler.steps_done, step)
+        if p.snapshots is not None:
+            if p.mailbox.has_urgent:
+                raise WorldLost("a peer died")
+            p.snapshots.step_done(step)
+        if every and step % every == 0:
             save(p)
-        handle_commands(p, p.control.poll(p.state.global_step))
-        while p.state.paused and not p.state.stop:
-            handle_commands(p, p.control.tick_paused())
+        handle_commands(p, p.control.poll(step))
+        if p.snapshots is not None and step % snap_every == 0:
+            p.snapshots.take(step, world.host_state(p))
+
+
+def _interrupted(state: State) -> bool:
+    return state.stop or state.apply_now or state.reform is not None
 
 
 def handle_commands(p: Parts, commands: list[dict]) -> None:
@@ -341,6 +470,10 @@ def handle_commands(p: Parts, commands: list[dict]) -> None:
             save(p)
         elif op == "stop":
             p.state.stop = True
+        elif op == "apply" and p.state.pending:
+            p.state.apply_now = True
+        elif op == "reform":
+            p.state.reform = cmd
         elif op == "settings":
             p.state.pending.update(cmd["settings"])
             if p.me.is_main:
@@ -368,15 +501,24 @@ def validate(p: Parts) -> tuple[float, float] | None:
     return (loss_sum / count, correct / count) if count else None
 
 
-def end_epoch(p: Parts, epoch: int) -> None:
-    summary = p.meter.epoch_summary()
-    val = validate(p)
-    if val:
-        summary["val_loss"], summary["val_acc"] = round(val[0], 5), round(val[1], 5)
-        p.state.best_val_acc = max(p.state.best_val_acc, val[1])
-    ev = dict(epoch=epoch, settings=dict(p.state.settings), world_size=p.me.world_size,
-              global_step=p.state.global_step, **summary)
+def report_segment(p: Parts, epoch: int, **extra) -> dict:
+    """The `epoch` event for the steps since the segment began (a whole epoch, or the part of
+    it before a settings or world change), so rows show img/s before and after a change."""
+    ev = dict(epoch=epoch, start_step=p.state.segment_start, end_step=p.sampler.steps_done,
+              partial=bool(p.state.apply_now or p.state.reform),
+              settings=dict(p.state.settings), world_size=p.me.world_size,
+              global_step=p.state.global_step, **p.meter.epoch_summary(), **extra)
     p.me.reporter.emit("epoch", **ev)
+    return ev
+
+
+def end_epoch(p: Parts, epoch: int) -> None:
+    val = validate(p)
+    extra = {}
+    if val:
+        extra = {"val_loss": round(val[0], 5), "val_acc": round(val[1], 5)}
+        p.state.best_val_acc = max(p.state.best_val_acc, val[1])
+    ev = report_segment(p, epoch, **extra)
     if p.me.echo and p.me.is_main:
         print(describe({"kind": "epoch", "rank": 0, **ev}), flush=True)
     p.sampler.set_epoch(epoch + 1)
@@ -385,8 +527,9 @@ def end_epoch(p: Parts, epoch: int) -> None:
     save(p)
 
 
-def apply_pending(p: Parts, next_epoch: int) -> None:
-    """Settings agreed during the epoch take effect on every rank from the next epoch."""
+def apply_pending(p: Parts, epoch: int, step: int = 0) -> None:
+    """Settings agreed during the epoch take effect on every rank from the next epoch, or
+    from an agreed step when `a` asked for them now."""
     if not p.state.pending:
         return
     p.state.settings.update(p.state.pending)
@@ -394,7 +537,7 @@ def apply_pending(p: Parts, next_epoch: int) -> None:
     torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
     p.loaders.apply(p.state.settings)
     if p.me.is_main:
-        p.me.reporter.emit("settings", settings=dict(p.state.settings), epoch=next_epoch,
+        p.me.reporter.emit("settings", settings=dict(p.state.settings), epoch=epoch, step=step,
                            status="applied")
 
 
@@ -421,16 +564,16 @@ def save(p: Parts) -> None:
 
 
 def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
-           sampler: ShardedBatchSampler, state: State) -> int:
-    """Load the resume checkpoint, if asked for; return the epoch to start at."""
+           sampler: ShardedBatchSampler, state: State) -> None:
+    """Load the resume checkpoint, if asked for (the sampler then holds the position)."""
     if not config.resume:
-        return 0
+        return
     if config.resume == "auto":
         found = find_resume_state(config.checkpoint_dir, config.model,
                                   lambda text: me.say(text, "warning") if me.is_main else None)
         if found is None:
             me.say(f"no usable checkpoint in {config.checkpoint_dir}: starting from scratch")
-            return 0
+            return
         path, ckpt = found
     else:
         path = config.resume
@@ -451,4 +594,3 @@ def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
         state.settings["workers"] = config.workers
     torch.backends.cudnn.benchmark = state.settings["cudnn_benchmark"]
     me.say(f"resumed from {path}: epoch {sampler.epoch}, step {sampler.steps_done}")
-    return sampler.epoch

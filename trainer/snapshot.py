@@ -1,0 +1,120 @@
+"""Rollback points for crash recovery: copies of the training state kept on the device.
+
+Every few steps the model, optimizer and scaler tensors are copied (device to device, on the
+compute stream, no sync) with the host-side position next to them; after a rank dies, the
+survivors agree on a point every one of them holds and known to be good, and restore it.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                  scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
+    """Every tensor a replica's training state lives in, in an order all ranks share."""
+    tensors = [t for t in model.state_dict(keep_vars=True).values()]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            tensors += [v for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
+    if scaler.is_enabled():
+        # GradScaler keeps its scale and growth tracker in these (created in build_optimizer).
+        tensors += [scaler._scale, scaler._growth_tracker]
+    return [t.detach() for t in tensors]
+
+
+@dataclass
+class Point:
+    tensors: list[torch.Tensor]
+    step: int = -1  # global step the copy was taken after
+    host: dict = field(default_factory=dict)
+    event: torch.cuda.Event | None = None  # recorded after the following step was queued
+    confirmed: bool = False
+
+
+class Snapshots:
+    """Two rollback points, taken alternately.
+
+    A point taken after step S is good once step S+1's gradient all-reduce has completed on any
+    rank: that needs every rank's step S+1 input, which each rank's stream only produces after
+    its copy of S. On CUDA that is seen through an event, checked before the world is known to
+    be lost (a lock orders the check against `mark_lost`: an abort also completes events). On
+    CPU a step is done when the host returns from it, so a point is good when taken.
+    """
+
+    def __init__(self, tensors: list[torch.Tensor], cuda: bool):
+        self.live = tensors
+        self.cuda = cuda
+        self.points = [Point([torch.empty_like(t) for t in tensors]) for _ in range(2)]
+        self.lock = threading.Lock()
+        self.lost = False
+
+    def take(self, step: int, host: dict, agreed: bool = False) -> None:
+        """A point after `step`. `agreed`: every rank of a new world is known to hold this
+        state (it was just restored or shared), so it is good without waiting for a step."""
+        older, newer = sorted(self.points, key=lambda pt: pt.step)
+        if newer.step == step:  # nothing trained since (an epoch's end): only the position moved
+            newer.host = host
+            newer.confirmed = newer.confirmed or agreed
+            return
+        if newer.step >= 0 and not agreed and not self._confirm(newer, block=True):
+            raise WorldLost("the world was lost while taking a rollback point")
+        torch._foreach_copy_(older.tensors, self.live)
+        older.step, older.host, older.event = step, host, None
+        older.confirmed = agreed or not self.cuda
+
+    def step_done(self, step: int) -> None:
+        """After each step: the step after the newest point gets the event that confirms it."""
+        if self.cuda:
+            newest = max(self.points, key=lambda pt: pt.step)
+            if newest.step == step - 1 and newest.event is None:
+                newest.event = torch.cuda.Event()
+                newest.event.record()
+
+    def mark_lost(self) -> None:
+        """Called when the world is known to be broken, before its communicators are aborted."""
+        with self.lock:
+            self.lost = True
+
+    def summary(self) -> dict:
+        for pt in self.points:
+            self._confirm(pt, block=False)
+        return {"held": [pt.step for pt in self.points if pt.step >= 0],
+                "confirmed": max((pt.step for pt in self.points if pt.confirmed), default=-1)}
+
+    def restore(self, step: int) -> dict:
+        """Copy the point taken after `step` back; return its host-side state."""
+        (pt,) = [pt for pt in self.points if pt.step == step]
+        torch._foreach_copy_(self.live, pt.tensors)
+        for other in self.points:
+            if other.step > step:  # a timeline that was abandoned
+                other.step, other.event, other.confirmed = -1, None, False
+        pt.confirmed = True
+        with self.lock:
+            self.lost = False
+        return pt.host
+
+    def _confirm(self, pt: Point, block: bool) -> bool:
+        if pt.confirmed or pt.event is None:
+            return pt.confirmed
+        if block:
+            pt.event.synchronize()  # long done in practice: the host runs only a step or two ahead
+        with self.lock:
+            if not self.lost and pt.event.query():
+                pt.confirmed = True
+        return pt.confirmed
+
+
+def agree(summaries: list[dict]) -> int | None:
+    """The newest point every survivor holds and some survivor knows to be good."""
+    common = set.intersection(*(set(s["held"]) for s in summaries))
+    good = max(s["confirmed"] for s in summaries)
+    choices = [step for step in common if step <= good]
+    return max(choices) if choices else None
+
+
+class WorldLost(RuntimeError):
+    """A rank of this world is gone; the supervisor's recover order says what comes next."""

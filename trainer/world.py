@@ -1,0 +1,171 @@
+"""The world a rank trains in: forming its process group, and changing it while training goes on.
+
+Ranks leave or join at an agreed step (the old group is intact: a plain re-form), or lose a peer
+(the old group is broken: abort, re-form from the survivors, roll back to a common point).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from trainer.control import Control
+from trainer.snapshot import agree, state_tensors
+
+if TYPE_CHECKING:
+    from trainer.worker import Parts, Rank
+
+
+def form(me: Rank, init_method: str):
+    """Join the process group at `init_method` as me.rank of me.world_size: nccl on GPUs, gloo
+    on CPUs; returns the small gloo group that carries live commands."""
+    kw = dict(init_method=init_method, rank=me.rank, world_size=me.world_size)
+    if me.device.type == "cuda":
+        torch.cuda.set_device(me.device)
+        dist.init_process_group("nccl", device_id=me.device, **kw)
+    else:
+        dist.init_process_group("gloo", **kw)
+    return dist.new_group(backend="gloo")
+
+
+def wrap(model: torch.nn.Module, me: Rank) -> DDP:
+    """DDP over the current world (its construction broadcasts rank 0's parameters)."""
+    return DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
+               gradient_as_bucket_view=True)
+
+
+def abort() -> None:
+    """Unblock collectives waiting on a dead peer (NCCL would wait until its timeout)."""
+    try:
+        dist.distributed_c10d._abort_process_group()
+    except Exception:  # already destroyed, or not initialised: nothing is waiting then
+        pass
+
+
+def dismantle() -> None:
+    """Drop the current process group; after an abort it is already gone."""
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+
+
+def reform(p: Parts, order: dict) -> bool:
+    """Apply an agreed leave or join; False when this rank is the one leaving."""
+    leftover = p.control.finish()
+    old_world = p.me.world_size
+    p.ddp = p.control = None
+    dismantle()
+    members = order["members"]
+    if p.me.slot not in members:
+        return False
+    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
+    group = form(p.me, order["init"])
+    joiner = order.get("joiner")
+    if joiner is not None:
+        share_state(p, src=members.index(next(s for s in members if s != joiner)))
+    settle(p, group, old_world, leftover, order)
+    return True
+
+
+def join(p: Parts) -> bool:
+    """A standby waits for its join order, enters the world and takes a live rank's state."""
+    order = p.mailbox.wait_urgent(None)
+    if order is None or order.get("op") != "join":
+        return False
+    members = order["members"]
+    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
+    group = form(p.me, order["init"])
+    src = members.index(next(s for s in members if s != p.me.slot))
+    old_world = share_state(p, src)
+    settle(p, group, old_world, [], order)
+    return True
+
+
+def recover(p: Parts, order: dict) -> int:
+    """After a peer died: re-form from the survivors and roll back to the newest point they all
+    hold and know to be good; returns the number of steps that will be redone."""
+    p.ddp = p.control = None
+    dismantle()
+    old_world = p.me.world_size
+    members = order["members"]
+    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
+    group = form(p.me, order["init"])
+    summaries: list = [None] * p.me.world_size
+    dist.all_gather_object(summaries, p.snapshots.summary())
+    target = agree(summaries)
+    if target is None:
+        raise RuntimeError("a rank died and the survivors share no rollback point")
+    redone = p.state.global_step - target
+    load_host_state(p, p.snapshots.restore(target))
+    settle(p, group, old_world, [], order)
+    return redone
+
+
+def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:
+    """Everything that follows a new world: shards, lr, DDP, control, a fresh rollback point."""
+    p.sampler.set_world(p.me.rank, p.me.world_size)
+    if p.config.lr_scaling == "linear" and old_world != p.me.world_size:
+        rescale_lr(p, p.me.world_size / old_world)
+    p.ddp = wrap(p.model, p.me)
+    p.control = Control(p.mailbox, p.me.rank, group)
+    p.loaders.reshard()
+    p.me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(p.me.device),
+                       gpu=p.me.physical_gpu, host=os.uname().nodename, world_rank=p.me.rank)
+    if p.me.is_main:
+        p.mailbox.requeue(leftover)
+        p.me.reporter.emit("world", size=p.me.world_size, ranks=order["members"],
+                           generation=order.get("gen"), epoch=p.sampler.epoch,
+                           step=p.sampler.steps_done, global_step=p.state.global_step)
+    if p.snapshots is not None:
+        p.snapshots.take(p.state.global_step, host_state(p), agreed=True)
+
+
+def rescale_lr(p: Parts, factor: float) -> None:
+    """--lr-scaling linear: the lr follows the world size."""
+    for g in p.optimizer.param_groups:
+        g["lr"] *= factor
+        g["initial_lr"] *= factor
+    p.scheduler.base_lrs = [lr * factor for lr in p.scheduler.base_lrs]
+
+
+def host_state(p: Parts) -> dict:
+    """The training state that lives on the host (the rest is in state_tensors)."""
+    return {"global_step": p.state.global_step, "sampler": p.sampler.state_dict(),
+            "scheduler": p.scheduler.state_dict(),
+            "lrs": [(g["lr"], g["initial_lr"]) for g in p.optimizer.param_groups]}
+
+
+def load_host_state(p: Parts, host: dict) -> None:
+    p.state.global_step = host["global_step"]
+    p.sampler.load_state_dict(host["sampler"])
+    p.scheduler.load_state_dict(host["scheduler"])
+    for g, (lr, initial) in zip(p.optimizer.param_groups, host["lrs"], strict=True):
+        g["lr"], g["initial_lr"] = lr, initial
+
+
+def share_state(p: Parts, src: int) -> int:
+    """Rank `src` sends its whole training state; returns the world size it was trained under
+    (the lr in that state is scaled for it)."""
+    sending = p.me.rank == src
+    box = [None]
+    if sending:
+        box = [{**host_state(p), "world_size": p.me.world_size, "paused": p.state.paused,
+                "settings": dict(p.state.settings), "pending": dict(p.state.pending),
+                "best_val_acc": p.state.best_val_acc}]
+    dist.broadcast_object_list(box, src=src)
+    for t in state_tensors(p.model, p.optimizer, p.scaler):
+        dist.broadcast(t, src=src)
+    meta = box[0]
+    if not sending:
+        load_host_state(p, meta)
+        p.state.paused, p.state.best_val_acc = meta["paused"], meta["best_val_acc"]
+        p.state.settings.update(meta["settings"])
+        p.state.pending = dict(meta["pending"])
+        torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
+        p.loaders.apply(p.state.settings)
+    return meta["world_size"]
