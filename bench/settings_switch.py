@@ -1,7 +1,9 @@
-"""What a live input-pipeline change does: one run, settings switched between epochs through the
-supervisor API (as the dashboard's p/w/W/b keys do), one table row per epoch.
+"""What a live input-pipeline change does: one run, settings switched through the supervisor API
+(as the dashboard's p/w/W/b keys do), one table row per epoch or part of one.
 
 python bench/settings_switch.py resnet18 --gpus 0,1 --data shapes --switch workers=1 prefetch=false
+Without --now each change waits for the next epoch boundary; with --now S, a change is made
+every S seconds and applied at once (the `a` key), so one epoch shows before and after.
 """
 
 from __future__ import annotations
@@ -33,23 +35,32 @@ def main() -> int:
     add_training_options(parser)
     parser.add_argument("--gpus", default=None)
     parser.add_argument("--switch", nargs="+", default=[])
+    parser.add_argument("--now", type=float, default=None, metavar="S")
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, None)
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
     log = config.log or "settings_switch.jsonl"
     sup = Supervisor(config, log)
     sup.start()
+    while not sup.state.first_step_t and not sup.done.is_set():
+        time.sleep(0.1)
     for change in parse_switch(args.switch):
-        seen = len([e for e in sup.state.view()["epochs"]])
+        if args.now:
+            time.sleep(args.now)
+            sup.change_settings(**change)
+            sup.apply_now()
+            continue
+        seen = len(sup.state.view()["epochs"])
         while len(sup.state.view()["epochs"]) <= seen and not sup.done.is_set():
             time.sleep(0.1)
         sup.change_settings(**change)
     code = sup.wait()
-    print("| epoch | prefetch | workers | cudnn.benchmark | img/s | data-wait |")
-    print("|---|---|---|---|---|---|")
+    print("| epoch | steps | ranks | prefetch | workers | cudnn.benchmark | img/s | data-wait |")
+    print("|---|---|---|---|---|---|---|---|")
     for e in sup.state.view()["epochs"]:
         s = e["settings"]
-        print(f"| {e['epoch']} | {s['prefetch']} | {s['workers']} | {s['cudnn_benchmark']} | "
+        print(f"| {e['epoch']} | {e['start_step']}-{e['end_step']} | {e['world_size']} | "
+              f"{s['prefetch']} | {s['workers']} | {s['cudnn_benchmark']} | "
               f"{e['samples_per_s']:,.0f} | {100 * e['data_wait']:.0f}% |")
     first = [e for e in read_events(log) if e["kind"] == "step"]
     if first:

@@ -28,8 +28,9 @@ def status_line(view: dict) -> str:
 def summary(view: dict) -> str:
     epochs = view["epochs"]
     rate = (sum(e["samples_per_s"] for e in epochs) / len(epochs)) if epochs else 0.0
+    finished = len([e for e in epochs if not e["partial"]])
     best = view["best_val_acc"]
-    return (f"{view['status']} in {view['elapsed']:.1f} s: {len(epochs)} epochs, "
+    return (f"{view['status']} in {view['elapsed']:.1f} s: {finished} epochs, "
             f"{rate:,.0f} img/s mean, best val_acc "
             f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view['meta'].get('log')}")
 

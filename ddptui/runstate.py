@@ -54,7 +54,10 @@ class DeviceView:
 
 @dataclass
 class EpochRow:
+    """An epoch, or the segment of one between two settings or world changes."""
+
     epoch: int
+    start_step: int = 0
     ranks: dict = field(default_factory=dict)  # rank -> its epoch event
 
     def merged(self) -> dict:
@@ -62,6 +65,9 @@ class EpochRow:
         first = self.ranks.get(0, evs[0])
         return {
             "epoch": self.epoch,
+            "start_step": self.start_step,
+            "end_step": first.get("end_step"),
+            "partial": bool(first.get("partial")),
             "settings": first.get("settings") or {},
             "samples_per_s": sum(e.get("samples_per_s", 0) for e in evs),
             "data_wait": sum(e.get("data_wait", 0) for e in evs) / len(evs),
@@ -88,7 +94,8 @@ class RunState:
         self.ended_t: float | None = None
         self.ranks: dict[int, RankView] = {}
         self.devices: dict[str, DeviceView] = {}
-        self.epochs: dict[int, EpochRow] = {}
+        self.epochs: dict[tuple[int, int], EpochRow] = {}  # (epoch, first step) -> row
+        self.members: list[int] = []
         self.settings: dict = {}
         self.pending: dict = {}
         self.best_val_acc: float | None = None
@@ -148,7 +155,8 @@ class RunState:
                 self._line(t, "info", f"first step {t - self.started_t:.1f} s after launch")
         if self.status == "starting":
             self.status = "running"
-        if rank == min(self.ranks):  # one point per interval, from the lowest rank
+        running = [k for k, v in self.ranks.items() if v.state == "running"]
+        if rank == min(running, default=rank):  # one point per interval, from the lowest rank
             if r.loss is not None:
                 self.loss_history.append(r.loss)
             self.throughput_history.append(self._throughput(t))
@@ -163,7 +171,8 @@ class RunState:
         d.util_history.append(ev["util"] if ev.get("util") is not None else ev.get("cpu_percent"))
 
     def _on_epoch(self, ev: dict, rank: int, t: float) -> None:
-        row = self.epochs.setdefault(ev["epoch"], EpochRow(ev["epoch"]))
+        key = (ev["epoch"], ev.get("start_step", 0))
+        row = self.epochs.setdefault(key, EpochRow(*key))
         row.ranks[rank] = ev
         if ev.get("val_acc") is not None:
             self.best_val_acc = max(self.best_val_acc or 0.0, ev["val_acc"])
@@ -189,6 +198,10 @@ class RunState:
 
     def _on_world(self, ev: dict, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
+        self.members = list(ev.get("ranks") or [])
+        if ev.get("generation"):  # a change (generation 0 is the launch)
+            where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
+            self._line(t, "info", f"world: {ev.get('size')} ranks {self.members}{where}")
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:
         status = ev.get("status")
@@ -244,6 +257,7 @@ class RunState:
                 "epochs": done_epochs,
                 "settings": dict(self.settings),
                 "pending": dict(self.pending),
+                "members": list(self.members),
                 "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0,
                 "loss_history": list(self.loss_history),
                 "throughput_history": list(self.throughput_history),

@@ -85,7 +85,7 @@ def describe(ev: dict) -> str | None:
                if ev.get("val_acc") is not None else "")
         # A rank's own event is per rank; the run state's merged row sums its `ranks`.
         rate = f"img/s ({ev['ranks']} ranks)" if ev.get("ranks") else "img/s/rank"
-        return (f"epoch {ev['epoch']}: loss {_num(ev.get('train_loss'))}{val}  "
+        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
                 f"[prefetch {'on' if s.get('prefetch') else 'off'}, workers {s.get('workers')}, "
@@ -94,18 +94,26 @@ def describe(ev: dict) -> str | None:
         s = ev.get("settings") or {}
         body = ", ".join(f"{k} {_onoff(v)}" for k, v in s.items())
         if ev.get("status") == "requested":
-            return f"settings requested: {body} (every rank applies them at an epoch boundary)"
-        return f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}: {body}"
+            return (f"settings requested: {body} (every rank applies them at the next epoch; "
+                    "a: now)")
+        step = f" step {ev['step']}" if ev.get("step") else ""
+        return f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}{step}: {body}"
     if kind == "checkpoint":
         return f"checkpoint written: {ev.get('path')}"
     if kind == "rank":
         reason = f" ({ev['reason']})" if ev.get("reason") else ""
         return f"rank {ev['rank']} {ev.get('state')}{reason}"
-    if kind == "world":
-        return f"world: {ev.get('size')} ranks {ev.get('ranks')}"
     if kind == "run" and ev.get("status") in ("paused", "resumed"):
         return f"run {ev['status']} at step {ev.get('global_step')}"
     return None
+
+
+def epoch_label(ev: dict) -> str:
+    """'epoch 3', or 'epoch 3 steps 40-90' for the part of an epoch between two changes."""
+    start, end = ev.get("start_step") or 0, ev.get("end_step")
+    if start or ev.get("partial"):
+        return f"epoch {ev['epoch']} steps {start}-{end}"
+    return f"epoch {ev['epoch']}"
 
 
 def _num(v) -> str:

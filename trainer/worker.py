@@ -79,6 +79,7 @@ class State:
     apply_now: bool = False  # `a`: pending settings take effect at the agreed step
     reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
     segment_start: int = 0  # the epoch's step where the current measured segment began
+    changed_at: float | None = None  # when the world last started to change, until a step ends
     pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
     written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
 
@@ -335,6 +336,7 @@ def run_epochs(p: Parts) -> bool:
         try:
             outcome = run_segment(p)
         except Exception as e:
+            p.state.changed_at = time.time()
             order = await_recover(p, e)
             redone = world.recover(p, order)
             p.me.say(f"recovered on {p.me.world_size} ranks: back to global step "
@@ -379,6 +381,7 @@ def run_segment(p: Parts) -> str:
             p.state.apply_now = False
             apply_pending(p, epoch, step=p.sampler.steps_done)
         order, p.state.reform = p.state.reform, None
+        p.state.changed_at = time.time() if order else None
         if order and not world.reform(p, order):
             p.me.reporter.emit("rank", state="stopped", pid=os.getpid(), gpu=p.me.physical_gpu,
                                reason=f"left the world at global step {p.state.global_step}")
@@ -445,11 +448,26 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             if p.mailbox.has_urgent:
                 raise WorldLost("a peer died")
             p.snapshots.step_done(step)
+        if p.state.changed_at is not None:
+            report_change(p)
         if every and step % every == 0:
             save(p)
         handle_commands(p, p.control.poll(step))
         if p.snapshots is not None and step % snap_every == 0:
             p.snapshots.take(step, world.host_state(p))
+
+
+def report_change(p: Parts) -> None:
+    """How long the world change cost this rank, up to the end of its first step in the new
+    world (one device sync, once per change, to time the step for real)."""
+    if p.me.device.type == "cuda":
+        torch.cuda.synchronize(p.me.device)
+    seconds = time.time() - p.state.changed_at
+    p.state.changed_at = None
+    p.me.reporter.emit("message", level="info", change_s=round(seconds, 3),
+                       world_size=p.me.world_size, global_step=p.state.global_step,
+                       text=f"first step on {p.me.world_size} ranks {seconds:.2f} s after the "
+                       "world changed")
 
 
 def _interrupted(state: State) -> bool:

@@ -7,6 +7,7 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING
 
 import torch
@@ -77,6 +78,7 @@ def join(p: Parts) -> bool:
     order = p.mailbox.wait_urgent(None)
     if order is None or order.get("op") != "join":
         return False
+    p.state.changed_at = time.time()
     members = order["members"]
     p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
     group = form(p.me, order["init"])

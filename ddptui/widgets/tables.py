@@ -1,12 +1,13 @@
 """The two tables: ranks (one row per rank, the selected one highlighted) and epochs (one row
-per finished epoch with the settings in force, so a setting's effect is visible)."""
+per finished epoch, or part of one, with the settings and world in force, so a change's effect
+is visible)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import DataTable
 
-STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow",
+STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan"}
 
 
@@ -51,8 +52,8 @@ class RankTable(DataTable):
 class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
-    COLUMNS = ("epoch", "prefetch", "workers", "bench", "img/s", "wait", "loss", "val_loss",
-               "val_acc")
+    COLUMNS = ("epoch", "ranks", "prefetch", "workers", "bench", "img/s", "wait", "loss",
+               "val_loss", "val_acc")
     can_focus = False
 
     def on_mount(self) -> None:
@@ -62,12 +63,16 @@ class EpochTable(DataTable):
 
     def show(self, view: dict) -> None:
         for e in view["epochs"]:
-            key = str(e["epoch"])
+            key = f"{e['epoch']}:{e['start_step']}"
             if key in self.rows:
                 continue
             s = e["settings"]
+            label = str(e["epoch"])
+            if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
+                label += f" ·{e['start_step']}-{e['end_step']}"
             self.add_row(
-                str(e["epoch"]), "on" if s.get("prefetch") else "off", str(s.get("workers", "-")),
+                label, str(e["world_size"]), "on" if s.get("prefetch") else "off",
+                str(s.get("workers", "-")),
                 "on" if s.get("cudnn_benchmark") else "off", f"{e['samples_per_s']:,.0f}",
                 f"{100 * e['data_wait']:.0f}%", _fmt(e["train_loss"], ".4f"),
                 _fmt(e["val_loss"], ".4f"),
