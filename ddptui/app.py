@@ -21,7 +21,7 @@ from ddptui.widgets.history import History
 from ddptui.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2
-CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint"}
+CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 
 
@@ -52,11 +52,14 @@ class DashboardApp(App[int]):
     BINDINGS = [
         Binding("up", "select(-1)", "Prev rank", show=False),
         Binding("down", "select(1)", "Next rank", show=False),
+        Binding("s", "stop_rank", "Stop rank"),
+        Binding("r", "restart_rank", "Restart rank"),
         Binding("space", "pause", "Pause"),
         Binding("p", "toggle('prefetch')", "Prefetch"),
         Binding("w", "workers(-1)", "Workers-"),
         Binding("W", "workers(1)", "Workers+"),
         Binding("b", "toggle('cudnn_benchmark')", "Benchmark"),
+        Binding("a", "apply", "Apply now"),
         Binding("c", "checkpoint", "Checkpoint"),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
@@ -118,8 +121,8 @@ class DashboardApp(App[int]):
         self.history.show(view)
         self.epoch_table.show(view)
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
-        self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch)" if pending
-                                         else "epochs")
+        self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
+                                         if pending else "epochs")
         start = state.started_t
         for seq, t, level, text in state.lines_after(self._seq):
             self._seq = seq
@@ -165,6 +168,44 @@ class DashboardApp(App[int]):
         if self._can_steer():
             workers = max(0, int(self._desired().get("workers", 0)) + delta)
             self.source.change_settings(workers=workers)
+
+    def action_stop_rank(self) -> None:
+        if not self._can_steer():
+            return
+        rank = self._selected()
+        running = [r.rank for r in self.view["ranks"] if r.state == "running"]
+        if rank is None or rank.rank not in running:
+            self.notify(f"rank {self.selected_rank} is not running", severity="warning")
+        elif running == [rank.rank]:
+            self.notify("that is the last running rank: q ends the run", severity="warning")
+        else:
+            self.source.stop_rank(rank.rank)
+            self.notify(f"rank {rank.rank} leaves at the next agreed step")
+
+    def action_restart_rank(self) -> None:
+        if not self._can_steer():
+            return
+        rank = self._selected()
+        if rank is None or rank.state in ("starting", "restarting"):
+            self.notify(f"rank {self.selected_rank} is already on its way", severity="warning")
+            return
+        self.source.restart_rank(rank.rank)
+        self.notify(f"rank {rank.rank} joins again as soon as its standby is warm"
+                    if rank.state != "running" else f"rank {rank.rank} leaves and joins again")
+
+    def action_apply(self) -> None:
+        if not self._can_steer():
+            return
+        if not (self.view or {}).get("pending"):
+            self.notify("nothing pending: change a setting with p, w/W or b first",
+                        severity="warning")
+            return
+        self.source.apply_now()
+        self.notify("pending settings apply at the next agreed step")
+
+    def _selected(self):
+        return next((r for r in (self.view or {}).get("ranks", [])
+                     if r.rank == self.selected_rank), None)
 
     def action_checkpoint(self) -> None:
         if not self._can_steer():

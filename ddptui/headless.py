@@ -46,7 +46,9 @@ class HeadlessConsole:
     def poll(self) -> None:
         for seq, _t, level, text in self.state.lines_after(self.seq):
             self.seq = seq
-            print(text if level == "info" else f"{level}: {text}", file=self.out, flush=True)
+            # Message lines name their level already (describe()); others get it here.
+            named = level == "info" or f"{level}: " in text
+            print(text if named else f"{level}: {text}", file=self.out, flush=True)
         now = time.monotonic()
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S

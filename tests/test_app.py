@@ -42,7 +42,7 @@ async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
         assert all(row[1] == "done" for row in ranks)
         epochs = _cells(app.query_one(EpochTable))
         assert [row[0] for row in epochs] == ["0", "1", "2"]
-        assert float(epochs[-1][6]) < float(epochs[0][6])  # the loss fell
+        assert float(epochs[-1][7]) < float(epochs[0][7])  # the loss fell
         # A replay has nothing to steer: the control keys are neither shown nor active.
         assert app.check_action("pause", ()) is False
         assert app.check_action("toggle", ("prefetch",)) is False
@@ -130,9 +130,9 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         await pilot.press("W")
         await _until(pilot, lambda: any("settings requested: workers 1" in line.text
                                         for line in app.events.lines), "request in the events")
-        await _until(pilot, lambda: any(row[2] == "1" for row in _cells(app.epoch_table)),
+        await _until(pilot, lambda: any(row[3] == "1" for row in _cells(app.epoch_table)),
                      "an epoch with 1 worker", timeout=60)
-        pids = sup.pids() | {r.process.pid for r in sup.ranks}
+        pids = sup.pids()
         await pilot.press("q")
         await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
     assert sup.exit_code == 130

@@ -333,11 +333,15 @@ def warm_up(p: Parts) -> None:
 def run_epochs(p: Parts) -> bool:
     """Epochs until done (True), stopped or left (False); world changes happen in between."""
     while p.sampler.epoch < p.config.epochs:
+        order = None
         try:
             outcome = run_segment(p)
         except Exception as e:
             p.state.changed_at = time.time()
             order = await_recover(p, e)
+        if order is not None:
+            # Out of the except block: the error's traceback held the broken world's sockets
+            # open, and a peer still blocked on them would never see this rank leave.
             redone = world.recover(p, order)
             p.me.say(f"recovered on {p.me.world_size} ranks: back to global step "
                      f"{p.state.global_step}, {redone} steps to redo",

@@ -6,6 +6,7 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import TYPE_CHECKING
@@ -48,11 +49,13 @@ def abort() -> None:
 
 
 def dismantle() -> None:
-    """Drop the current process group; after an abort it is already gone."""
+    """Drop the current process group; after an abort it is already gone. Its connections close
+    once nothing refers to it (gloo has no abort: that close is what frees peers blocked on us)."""
     try:
         dist.destroy_process_group()
     except Exception:
         pass
+    gc.collect()
 
 
 def reform(p: Parts, order: dict) -> bool:

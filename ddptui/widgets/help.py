@@ -14,16 +14,21 @@ HELP = """\
 | key | what it does |
 |---|---|
 | up / down | select a rank in the ranks table |
+| s | stop the selected rank at the next agreed step; the others go on, re-sharded |
+| r | restart it: a stopped or crashed rank joins again from its warm standby |
 | space | pause / resume: every rank waits at the same step (GPUs go idle) |
 | p | prefetcher on/off, from the next epoch on every rank |
 | w / W | DataLoader workers -1 / +1, from the next epoch |
 | b | cudnn.benchmark on/off, from the next epoch |
+| a | apply pending settings now, at the next agreed step (no sample skipped or seen twice) |
 | c | checkpoint now (needs --checkpoint-dir) |
 | ? | this help |
 | q, Ctrl-C | quit: ranks stop at an agreed step, checkpoint (if a directory is set), every process ends |
 
 Setting changes show as *pending* in the header of the epochs table until every rank applies
-them at the epoch boundary; the epochs table then shows img/s and data-wait before and after.
+them; the epochs table then shows img/s and data-wait before and after (a change inside an epoch
+splits its row). A rank that dies is dropped: the others roll back to their last common step and
+go on (`--max-restarts K` brings crashed ranks back by itself).
 
 Press **escape**, **?** or **q** to close.
 """

@@ -1,5 +1,9 @@
 """A user's `module:function` model and dataset, as a test would write them."""
 
+import os
+import signal
+import time
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
@@ -37,17 +41,59 @@ def blobs():
 
 
 class Recorder(Dataset):
-    """Blobs that append every index it serves to a file (exactly-once checks)."""
+    """Blobs that append `time pid index` to $DDPTUI_TEST_RECORD for every sample served (the
+    exactly-once checks), and take $DDPTUI_TEST_ITEM_S seconds a sample while the file named by
+    $DDPTUI_TEST_SLOW exists, so a test has time to act inside one epoch."""
 
     classes = Blobs.classes
 
-    def __init__(self, path: str):
-        self.inner, self.path = Blobs(512, 0), path
+    def __init__(self, n: int):
+        self.inner = Blobs(n, 0)
+        self.path = os.environ["DDPTUI_TEST_RECORD"]
+        self.slow_flag = os.environ.get("DDPTUI_TEST_SLOW", "")
+        self.delay = float(os.environ.get("DDPTUI_TEST_ITEM_S", "0"))
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, i):
+        if self.delay and os.path.exists(self.slow_flag):
+            time.sleep(self.delay)
         with open(self.path, "a") as f:
-            f.write(f"{i}\n")
+            f.write(f"{time.time():.6f} {os.getpid()} {i}\n")
         return self.inner[i]
+
+
+def recorded():
+    return Recorder(int(os.environ.get("DDPTUI_TEST_SAMPLES", "3000"))), Blobs(64, 1)
+
+
+class CrashOnce(Dataset):
+    """Blobs; rank $DDPTUI_TEST_CRASH_RANK kills itself with SIGKILL when it fetches item number
+    $DDPTUI_TEST_CRASH_AT (counted per process), once per run (a flag file says it happened)."""
+
+    classes = Blobs.classes
+
+    def __init__(self):
+        self.inner = Blobs(512, 0)
+        self.at = int(os.environ["DDPTUI_TEST_CRASH_AT"])
+        self.flag = os.environ["DDPTUI_TEST_CRASH_FLAG"]
+        self.rank = int(os.environ["DDPTUI_TEST_CRASH_RANK"])
+        self.count = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.count += 1
+        if self.count == self.at and torch.distributed.get_rank() == self.rank:
+            try:
+                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                os.kill(os.getpid(), signal.SIGKILL)
+            except FileExistsError:
+                pass
+        return self.inner[i]
+
+
+def crash_once():
+    return CrashOnce(), Blobs(128, 1)

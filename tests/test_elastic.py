@@ -1,0 +1,169 @@
+"""Ranks leave, join and die while the run goes on (3 CPU ranks where survivors are needed):
+the world re-forms, every sample of an epoch is trained once, and a crash rolls back to exactly
+the state an uninterrupted run had."""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from ddptui.supervisor import Supervisor
+from tests.conftest import TINY, assert_gone, ddptui, events
+from trainer.config import Parser, add_training_options, config_from_args
+
+
+def _config(*args: str, cpus: int = 3, **launch):
+    parser = Parser()
+    add_training_options(parser)
+    return config_from_args(parser.parse_args(list(args)), cpus=cpus, headless=True, **launch)
+
+
+def _wait(predicate, what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        time.sleep(0.05)
+
+
+def _worlds(log) -> list[dict]:
+    """The world changes the ranks confirmed (the launch's world comes from the supervisor)."""
+    return [e for e in events(log, "world") if e["rank"] >= 0]
+
+
+def _standby(sup: Supervisor, slot: int) -> bool:
+    return sup.slots[slot].state.value == "standby"
+
+
+@pytest.mark.timeout(240)
+def test_every_sample_once_across_stop_restart_apply_and_crash(tmp_path, monkeypatch):
+    record, slow = tmp_path / "served.txt", tmp_path / "slow"
+    slow.touch()
+    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(record))
+    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
+    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.004")
+    log = tmp_path / "x.jsonl"
+    bs = 4
+    sup = Supervisor(_config("tests.helpers.userpkg:tiny_cnn", "--data",
+                             "tests.helpers.userpkg:recorded", "--batch-size", str(bs),
+                             "--workers", "0", "--epochs", "1"), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+
+    sup.stop_rank(1)
+    _wait(lambda: len(_worlds(log)) == 1, "the world of 2")
+    _wait(lambda: _standby(sup, 1), "rank 1's warm standby")
+    sup.restart_rank(1)
+    _wait(lambda: len(_worlds(log)) == 2, "the world of 3 again")
+    sup.change_settings(cudnn_benchmark=False)
+    sup.apply_now()
+    _wait(lambda: [e for e in events(log, "settings") if e.get("status") == "applied"
+                   and e.get("step")], "settings applied inside the epoch")
+    graceful_end = time.time()
+    os.kill(sup.slots[2].process.pid, signal.SIGKILL)
+    _wait(lambda: len(_worlds(log)) == 3, "the world of 2 after the crash")
+    slow.unlink()  # let the rest of the epoch run fast
+    assert sup.wait(120) == 0
+
+    assert [(w["size"], w["ranks"]) for w in _worlds(log)] == [
+        (2, [0, 2]), (3, [0, 1, 2]), (2, [0, 1])]
+    served, probed = [], set()
+    for t, pid, i in (line.split() for line in open(record)):
+        if pid not in probed:  # each process reads one sample to learn the image shape
+            probed.add(pid)
+            continue
+        served.append((float(t), int(i)))
+    before = [i for t, i in served if t < graceful_end]
+    assert len(before) == len(set(before)), "a sample served twice across stop/restart/apply"
+    # Only the samples of the step the crash broke, and of the steps rolled back, come again.
+    (recovered,) = [e for e in events(log, "message") if e.get("redone") is not None]
+    indices = [i for _, i in served]
+    assert len(indices) - len(set(indices)) <= (recovered["redone"] + 1) * bs * 3
+    missing = 3000 - len(set(indices))
+    assert 0 <= missing < bs * 3  # at most the last, incomplete global batch
+    segments = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert [s["world_size"] for s in segments if s["partial"]][:3] == [3, 2, 3]
+    assert_gone(sup.pids())
+
+
+@pytest.mark.timeout(240)
+def test_crash_rolls_back_to_exactly_the_uninterrupted_state(tmp_path, env):
+    """A rank dies in epoch 2; the survivors go back to its start and finish on 2 ranks. That
+    must equal resuming the uninterrupted run's own checkpoint of that point on 2 ranks."""
+    common = ["tests.helpers.userpkg:tiny_cnn", "--batch-size", "16", "--workers", "0",
+              "--epochs", "4", "--steps-per-epoch", "4", "--deterministic", "--headless"]
+    x_dir, y_dir = tmp_path / "x", tmp_path / "y"
+    # The count includes the one sample each process reads to learn the image shape.
+    # Rank 2 dies: rank 0 writes the checkpoints and stays rank 0, so the BatchNorm statistics
+    # it broadcasts are the checkpoint's (every rank keeps its own between broadcasts).
+    env = dict(env, DDPTUI_TEST_CRASH_AT=str(1 + 9 * 16 + 1),  # while fetching global step 10
+               DDPTUI_TEST_CRASH_RANK="2", DDPTUI_TEST_CRASH_FLAG=str(tmp_path / "crashed"))
+    x = ddptui(["run", *common, "--data", "tests.helpers.userpkg:crash_once", "--cpus", "3",
+                "--snapshot-every", "100", "--checkpoint-dir", str(x_dir),
+                "--log", str(tmp_path / "x.jsonl")], env, tmp_path, timeout=200)
+    assert x.returncode == 0, x.stderr
+    assert os.path.exists(tmp_path / "crashed")
+    (recovered,) = [e for e in events(tmp_path / "x.jsonl", "message")
+                    if e.get("redone") is not None]
+    assert recovered["global_step"] == 8 and recovered["redone"] == 1
+    assert [w["size"] for w in _worlds(tmp_path / "x.jsonl")] == [2]
+
+    start = x_dir / "ckpt-e0002-s000000.pt"  # written before the crash, by 3 ranks
+    y = ddptui(["run", *common, "--data", "tests.helpers.userpkg:blobs", "--cpus", "2",
+                "--resume", str(start), "--checkpoint-dir", str(y_dir),
+                "--log", str(tmp_path / "y.jsonl")], env, tmp_path, timeout=200)
+    assert y.returncode == 0, y.stderr
+
+    (fx,) = glob.glob(str(x_dir / "ckpt-e0004-*.pt"))
+    (fy,) = glob.glob(str(y_dir / "ckpt-e0004-*.pt"))
+    a, b = torch.load(fx, weights_only=False), torch.load(fy, weights_only=False)
+    assert a["global_step"] == b["global_step"] == 16
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for pid, state in a["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], b["optimizer"]["state"][pid]["momentum_buffer"])
+    assert a["sampler"] == b["sampler"]
+
+
+@pytest.mark.timeout(180)
+def test_stop_rank_0_then_the_last_rank_is_refused(tmp_path):
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    sup.stop_rank(0)
+    _wait(lambda: _worlds(log), "the world of 1")
+    assert _worlds(log)[0]["ranks"] == [1] and _worlds(log)[0]["rank"] == 1  # the new rank 0
+    step = _worlds(log)[0]["global_step"]
+    _wait(lambda: any(e["rank"] == 1 and e["global_step"] > step + 8
+                      for e in events(log, "step")), "steps on the world of 1")
+    sup.stop_rank(1)
+    _wait(lambda: any("last rank" in e.get("text", "") for e in events(log, "message")),
+          "the refusal")
+    _wait(lambda: _standby(sup, 0), "rank 0's standby")
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert [e["status"] for e in events(log, "run")][-1] == "interrupted"
+    assert_gone(sup.pids())
+
+
+@pytest.mark.timeout(180)
+def test_max_restarts_brings_a_killed_rank_back(tmp_path):
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2, max_restarts=1), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    first = sup.slots[1].process.pid
+    os.kill(first, signal.SIGKILL)
+    _wait(lambda: len(_worlds(log)) == 2, "recovered, then rejoined", timeout=120)
+    assert [w["size"] for w in _worlds(log)] == [1, 2]
+    assert sup.slots[1].process.pid != first
+    _wait(lambda: any(e["rank"] == 1 and e.get("world_size") == 2 and e.get("change_s")
+                      for e in events(log, "message")), "the new rank 1 training")
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())
