@@ -42,7 +42,7 @@ async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
         assert all(row[1] == "done" for row in ranks)
         epochs = _cells(app.query_one(EpochTable))
         assert [row[0] for row in epochs] == ["0", "1", "2"]
-        assert float(epochs[-1][7]) < float(epochs[0][7])  # the loss fell
+        assert float(epochs[-1][6]) < float(epochs[0][6])  # the loss fell
         # A replay has nothing to steer: the control keys are neither shown nor active.
         assert app.check_action("pause", ()) is False
         assert app.check_action("toggle", ("prefetch",)) is False
@@ -130,7 +130,7 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         await pilot.press("W")
         await _until(pilot, lambda: any("settings requested: workers 1" in line.text
                                         for line in app.events.lines), "request in the events")
-        await _until(pilot, lambda: any(row[3] == "1" for row in _cells(app.epoch_table)),
+        await _until(pilot, lambda: any(row[2] == "1" for row in _cells(app.epoch_table)),
                      "an epoch with 1 worker", timeout=60)
         pids = sup.pids()
         await pilot.press("q")
@@ -145,3 +145,39 @@ async def _until(pilot, predicate, what: str, timeout: float = 20) -> None:
         assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
         await pilot.pause(0.1)
     await asyncio.sleep(0)
+
+
+async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64"),
+                     str(tmp_path / "live.jsonl"))
+    app = DashboardApp(sup)
+
+    def state(rank: int) -> str:
+        return next(r.state for r in app.view["ranks"] if r.rank == rank)
+
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _until(pilot, lambda: app.view and app.view["status"] == "running"
+                     and len(app.view["ranks"]) == 2, "a running world of 2", timeout=60)
+        await pilot.press("down", "s")
+        await _until(pilot, lambda: app.view["meta"]["world_size"] == 1, "the world of 1")
+        assert _cells(app.rank_table)[1][1] in ("stopped", "starting")
+        await pilot.press("s")  # rank 1 is out already: nothing to stop
+        await _until(pilot, lambda: state(1) == "standby", "rank 1's warm standby", timeout=60)
+        await pilot.press("r")
+        await _until(pilot, lambda: app.view["meta"]["world_size"] == 2 and state(1) == "running",
+                     "rank 1 back in a world of 2")
+        await pilot.press("a")  # nothing pending yet: refused, nothing sent
+        await pilot.press("W", "a")
+        await _until(pilot, lambda: any("·" in row[0] for row in _cells(app.epoch_table)),
+                     "an epoch row split where the settings changed")
+        row = next(r for r in _cells(app.epoch_table) if "·" in r[0])
+        assert row[2] == "0"  # the part before the change ran with the old worker count
+        await _until(pilot, lambda: app.view["settings"]["workers"] == 1, "workers 1 applied")
+        pids = sup.pids()
+        await pilot.press("q")
+        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
+    assert sup.exit_code == 130
+    lines = [line.text for line in app.events.lines]
+    assert any("world: 1 ranks [0]" in t for t in lines)
+    assert any("world: 2 ranks [0, 1]" in t for t in lines)
+    assert_gone(pids)

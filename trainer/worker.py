@@ -379,19 +379,21 @@ def run_segment(p: Parts) -> str:
         save(p)
         p.me.say(f"stopped at epoch {epoch} step {p.sampler.steps_done}")
         return "stopped"
-    if p.state.apply_now or p.state.reform:
-        report_segment(p, epoch)
+    order, p.state.reform = p.state.reform, None
+    if len(p.sampler) == 0:  # the epoch is done: a change asked for now lands at its boundary
+        p.state.apply_now = False
+        end_epoch(p, epoch)
+    elif p.state.apply_now or order:
+        report_segment(p, epoch, partial=True)
         if p.state.apply_now:
             p.state.apply_now = False
             apply_pending(p, epoch, step=p.sampler.steps_done)
-        order, p.state.reform = p.state.reform, None
-        p.state.changed_at = time.time() if order else None
-        if order and not world.reform(p, order):
+    if order:
+        p.state.changed_at = time.time()
+        if not world.reform(p, order):
             p.me.reporter.emit("rank", state="stopped", pid=os.getpid(), gpu=p.me.physical_gpu,
                                reason=f"left the world at global step {p.state.global_step}")
             return "left"
-        return "next"
-    end_epoch(p, epoch)
     return "next"
 
 
@@ -523,12 +525,11 @@ def validate(p: Parts) -> tuple[float, float] | None:
     return (loss_sum / count, correct / count) if count else None
 
 
-def report_segment(p: Parts, epoch: int, **extra) -> dict:
+def report_segment(p: Parts, epoch: int, partial: bool = False, **extra) -> dict:
     """The `epoch` event for the steps since the segment began (a whole epoch, or the part of
     it before a settings or world change), so rows show img/s before and after a change."""
     ev = dict(epoch=epoch, start_step=p.state.segment_start, end_step=p.sampler.steps_done,
-              partial=bool(p.state.apply_now or p.state.reform),
-              settings=dict(p.state.settings), world_size=p.me.world_size,
+              partial=partial, settings=dict(p.state.settings), world_size=p.me.world_size,
               global_step=p.state.global_step, **p.meter.epoch_summary(), **extra)
     p.me.reporter.emit("epoch", **ev)
     return ev

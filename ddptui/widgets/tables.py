@@ -52,8 +52,8 @@ class RankTable(DataTable):
 class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
-    COLUMNS = ("epoch", "ranks", "prefetch", "workers", "bench", "img/s", "wait", "loss",
-               "val_loss", "val_acc")
+    COLUMNS = ("epoch", "prefetch", "workers", "bench", "img/s", "wait", "loss", "val_loss",
+               "val_acc", "ranks")
     can_focus = False
 
     def on_mount(self) -> None:
@@ -71,10 +71,10 @@ class EpochTable(DataTable):
             if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
                 label += f" ·{e['start_step']}-{e['end_step']}"
             self.add_row(
-                label, str(e["world_size"]), "on" if s.get("prefetch") else "off",
-                str(s.get("workers", "-")),
+                label, "on" if s.get("prefetch") else "off", str(s.get("workers", "-")),
                 "on" if s.get("cudnn_benchmark") else "off", f"{e['samples_per_s']:,.0f}",
                 f"{100 * e['data_wait']:.0f}%", _fmt(e["train_loss"], ".4f"),
                 _fmt(e["val_loss"], ".4f"),
-                "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%", key=key)
+                "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%",
+                str(e["world_size"]), key=key)
             self.scroll_end(animate=False)
