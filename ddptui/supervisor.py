@@ -349,8 +349,8 @@ class Supervisor:
         for s in survivors:
             self._tell(self.slots[s], order)
         self._emit("message", level="warning",
-                   text=f"rank {r.slot} {reason}: the other {len(survivors)} roll back to "
-                   f"their last common step and go on")
+                   text=f"rank {r.slot} {reason}: going on with {len(survivors)} "
+                   f"rank{'s' if len(survivors) > 1 else ''} from their last common step")
         if self._restarts < self.config.max_restarts:
             self._restarts += 1
             self._wanted.add(r.slot)

@@ -69,9 +69,10 @@ def test_parent_killed_takes_every_rank_and_worker_with_it(env, tmp_path):
     assert time.monotonic() - t0 < 3.0
 
 
-def test_a_rank_killed_fails_the_run_quickly_with_the_reason(env, tmp_path):
+def test_a_rank_killed_without_rollback_points_fails_the_run_quickly_with_the_reason(env,
+                                                                                    tmp_path):
     log = tmp_path / "x.jsonl"
-    p = start_ddptui(["run", *LONG, "--log", str(log)], env, ROOT)
+    p = start_ddptui(["run", *LONG, "--snapshot-every", "0", "--log", str(log)], env, ROOT)
     wait_for_event(log, lambda e: e["kind"] == "step")
     pids = run_pids(log)
     victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
@@ -82,4 +83,20 @@ def test_a_rank_killed_fails_the_run_quickly_with_the_reason(env, tmp_path):
     assert p.returncode == 1
     assert "rank 1 killed by SIGKILL" in err
     assert events(log, "run")[-1]["status"] == "failed"
+    assert_gone(pids)
+
+
+def test_a_rank_killed_is_survived_and_its_standby_ends_with_the_run(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    p = start_ddptui(["run", *TINY, "--cpus", "2", "--epochs", "30", "--log", str(log)], env, ROOT)
+    wait_for_event(log, lambda e: e["kind"] == "step")
+    victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
+    os.kill(victim, signal.SIGKILL)
+    wait_for_event(log, lambda e: e["kind"] == "rank" and e.get("state") == "standby")
+    pids = run_pids(log)  # now including the standby that replaced rank 1
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "rank 1 killed by SIGKILL: going on with 1 rank" in out
+    assert [e["size"] for e in events(log, "world") if e["rank"] >= 0] == [1]
+    assert events(log, "epoch")[-1]["epoch"] == 29
     assert_gone(pids)
