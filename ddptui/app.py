@@ -172,6 +172,9 @@ class DashboardApp(App[int]):
     def action_stop_rank(self) -> None:
         if not self._can_steer():
             return
+        if not getattr(self.source, "owns_ranks", True):  # attach: it says who to ask instead
+            self.source.stop_rank(self.selected_rank)
+            return
         rank = self._selected()
         running = [r.rank for r in self.view["ranks"] if r.state == "running"]
         if rank is None or rank.rank not in running:
@@ -184,6 +187,9 @@ class DashboardApp(App[int]):
 
     def action_restart_rank(self) -> None:
         if not self._can_steer():
+            return
+        if not getattr(self.source, "owns_ranks", True):
+            self.source.restart_rank(self.selected_rank)
             return
         rank = self._selected()
         if rank is None or rank.state in ("starting", "restarting"):
@@ -220,7 +226,9 @@ class DashboardApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        if self.source.done.is_set() or not self.live:
+        if self.source.done.is_set() or not self.live or not getattr(self.source, "owns_ranks",
+                                                                     True):
+            # Nothing of ours to stop: a replay, a finished run, or an attach (which detaches).
             self.source.stop()
             self._close(self.source.exit_code)
             return

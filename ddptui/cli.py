@@ -15,6 +15,7 @@ from ddptui import __version__
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
+ATTACH_PORT = 29600
 
 EXAMPLES = """examples:
   ddptui run resnet18                         # all GPUs (or 2 CPU ranks), built-in shapes data
@@ -22,6 +23,7 @@ EXAMPLES = """examples:
   ddptui run resnet50 --gpus all --data imagefolder:/data/imagenet --workers 12
   ddptui run mypkg.models:get_model --data mypkg.data:get_dataset --cpus 2
   ddptui run resnet18 --headless --epochs 1 --log runs/quick.jsonl
+  ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
 
@@ -48,6 +50,15 @@ def build_parser() -> Parser:
     g.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="bring crashed ranks back into the run, K times in all (default 0: the "
                    "run goes on without them; r brings one back)")
+    attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
+                            "with --report (see docs/cluster.md)")
+    attach.add_argument("--listen", default=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
+                        help=f"where ranks connect (default 127.0.0.1:{ATTACH_PORT}; "
+                        "0.0.0.0:PORT for other machines)")
+    attach.add_argument("--headless", action="store_true",
+                        help="no dashboard: status lines on stdout (automatic when not a terminal)")
+    attach.add_argument("--log", default=None, metavar="FILE.jsonl",
+                        help="telemetry log (default runs/attach-<time>.jsonl)")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
     replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
     replay.add_argument("file", metavar="FILE.jsonl")
@@ -91,6 +102,9 @@ def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None
 def cmd_run(args: argparse.Namespace) -> int:
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
     headless = args.headless or not sys.stdout.isatty()
+    if args.report:
+        raise UsageError("ddptui run shows its own dashboard: --report is for ranks started by "
+                         "torchrun or srun (see docs/cluster.md)")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
@@ -153,6 +167,36 @@ def _stop_on_signals(stop) -> None:
         signal.signal(sig, lambda signum, _frame: stop(128 + signum))
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from ddptui.channel import NoKey, load_key, parse_address
+
+    try:
+        address = parse_address(args.listen, "--listen")
+        key, source = load_key(create=True)
+    except (ValueError, NoKey) as e:  # noqa: B014 (NoKey is a ValueError; named for the reader)
+        raise UsageError(str(e)) from None
+    log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
+    from trainer.config import check_writable_dir
+
+    check_writable_dir(os.path.dirname(os.path.abspath(log)), "--log directory")
+    from ddptui.attach import Attach
+
+    try:
+        attach = Attach(address, key, log, source)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
+    headless = args.headless or not sys.stdout.isatty()
+    if headless:
+        print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
+              f"--report {args.listen}; logging to {log}", flush=True)
+        return run_headless(attach)
+    from ddptui.app import DashboardApp
+
+    DashboardApp(attach).run()
+    attach.stop(code=0)
+    return 0
+
+
 def cmd_gpus(_args: argparse.Namespace) -> int:
     from ddptui.nvml import format_gpus, list_gpus
 
@@ -179,7 +223,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "gpus": cmd_gpus, "replay": cmd_replay}
+    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay}
     if args.command not in handlers:
         parser.print_help()
         return 2

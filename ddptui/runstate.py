@@ -163,6 +163,8 @@ class RunState:
 
     def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
         key = f"gpu{ev['gpu']}" if ev.get("util") is not None else f"rank{rank}"
+        if ev.get("node") and ev.get("util") is not None:  # attach: GPU numbers repeat per node
+            key = f"{ev['node']} {key}"
         d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, rank))
         d.rank = rank
         for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss"):
@@ -195,6 +197,8 @@ class RunState:
         for name in ("pid", "device", "gpu", "host", "reason"):
             if ev.get(name) is not None:
                 setattr(r, name, ev[name])
+        if ev.get("node"):
+            r.host = ev["node"]
 
     def _on_world(self, ev: dict, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
@@ -286,6 +290,7 @@ class RunState:
                 int(self.meta.get("steps_per_epoch") or 0))
 
 
-def _device_order(d: DeviceView) -> tuple[int, int]:
-    digits = "".join(c for c in d.key if c.isdigit())
-    return (0 if d.key.startswith("gpu") else 1, int(digits or 0))
+def _device_order(d: DeviceView) -> tuple[int, str, int]:
+    node, _, name = d.key.rpartition(" ")
+    digits = "".join(c for c in name if c.isdigit())
+    return (0 if name.startswith("gpu") else 1, node, int(digits or 0))

@@ -75,6 +75,7 @@ class Supervisor:
     Only this class starts or kills processes."""
 
     live = True  # there are ranks to steer (a Replay has none)
+    owns_ranks = True  # q stops them (an Attach only detaches)
 
     def __init__(self, config: RunConfig, log_path: str | None = None):
         self.config = config

@@ -16,13 +16,13 @@ KINDS: dict[str, tuple[str, ...]] = {
     "gpu": ("gpu",),  # util, mem_used, mem_total, power_w, temp_c | cpu_percent, rss
     "epoch": ("epoch", "samples", "seconds", "samples_per_s", "data_wait", "settings"),
     "settings": ("settings", "epoch"),
-    "rank": ("state",),  # starting|running|stopped|crashed|restarting|done, pid, reason
+    "rank": ("state",),  # starting|running|standby|stopped|crashed|restarting|done, pid, reason
     "world": ("size", "ranks"),
     "run": ("status",),  # started|done|failed|interrupted
     "message": ("level", "text"),  # progress and warnings for the event pane
     "checkpoint": ("path", "epoch", "step"),
 }
-RANK_STATES = ("starting", "running", "stopped", "crashed", "restarting", "done")
+RANK_STATES = ("starting", "running", "standby", "stopped", "crashed", "restarting", "done")
 PARENT = -1
 
 
@@ -43,7 +43,8 @@ def decode(line: str) -> dict | None:
         ev = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(ev, dict) or ev.get("kind") not in KINDS or "rank" not in ev:
+    if not isinstance(ev, dict) or ev.get("kind") not in KINDS \
+            or not isinstance(ev.get("rank"), int) or not isinstance(ev.get("t", 0), (int, float)):
         return None
     return ev
 

@@ -28,6 +28,9 @@ from trainer.config import UsageError
     (["run", "nosuchpkg.models:net"], "model module not found: nosuchpkg.models"),
     (["run", "resnet18", "--amp", "fp8"], "invalid choice: 'fp8'"),
     (["replay", "/no/such.jsonl"], "no such log"),
+    (["run", "resnet18", "--report", "127.0.0.1:29600"], "--report is for ranks started by"),
+    (["run", "resnet18", "--max-restarts", "-1"], "--max-restarts must be 0 or more"),
+    (["attach", "--listen", "nohost"], "bad --listen 'nohost': expected HOST:PORT"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
     r = ddptui(args, env, tmp_path, timeout=60)
@@ -86,3 +89,31 @@ def test_model_list_matches_torchvision():
 
     known = set(torchvision.models.list_models(module=torchvision.models))
     assert set(TORCHVISION_CLASSIFIERS) <= known
+
+
+def test_report_without_a_key_is_one_line_and_exit_2(env, tmp_path):
+    env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    env.pop("DDPTUI_AUTHKEY", None)
+    r = subprocess.run([sys.executable, "-m", "trainer", "resnet18", "--report", "127.0.0.1:9"],
+                       env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "python -m trainer: error: no key for the dashboard link: set DDPTUI_AUTHKEY, or copy "
+        f"the key file `ddptui attach` printed to {tmp_path}/cfg/ddptui/authkey"]
+
+
+def test_attach_makes_a_private_key_file_and_refuses_a_busy_port(env, tmp_path):
+    import socket
+
+    env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    env.pop("DDPTUI_AUTHKEY", None)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = ddptui(["attach", "--listen", f"127.0.0.1:{port}", "--headless"], env, tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"ddptui: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+    key = tmp_path / "cfg" / "ddptui" / "authkey"
+    assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_text().strip()) == 64

@@ -158,3 +158,19 @@ def test_cifar10_files_that_fail_torchvision_checks_are_exit_2(env, tmp_path):
     assert r.returncode == 2, r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "cannot read cifar10" in line
+
+
+def test_tensorboard_gets_every_rank_s_scalars(env, tmp_path):
+    tb = tmp_path / "tb"
+    r = ddptui(["run", *TINY, "--cpus", "2", "--epochs", "2", "--tensorboard", str(tb),
+                "--log", str(tmp_path / "x.jsonl")], env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = os.listdir(tb)
+    assert {f.rsplit(".", 1)[1] for f in files} == {"rank0", "rank1"}, files  # a file per rank
+    run = EventAccumulator(str(tb))  # TensorBoard's view of the directory: one run
+    run.Reload()
+    scalars = set(run.Tags()["scalars"])
+    assert {"loss/rank0", "loss/rank1", "img_per_s/rank1", "val_acc", "train_loss"} <= scalars
+    assert [round(s.step) for s in run.Scalars("val_acc")] == [0, 1]  # one point per epoch

@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     # `torchrun ... -m trainer -- resnet18 --log x`: torchrun's parser rejects a bare --log as an
     # ambiguous prefix of its own --log-dir, so users separate with "--", which may reach us.
     args = parser.parse_args(argv[1:] if argv[:1] == ["--"] else argv)
+    if args.report is None:
+        args.report = os.environ.get("DDPTUI_REPORT") or None
     try:
         config = config_from_args(args)
         rank, world, local = distributed_env()

@@ -68,6 +68,8 @@ class RunConfig:
     log: str | None = None
     telemetry_hz: float = 4.0
     snapshot_every: int = 8  # steps between on-device rollback points (crash recovery)
+    tensorboard: str | None = None
+    report: str | None = None  # HOST:PORT of a `ddptui attach` (ranks started by torchrun/srun)
     # Launch options (ddptui run only); a torchrun launch takes its devices from the environment.
     gpus: tuple[int, ...] | None = None
     cpus: int | None = None
@@ -187,6 +189,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", nargs="?", const="auto", default=None, metavar="FILE",
                    help="continue from the newest good checkpoint in --checkpoint-dir, or FILE")
     g.add_argument("--log", default=None, metavar="FILE.jsonl", help="telemetry log")
+    g.add_argument("--tensorboard", default=None, metavar="DIR",
+                   help="also write the scalars for TensorBoard (needs the tensorboard package)")
+    g.add_argument("--report", default=None,
+                   metavar="HOST:PORT", help="under torchrun or srun: send telemetry to `ddptui "
+                   "attach` there and take its commands (also $DDPTUI_REPORT; key: "
+                   "$DDPTUI_AUTHKEY or the key file attach prints)")
     g.add_argument("--snapshot-every", type=_non_negative_int, default=d.snapshot_every,
                    metavar="STEPS", help="under ddptui run: steps between on-device rollback "
                    "points; after a rank dies the others go back at most this far and carry on "
@@ -218,6 +226,19 @@ def validate(config: RunConfig) -> None:
         check_writable_dir(config.checkpoint_dir, "--checkpoint-dir")
     if config.log:
         check_writable_dir(os.path.dirname(os.path.abspath(config.log)), "--log directory")
+    if config.tensorboard:
+        if importlib.util.find_spec("tensorboard") is None:
+            raise UsageError("--tensorboard needs the tensorboard package: "
+                             "pip install tensorboard (or ddptui[tensorboard])")
+        check_writable_dir(config.tensorboard, "--tensorboard directory")
+    if config.report:
+        from ddptui.channel import load_key, parse_address
+
+        try:
+            parse_address(config.report, "--report")
+            load_key()
+        except ValueError as e:  # NoKey included
+            raise UsageError(str(e)) from None
 
 
 def check_model_name(name: str) -> None:

@@ -62,6 +62,7 @@ class Reporter:
         self.rank = rank
         self.channel = ChannelSender(channel) if channel is not None else None
         self.writer = JsonlWriter(log_path) if log_path else None
+        self.sinks: list = []  # more consumers of every event: a dashboard link, TensorBoard
 
     def emit(self, kind: str, **fields) -> None:
         ev = event(kind, self.rank, **fields)
@@ -69,12 +70,16 @@ class Reporter:
             self.channel.put(ev)
         if self.writer is not None:
             self.writer.write(ev)
+        for sink in self.sinks:
+            sink.put(ev)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
         if self.channel is not None:
             self.channel.close()  # flushes what the feeder still holds
+        for sink in self.sinks:
+            sink.close()
 
 
 class StepMeter:

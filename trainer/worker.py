@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddptui.channel import load_key, parse_address
 from ddptui.telemetry import describe
 from trainer import world
 from trainer.checkpoint import find_resume_state, load_checkpoint, prune_checkpoints, save_checkpoint
@@ -34,9 +35,11 @@ from trainer.data import (
 from trainer.gpu import DeviceSampler
 from trainer.models import build_model, count_parameters
 from trainer.prefetch import Normalize, plain_batches, prefetched_batches
+from trainer.remote import RemoteLink, node_name
 from trainer.reporter import Reporter, StepMeter
 from trainer.sampler import ShardedBatchSampler
 from trainer.snapshot import Snapshots, WorldLost, state_tensors
+from trainer.tensorboard import TensorBoardSink
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
 
@@ -99,32 +102,64 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     slot = rank if slot is None else slot
     me = Rank(slot, rank, world_size, device, physical_gpu if use_cuda else None,
               Reporter(slot, channel, config.log if channel is None else None), echo, standby)
+    supervised = channel is not None
+    if config.tensorboard:
+        me.reporter.sinks.append(TensorBoardSink(config.tensorboard, slot))
+    link = None
+    if config.report and not supervised:
+        link = RemoteLink(parse_address(config.report, "--report"), load_key()[0], node_name(),
+                          lambda text: print(f"rank {rank}: {text}", file=sys.stderr, flush=True))
+        me.reporter.sinks.append(link)
+        inbox = link.inbox
     sampler_thread = DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), me.physical_gpu)
+    code = 1
     try:
         control_group = None
         if not standby:
             control_group = world.form(me, init_method)
+            if not supervised:
+                inbox = _agree_on_control(me, inbox, control_group)
             me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(device),
                              gpu=me.physical_gpu, host=os.uname().nodename)
             me.say(f"process group ready: {world_size} ranks on {dist.get_backend()}")
+            if link is not None and me.is_main:
+                me.reporter.emit("run", status="started", model=config.model, data=config.data,
+                                 epochs=config.epochs, world_size=world_size,
+                                 device_kind=device.type, batch_size=config.batch_size)
         sampler_thread.start()
-        train(config, me, inbox, control_group)
-        return 0
+        train(config, me, inbox, control_group, supervised)
+        code = 0
     except (UsageError, DataError) as e:
         text = _one_line(e)
         me.reporter.emit("message", level="error", text=text, usage=True)
         if echo or channel is None:
             print(f"error: {text}", file=sys.stderr, flush=True)
-        return 2
+        code = 2
     except Exception as e:
         traceback.print_exc()
         me.reporter.emit("message", level="error", text=f"{type(e).__name__}: {_one_line(e)}")
-        return 1
     finally:
         sampler_thread.stop()
         if dist.is_initialized():
             world.dismantle()
+        if link is not None:  # no supervisor says how this rank ended: it says so itself
+            me.reporter.emit("rank", state="done" if code == 0 else "crashed", exit_code=code,
+                             pid=os.getpid())
+            if me.is_main:
+                me.reporter.emit("run", status="done" if code == 0 else "failed", exit_code=code)
         me.reporter.close()
+    return code
+
+
+def _agree_on_control(me: Rank, inbox, group):
+    """Commands need every rank in the control exchange: with a dashboard link on some ranks
+    only (an environment variable set on one node), control stays off everywhere."""
+    flag = torch.tensor([int(inbox is not None)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    if inbox is not None and not flag.item():
+        me.say("not every rank reports to the dashboard: live control is off", "warning")
+        return None
+    return inbox
 
 
 def _one_line(e: Exception) -> str:
@@ -240,7 +275,7 @@ class Loaders:
         self.val = None
 
 
-def train(config: RunConfig, me: Rank, inbox, control_group) -> None:
+def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -> None:
     """Build everything, enter the world (a standby waits to join), then run epochs."""
     configure_torch(config, me)
     bundle = build_datasets(config, progress=me.say)
@@ -271,9 +306,9 @@ def train(config: RunConfig, me: Rank, inbox, control_group) -> None:
     meter = StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device)
     p = Parts(config, me, model, None, optimizer, scheduler, scaler, sampler, loaders, meter,
               _autocast(config, me.device), None, state, None, None)
-    if inbox is not None:  # under ddptui: live commands, and recovery when a peer dies
+    if inbox is not None:  # live commands (ddptui run or attach)
         p.mailbox = Mailbox(inbox, lambda order: _on_urgent(order, p))
-        if config.snapshot_every:
+        if supervised and config.snapshot_every:  # recovery needs our supervisor's orders
             p.snapshots = Snapshots(state_tensors(model, optimizer, scaler),
                                     me.device.type == "cuda")
     try:

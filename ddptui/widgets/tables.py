@@ -31,13 +31,15 @@ class RankTable(DataTable):
 
     def show(self, view: dict, selected: int) -> None:
         workers = view["settings"].get("workers", "-")
+        several_hosts = len({r.host for r in view["ranks"] if r.host}) > 1  # attach, multi-node
         for r in view["ranks"]:
+            device = f"{r.host} {r.device}" if several_hosts else r.device
             cells = (
                 str(r.rank), Text(r.state, style=STATE_STYLE.get(r.state, "")),
                 f"{r.epoch}/{r.step}", _fmt(r.loss, ".4f"),
                 _fmt(r.samples_per_s if r.state == "running" else None, ",.0f"),
                 _fmt(r.step_ms if r.state == "running" else None, ".1f"),
-                f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), r.device or "-")
+                f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), device or "-")
             key = str(r.rank)
             if key in self.rows:
                 for column, value in zip(self.COLUMNS, cells, strict=True):

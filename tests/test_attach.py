@@ -1,0 +1,170 @@
+"""Runs launched by torchrun (two agents playing two nodes, loopback only) or by SLURM's
+variables, reporting to `ddptui attach`: authenticated, and never in training's way."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+
+import pytest
+
+from ddptui.attach import Attach
+from ddptui.channel import MAX_MESSAGE
+from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
+
+KEY = "test-key-0123456789"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _torchrun(node_rank: int, nnodes: int, rdzv: int, args: list[str], env: dict, cwd,
+              nproc: int = 1) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
+         "--node-rank", str(node_rank), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", "ddptui-test", "-m", "trainer",
+         "--", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+
+
+@pytest.fixture
+def keyed_env(env) -> dict:
+    return dict(env, DDPTUI_AUTHKEY=KEY, OMP_NUM_THREADS="1")
+
+
+@pytest.mark.timeout(240)
+def test_two_torchrun_nodes_report_to_one_attach(keyed_env, tmp_path):
+    listen = f"127.0.0.1:{_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+                               listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rdzv = _port()
+    args = [*TINY, "--epochs", "3", "--report", listen]
+    nodes = [_torchrun(n, 2, rdzv, args, keyed_env, tmp_path) for n in (0, 1)]
+    for node in nodes:
+        out, err = node.communicate(timeout=180)
+        assert node.returncode == 0, err[-2000:]
+    out, err = attach.communicate(timeout=30)
+    assert attach.returncode == 0, err
+    assert f"listening on {listen}" in out
+    evs = events(log)
+    assert {e["rank"] for e in evs if e["kind"] == "step"} == {0, 1}
+    assert {e["node"].rsplit("/", 1)[1] for e in evs if e.get("node")} == {"0", "1"}
+    assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
+    assert len([e for e in evs if e["kind"] == "epoch"]) == 6  # 3 epochs x 2 ranks
+
+
+@pytest.mark.timeout(120)
+def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_path):
+    port = _port()
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    attach.start()
+    try:
+        with pytest.raises(AuthenticationError):
+            Client(("127.0.0.1", port), authkey=b"not-the-key")
+        deadline = time.monotonic() + 10
+        while not any("wrong key" in line[3] for line in attach.state.lines_after(0)):
+            assert time.monotonic() < deadline, "the refusal was not logged"
+            time.sleep(0.05)
+        good = Client(("127.0.0.1", port), authkey=KEY.encode())
+        good.send_bytes(b"\xff\xfe not json")
+        good.send_bytes(b'{"kind": "step", "rank": "zero"}')  # wrong types
+        good.send_bytes(b'{"t": 1, "kind": "rank", "rank": 3, "state": "running", "pid": 7}')
+        deadline = time.monotonic() + 10
+        while 3 not in {r.rank for r in attach.state.view()["ranks"]}:
+            assert time.monotonic() < deadline, "a valid event after bad ones was not applied"
+            time.sleep(0.05)
+        big = Client(("127.0.0.1", port), authkey=KEY.encode())
+        big.send_bytes(b"x" * (MAX_MESSAGE + 1))
+        deadline = time.monotonic() + 10
+        while not any("size limit" in line[3] for line in attach.state.lines_after(0)):
+            assert time.monotonic() < deadline, "the oversized message was not dropped"
+            time.sleep(0.05)
+        good.send_bytes(b'{"t": 2, "kind": "rank", "rank": 4, "state": "running", "pid": 8}')
+        deadline = time.monotonic() + 10
+        while 4 not in {r.rank for r in attach.state.view()["ranks"]}:
+            assert time.monotonic() < deadline, "the dashboard stopped taking events"
+            time.sleep(0.05)
+    finally:
+        attach.stop()
+
+
+@pytest.mark.timeout(240)
+def test_killing_attach_mid_run_does_not_fail_training(keyed_env, tmp_path):
+    listen = f"127.0.0.1:{_port()}"
+    alog, rlog = tmp_path / "attach.jsonl", tmp_path / "ranks.jsonl"
+    attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+                               listen, "--log", str(alog)], env=keyed_env, cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    job = _torchrun(0, 1, _port(), [*TINY, "--epochs", "40", "--report", listen,
+                                    "--log", str(rlog)], keyed_env, tmp_path, nproc=2)
+    wait_for_event(alog, lambda e: e["kind"] == "step", timeout=120)
+    attach.send_signal(signal.SIGKILL)
+    attach.wait()
+    out, err = job.communicate(timeout=180)
+    assert job.returncode == 0, err[-2000:]
+    assert {e["epoch"] for e in events(rlog, "epoch")} == set(range(40))
+    assert_gone({attach.pid})
+
+
+@pytest.mark.timeout(180)
+def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
+    port = _port()
+    procs = []
+    for rank in (0, 1):
+        e = dict(env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                 SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "trainer", *TINY, "--epochs", "2",
+             "--log", str(tmp_path / "slurm.jsonl")], env=e, cwd=tmp_path,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        out, err = p.communicate(timeout=150)
+        assert p.returncode == 0, err[-2000:]
+    evs = events(tmp_path / "slurm.jsonl")
+    assert "process group ready: 2 ranks on gloo" in [e.get("text") for e in evs]
+    assert {(e["rank"], e["epoch"]) for e in evs if e["kind"] == "epoch"} == {
+        (0, 0), (0, 1), (1, 0), (1, 1)}
+    assert os.path.exists(tmp_path / "slurm.jsonl")
+
+
+async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp_path):
+    from ddptui.app import DashboardApp
+    from ddptui.channel import receive, send
+
+    port = _port()
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    app = DashboardApp(attach)
+    async with app.run_test(size=(120, 40)) as pilot:
+        rank0 = Client(("127.0.0.1", port), authkey=KEY.encode())
+        for kind, fields in (("run", {"status": "started", "model": "resnet18", "epochs": 2,
+                                      "world_size": 2, "device_kind": "cpu"}),
+                             ("rank", {"state": "running", "pid": 11, "node": "a/0"}),
+                             ("step", {"epoch": 0, "step": 1, "global_step": 1, "loss": 2.0,
+                                       "samples_per_s": 100.0, "node": "a/0"})):
+            send(rank0, {"t": time.time(), "kind": kind, "rank": 0, **fields})
+        deadline = time.monotonic() + 10
+        while not (app.view and app.view["ranks"] and app.view["status"] == "running"):
+            assert time.monotonic() < deadline, "rank 0 never showed"
+            await pilot.pause(0.1)
+        await pilot.press("space")
+        assert rank0.poll(5) and receive(rank0) == {"op": "pause"}
+        await pilot.press("s")
+        await pilot.pause(0.5)
+        assert any("belongs to its launcher" in line.text for line in app.events.lines)
+        await pilot.press("q")
+        await pilot.pause()
+    assert attach.done.is_set()
+    rank0.close()
