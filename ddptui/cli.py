@@ -47,6 +47,9 @@ def build_parser() -> Parser:
                    help="N CPU ranks on gloo (default 2 where there is no GPU)")
     g.add_argument("--headless", action="store_true",
                    help="no dashboard: status lines on stdout (automatic when not a terminal)")
+    g.add_argument("--autotune", action="store_true",
+                   help="early in epoch 0, try DataLoader worker counts (and the prefetcher on "
+                   "GPUs) for a few seconds each and keep the fastest")
     g.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="bring crashed ranks back into the run, K times in all (default 0: the "
                    "run goes on without them; r brings one back)")

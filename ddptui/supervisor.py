@@ -95,6 +95,7 @@ class Supervisor:
         self._leaving: set[int] = set()
         self._wanted: set[int] = set()  # slots to bring back as soon as their standby is ready
         self._restarts = 0
+        self._autotuner = None
         self.exit_code: int | None = None
         self.done = threading.Event()
         self._commands: queue.Queue = queue.Queue()
@@ -253,6 +254,11 @@ class Supervisor:
             self._start_process(slot, gpu, init, standby=False)
         self.members = list(range(world))
         self._emit("world", size=world, ranks=list(self.members), generation=0)
+        if self.config.autotune:
+            from ddptui.autotune import Autotuner, candidates
+
+            self._autotuner = Autotuner(self, candidates(
+                self.config.settings(world), self.config.device_kind == "cuda", world))
 
     def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
         from trainer.bootstrap import RankSpec, run_rank
@@ -289,11 +295,27 @@ class Supervisor:
                 self._scan_children()
                 self._sample_host()
                 next_scan = now + 1.0
+            if self._autotuner is not None:
+                self._autotuner.tick(now)
             if self._stop_deadline and now > self._stop_deadline:
                 self._emit("message", level="warning",
                            text="ranks did not stop in time: terminating them")
                 self._end_all()
         self._reap()
+
+    def say(self, text: str, **fields) -> None:
+        """A message of the supervisor's own, in the log and the event pane (its thread only)."""
+        self._emit("message", level="info", text=text, **fields)
+
+    def world_changing(self) -> bool:
+        return self._world_change is not None
+
+    def autotune_done(self, best: dict, rate: float, results: list) -> None:
+        from ddptui.autotune import describe_settings
+
+        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
+        self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
+                 autotune=best)
 
     def _world_alive(self) -> bool:
         """Training goes on while a process of the world lives (standbys alone do not count)."""

@@ -75,3 +75,26 @@ def test_pause_holds_every_rank_and_checkpoint_now_writes_mid_epoch(tmp_path):
     sup.stop()
     assert sup.wait(60) == 130
     assert_gone(sup.pids())
+
+
+def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_path):
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64").replace(
+        autotune=True), str(log))
+    sup.start()
+    _wait(lambda: [e for e in events(log, "message") if e.get("autotune")], "the verdict", 90)
+    (verdict,) = [e for e in events(log, "message") if e.get("autotune")]
+    trials = [e for e in events(log, "message") if e["text"].startswith("autotune trial")]
+    assert len(trials) == 2  # 0 and 1 workers on this 2-core machine (no prefetcher on CPU)
+    rates = {int(t["text"].split(", ")[1].split()[0]): float(t["text"].rsplit(": ", 1)[1]
+                                                              .split()[0].replace(",", ""))
+             for t in trials}
+    best = max(rates, key=rates.get)
+    assert verdict["autotune"]["workers"] == best
+    _wait(lambda: sup.state.view()["settings"]["workers"] == best and
+          not sup.state.view()["pending"], "the kept setting in force")
+    applied = [e for e in events(log, "settings") if e.get("status") == "applied"]
+    assert {e["settings"]["workers"] for e in applied} == {0, 1}
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())

@@ -75,6 +75,7 @@ class RunConfig:
     cpus: int | None = None
     headless: bool = False
     max_restarts: int = 0
+    autotune: bool = False
 
     @property
     def data_kind(self) -> str:
@@ -146,6 +147,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """The option set of DESIGN.md that both launchers accept."""
     d = RunConfig()
@@ -195,6 +206,9 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                    metavar="HOST:PORT", help="under torchrun or srun: send telemetry to `ddptui "
                    "attach` there and take its commands (also $DDPTUI_REPORT; key: "
                    "$DDPTUI_AUTHKEY or the key file attach prints)")
+    g.add_argument("--telemetry-hz", type=_non_negative_float, default=d.telemetry_hz,
+                   metavar="HZ", help="step events a second per rank (0: none, and no GPU "
+                   "sampling: for measuring what telemetry costs)")
     g.add_argument("--snapshot-every", type=_non_negative_int, default=d.snapshot_every,
                    metavar="STEPS", help="under ddptui run: steps between on-device rollback "
                    "points; after a rank dies the others go back at most this far and carry on "

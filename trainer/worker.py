@@ -126,7 +126,8 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                 me.reporter.emit("run", status="started", model=config.model, data=config.data,
                                  epochs=config.epochs, world_size=world_size,
                                  device_kind=device.type, batch_size=config.batch_size)
-        sampler_thread.start()
+        if config.telemetry_hz > 0:
+            sampler_thread.start()
         train(config, me, inbox, control_group, supervised)
         code = 0
     except (UsageError, DataError) as e:
