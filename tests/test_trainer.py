@@ -174,3 +174,28 @@ def test_tensorboard_gets_every_rank_s_scalars(env, tmp_path):
     scalars = set(run.Tags()["scalars"])
     assert {"loss/rank0", "loss/rank1", "img_per_s/rank1", "val_acc", "train_loss"} <= scalars
     assert [round(s.step) for s in run.Scalars("val_acc")] == [0, 1]  # one point per epoch
+
+
+def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
+    """--decode gpu's crops, decoded and resized by the rank (here on the CPU), match the
+    torchvision transforms of the CPU path: the same validation images, the same augmentation."""
+    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
+    from trainer.config import RunConfig
+    from trainer.data import build_datasets
+    from trainer.gpudecode import Decoder, collate
+    from trainer.prefetch import Normalize
+
+    gpu, cpu = (build_datasets(RunConfig(data="shapes", decode=d), progress=lambda _: None)
+                for d in ("gpu", "cpu"))
+    cpu_dev = torch.device("cpu")
+    normalize = Normalize(3, cpu_dev, False)
+    images, labels = Decoder(cpu_dev, 64, normalize)(collate([gpu.val[i] for i in range(16)]))
+    ref = normalize(torch.stack([cpu.val[i][0] for i in range(16)]))
+    assert labels.tolist() == [cpu.val[i][1] for i in range(16)]
+    assert images.shape == ref.shape == (16, 3, 64, 64)
+    assert (images - ref).abs().mean() < 0.05  # in standard deviations: resampling differences
+    boxes = torch.stack([gpu.train[(0, i)][1] for i in range(200)])
+    top, left, h, w, flip = boxes.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()
+    area = (h * w).float() / (72 * 72)
+    assert 0.3 < area.min() and area.max() <= 1.0 and 0.3 < flip.float().mean() < 0.7

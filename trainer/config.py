@@ -55,6 +55,7 @@ class RunConfig:
     weight_decay: float = 5e-5
     image_size: int | None = None
     workers: int | None = None
+    decode: str = "cpu"
     prefetch: bool = True
     cudnn_benchmark: bool = True
     amp: str = "off"
@@ -173,6 +174,9 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                    help="training resolution (default: 64 shapes, 32 cifar10, 28 mnist, else 224)")
     g.add_argument("--workers", type=_non_negative_int, default=None, metavar="N",
                    help="DataLoader workers per rank (default: a share of the host's cores)")
+    g.add_argument("--decode", choices=("cpu", "gpu"), default=d.decode,
+                   help="gpu: workers only read JPEG bytes; each rank decodes its batch with "
+                   "nvJPEG and crops/resizes/flips on the GPU (imagefolder and shapes data)")
     g.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=d.prefetch,
                    help="CUDA side-stream prefetcher with on-GPU normalisation")
     g.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
@@ -232,6 +236,9 @@ def validate(config: RunConfig) -> None:
     """Checks that need no torch and start no process: names, paths, directories."""
     check_model_name(config.model)
     check_data(config.data)
+    if config.decode == "gpu" and config.data_kind not in ("imagefolder", "shapes"):
+        raise UsageError("--decode gpu works on JPEG image folders: --data imagefolder:PATH "
+                         "or shapes")
     if config.resume and not config.checkpoint_dir and config.resume == "auto":
         raise UsageError("--resume needs --checkpoint-dir (or a checkpoint FILE)")
     if config.resume and config.resume != "auto" and not os.path.isfile(config.resume):

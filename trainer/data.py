@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
 from trainer.config import RunConfig, UsageError, importable_from_cwd
+from trainer.gpudecode import JpegFiles, collate
 from trainer.lifeline import die_with_parent
 from trainer.sampler import ShardedBatchSampler, shard_indices
 from trainer.shapes import ensure_shapes
@@ -37,6 +38,7 @@ class DataBundle:
     num_train: int
     num_classes: int
     in_channels: int
+    collate: Callable | None = None  # --decode gpu: batches of JPEG bytes and crop boxes
 
 
 class KeyedDataset(Dataset):
@@ -78,15 +80,17 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     seed = config.seed if config.deterministic else None
     if kind == "synthetic":
         return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
+    gpu = config.decode == "gpu"
     if kind == "shapes":
         root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
-        return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed)
+        return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed, gpu)
     if kind == "imagefolder":
         train_dir = os.path.join(path, "train")
         if os.path.isdir(train_dir):
             val_dir = os.path.join(path, "val")
-            return _imagefolder(train_dir, val_dir if os.path.isdir(val_dir) else None, size, seed)
-        return _imagefolder(path, None, size, seed)
+            return _imagefolder(train_dir, val_dir if os.path.isdir(val_dir) else None, size, seed,
+                                gpu)
+        return _imagefolder(path, None, size, seed, gpu)
     if kind in ("cifar10", "mnist", "fashion-mnist"):
         cls = {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST,
                "fashion-mnist": datasets.FashionMNIST}[kind]
@@ -105,7 +109,8 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None) -> DataBundle:
+def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None,
+                 gpu_decode: bool = False) -> DataBundle:
     try:
         train = datasets.ImageFolder(train_dir)
     except (FileNotFoundError, RuntimeError) as e:
@@ -129,6 +134,10 @@ def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | Non
         train.samples = [train.dataset.samples[i] for i in train.indices]
         val.samples = [val.dataset.samples[i] for i in val.indices]
     classes = train.classes if hasattr(train, "classes") else train.dataset.classes
+    if gpu_decode:
+        return DataBundle(JpegFiles(train.samples, size, True, seed),
+                          JpegFiles(val.samples, size, False), len(train), len(classes), 3,
+                          collate=collate)
     return DataBundle(KeyedDataset(train, train_tf, seed), KeyedDataset(val, val_tf), len(train),
                       len(classes), 3)
 
@@ -192,7 +201,7 @@ def build_train_loader(bundle: DataBundle, sampler: ShardedBatchSampler, workers
                        cuda: bool) -> DataLoader:
     """The training DataLoader over the sampler's remaining batches (pinned for CUDA)."""
     return DataLoader(bundle.train, batch_sampler=sampler, num_workers=workers,
-                      pin_memory=cuda, persistent_workers=workers > 0,
+                      collate_fn=bundle.collate, pin_memory=cuda, persistent_workers=workers > 0,
                       prefetch_factor=4 if workers > 0 else None, worker_init_fn=worker_init,
                       multiprocessing_context=worker_context(cuda) if workers else None)
 
@@ -203,6 +212,7 @@ def build_val_loader(bundle: DataBundle, batch_size: int, rank: int, world_size:
         return None
     shard = Subset(bundle.val, shard_indices(len(bundle.val), rank, world_size))
     return DataLoader(shard, batch_size=batch_size, num_workers=workers, pin_memory=cuda,
+                      collate_fn=bundle.collate,
                       persistent_workers=workers > 0, worker_init_fn=worker_init,
                       multiprocessing_context=worker_context(cuda) if workers else None)
 

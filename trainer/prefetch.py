@@ -1,7 +1,8 @@
 """Moving batches to the device: the CUDA side-stream prefetcher and the plain path.
 
-Both turn uint8 image batches into normalised float tensors on the device, so CPU workers never
-do float maths; the prefetcher overlaps the copy and normalisation of batch k+1 with step k.
+Both run a `prepare` step (copy + normalise, or GPU JPEG decode) that leaves normalised float
+tensors on the device, so CPU workers never do float maths; the prefetcher overlaps the
+preparation of batch k+1 with step k.
 """
 
 from __future__ import annotations
@@ -25,20 +26,35 @@ class Normalize:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8:
-            x = x.float().sub_(self.mean).div_(self.std)
+            x = self.standardize(x.float())
         return x.contiguous(memory_format=self.memory_format)
 
+    def standardize(self, x: torch.Tensor) -> torch.Tensor:
+        """A float batch on the 0-255 scale, standardised in place."""
+        return x.sub_(self.mean).div_(self.std).contiguous(memory_format=self.memory_format)
 
-def plain_batches(loader: Iterable, device: torch.device, normalize: Normalize,
-                  non_blocking: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Copy and normalise on the compute stream (no prefetcher, or a CPU rank)."""
-    for images, labels in loader:
-        images = images.to(device, non_blocking=non_blocking)
-        yield normalize(images), labels.to(device, non_blocking=non_blocking)
+
+class ToDevice:
+    """A loader batch of uint8 images -> normalised images and labels on the device."""
+
+    def __init__(self, device: torch.device, normalize: Normalize):
+        self.device, self.normalize = device, normalize
+        self.non_blocking = device.type == "cuda"
+
+    def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = batch
+        images = images.to(self.device, non_blocking=self.non_blocking)
+        return self.normalize(images), labels.to(self.device, non_blocking=self.non_blocking)
+
+
+def plain_batches(loader: Iterable, prepare) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Prepare each batch on the compute stream (no prefetcher, or a CPU rank)."""
+    for batch in loader:
+        yield prepare(batch)
 
 
 def prefetched_batches(loader: Iterable, device: torch.device,
-                       normalize: Normalize) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+                       prepare) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The APEX data_prefetcher idea: copy batch k+1 on a side stream while step k computes.
 
     record_stream tells the caching allocator that the compute stream uses the tensors, so their
@@ -48,11 +64,8 @@ def prefetched_batches(loader: Iterable, device: torch.device,
     compute = torch.cuda.current_stream(device)
 
     def load(batch):
-        images, labels = batch
         with torch.cuda.stream(stream):
-            images = normalize(images.to(device, non_blocking=True))
-            labels = labels.to(device, non_blocking=True)
-        return images, labels
+            return prepare(batch)
 
     it = iter(loader)
     try:

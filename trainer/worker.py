@@ -33,8 +33,9 @@ from trainer.data import (
     build_val_loader,
 )
 from trainer.gpu import DeviceSampler
+from trainer.gpudecode import Decoder
 from trainer.models import build_model, count_parameters
-from trainer.prefetch import Normalize, plain_batches, prefetched_batches
+from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches
 from trainer.remote import RemoteLink, node_name
 from trainer.reporter import Reporter, StepMeter
 from trainer.sampler import ShardedBatchSampler
@@ -227,7 +228,9 @@ class Loaders:
     def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
                  sampler: ShardedBatchSampler, settings: dict):
         self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
-        self.normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
+        normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
+        self.prepare = Decoder(me.device, config.resolved_image_size, normalize) \
+            if bundle.collate is not None else ToDevice(me.device, normalize)
         self.train = self.val = None
         self.workers = None
         self.apply(settings)
@@ -262,9 +265,8 @@ class Loaders:
                                          self.config.resolved_image_size, self.bundle.num_classes,
                                          self.me.device, self.config.channels_last))
         if prefetch and self.me.device.type == "cuda":
-            return prefetched_batches(self.train, self.me.device, self.normalize)
-        return plain_batches(self.train, self.me.device, self.normalize,
-                             self.me.device.type == "cuda")
+            return prefetched_batches(self.train, self.me.device, self.prepare)
+        return plain_batches(self.train, self.prepare)
 
     def close(self, train: bool = True) -> None:
         for loader in (self.train, self.val) if train else (self.val,):
@@ -332,6 +334,8 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
                                  status="applied")
             if me.device.type != "cuda" and state.settings["prefetch"]:
                 me.say("prefetcher needs CUDA: CPU ranks load batches directly")
+            if me.device.type != "cuda" and config.decode == "gpu":
+                me.say("--decode gpu on CPU ranks: JPEGs are decoded in the rank process")
         if run_epochs(p):
             me.say("training done")
     finally:
@@ -548,8 +552,7 @@ def validate(p: Parts) -> tuple[float, float] | None:
         return None
     p.model.eval()  # the unwrapped module: no DDP collectives inside an uneven shard
     totals = torch.zeros(3, device=p.me.device, dtype=torch.float64)
-    for images, labels in plain_batches(p.loaders.val, p.me.device, p.loaders.normalize,
-                                        p.me.device.type == "cuda"):
+    for images, labels in plain_batches(p.loaders.val, p.loaders.prepare):
         with p.autocast():
             logits = p.model(images)
         totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")

@@ -1,0 +1,95 @@
+"""--decode gpu: DataLoader workers only read JPEG bytes and draw each sample's crop; the rank
+decodes the whole batch with nvJPEG (torchvision.io.decode_jpeg on the device) and crops,
+resizes, flips and normalises there. Same augmentation family as the CPU path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from trainer.prefetch import Normalize
+
+SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCrop
+
+
+class JpegFiles(Dataset):
+    """(bytes, [top, left, height, width, flip], label) per (epoch, index) key."""
+
+    def __init__(self, samples: list[tuple[str, int]], size: int, train: bool,
+                 seed: int | None = None):
+        self.samples, self.size, self.train, self.seed = samples, size, train, seed
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        from trainer.data import DataError
+
+        epoch, index = key if isinstance(key, tuple) else (0, key)
+        path, label = self.samples[index]
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:2] != b"\xff\xd8":
+            raise DataError(f"--decode gpu reads JPEG files only: {path}")
+        try:
+            with Image.open(path) as im:  # the header only: no pixels decoded here
+                width, height = im.size
+        except OSError as e:
+            raise DataError(f"corrupt or unreadable sample {path}: {e}") from None
+        if self.seed is not None:
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+        box = self._train_box(height, width) if self.train else self._val_box(height, width)
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label
+
+    def _train_box(self, height: int, width: int) -> list[int]:
+        """RandomResizedCrop's parameters, and a coin for the horizontal flip."""
+        area = height * width
+        flip = int(torch.rand(1) < 0.5)
+        for _ in range(10):
+            target = area * torch.empty(1).uniform_(*SCALE).item()
+            log_ratio = (math.log(RATIO[0]), math.log(RATIO[1]))
+            aspect = math.exp(torch.empty(1).uniform_(*log_ratio).item())
+            w = round(math.sqrt(target * aspect))
+            h = round(math.sqrt(target / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,)))
+                left = int(torch.randint(0, width - w + 1, (1,)))
+                return [top, left, h, w, flip]
+        side = min(height, width)  # fallback: the central square
+        return [(height - side) // 2, (width - side) // 2, side, side, flip]
+
+    def _val_box(self, height: int, width: int) -> list[int]:
+        """Resize(size * 8/7) then CenterCrop(size), as one crop of the original."""
+        side = max(1, round(min(height, width) * 7 / 8))
+        return [(height - side) // 2, (width - side) // 2, side, side, 0]
+
+
+def collate(batch: list) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    data, boxes, labels = zip(*batch, strict=True)
+    return list(data), torch.stack(boxes), torch.tensor(labels)
+
+
+class Decoder:
+    """A loader batch -> (normalised images, labels) on the device."""
+
+    def __init__(self, device: torch.device, size: int, normalize: Normalize):
+        self.device, self.size, self.normalize = device, size, normalize
+
+    def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
+        data, boxes, labels = batch
+        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        out = torch.empty(len(images), 3, self.size, self.size, device=self.device)
+        for i, (image, (top, left, h, w, flip)) in enumerate(zip(images, boxes.tolist(),
+                                                                strict=True)):
+            crop = image[:, top:top + h, left:left + w].unsqueeze(0).float()
+            crop = F.interpolate(crop, size=(self.size, self.size), mode="bilinear",
+                                 antialias=True, align_corners=False)
+            out[i] = crop[0].flip(-1) if flip else crop[0]
+        labels = labels.to(self.device, non_blocking=True)
+        return self.normalize.standardize(out), labels
