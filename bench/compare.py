@@ -41,9 +41,7 @@ def ours(model: str, gpus: int, steps: int, warmup: int, extra: list[str]) -> di
     window = [e for e in steps_ev if e["global_step"] >= warmup]
     a, b = window[0], window[-1]
     img_s = (b["global_step"] - a["global_step"]) * 256 * gpus / (b["t"] - a["t"])
-    gpu = [e for e in evs if e["kind"] == "gpu" and e.get("util") is not None]
-    return {"img_s": img_s, "first_step_s": steps_ev[0]["t"] - t0,
-            "mean_util": sum(e["util"] for e in gpu[len(gpu) // 2:]) / max(1, len(gpu) // 2)}
+    return {"img_s": img_s, "first_step_s": steps_ev[0]["t"] - t0}
 
 
 def main() -> None:

@@ -1,0 +1,48 @@
+"""ddptui's input pipelines on a JPEG ImageFolder: img/s over the steady part of one epoch (from
+the ranks' step events, after `--warmup` steps), data-wait, and where the limit is.
+
+python bench/pipeline.py /data/jpeg --gpus 0,1 -- --decode gpu --workers 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("root")
+    ap.add_argument("--gpus", default="0,1")
+    ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("rest", nargs=argparse.REMAINDER)
+    args = ap.parse_args()
+    extra = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "run.jsonl")
+        subprocess.run([sys.executable, "-m", "ddptui", "run", "resnet18", "--headless",
+                        "--gpus", args.gpus, "--data", f"imagefolder:{args.root}", "--amp",
+                        "bf16", "--channels-last", "--batch-size", str(args.batch_size),
+                        "--log", log, *extra], check=True, cwd=tmp, capture_output=True)
+        evs = [json.loads(line) for line in open(log)]
+    verdicts = [e for e in evs if e["kind"] == "message" and e.get("autotune")]
+    since = verdicts[0]["t"] + 3 if verdicts else 0.0  # with --autotune: once it has chosen
+    rate, waits = 0.0, []
+    for rank in sorted({e["rank"] for e in evs if e["kind"] == "step"}):
+        steps = [e for e in evs if e["kind"] == "step" and e["rank"] == rank
+                 and e["global_step"] >= args.warmup and e["t"] >= since]
+        a, b = steps[0], steps[-1]
+        rate += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
+        waits += [e["data_wait"] for e in steps[1:]]
+    print(json.dumps({"options": " ".join(extra), "img_s": round(rate),
+                      "data_wait": round(sum(waits) / max(1, len(waits)), 3),
+                      "autotune": verdicts[0]["text"] if verdicts else None}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
