@@ -193,7 +193,7 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     ref = normalize(torch.stack([cpu.val[i][0] for i in range(16)]))
     assert labels.tolist() == [cpu.val[i][1] for i in range(16)]
     assert images.shape == ref.shape == (16, 3, 64, 64)
-    assert (images - ref).abs().mean() < 0.05  # in standard deviations: resampling differences
+    assert (images - ref).abs().mean() < 0.02  # in standard deviations: resampling differences
     boxes = torch.stack([gpu.train[(0, i)][1] for i in range(200)])
     top, left, h, w, flip = boxes.T
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()

@@ -8,10 +8,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
 
 from trainer.prefetch import Normalize
 
@@ -85,11 +85,24 @@ class Decoder:
         data, boxes, labels = batch
         images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         out = torch.empty(len(images), 3, self.size, self.size, device=self.device)
-        for i, (image, (top, left, h, w, flip)) in enumerate(zip(images, boxes.tolist(),
-                                                                strict=True)):
-            crop = image[:, top:top + h, left:left + w].unsqueeze(0).float()
-            crop = F.interpolate(crop, size=(self.size, self.size), mode="bilinear",
-                                 antialias=True, align_corners=False)
-            out[i] = crop[0].flip(-1) if flip else crop[0]
+        # Crop and resize every image of one size in one roi_align call: a loop of small
+        # per-image kernels kept the rank's thread busier than the GPU (measured: 7k img/s).
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for i, image in enumerate(images):
+            by_shape.setdefault(tuple(image.shape[1:]), []).append(i)
+        rois = boxes.to(torch.float32)
+        for index in by_shape.values():
+            stack = torch.stack([images[i] for i in index]).float()
+            top, left, h, w = rois[index, 0], rois[index, 1], rois[index, 2], rois[index, 3]
+            regions = torch.stack([torch.arange(len(index), dtype=torch.float32), left, top,
+                                   left + w, top + h], 1).to(self.device, non_blocking=True)
+            # sampling_ratio -1: as many samples per output pixel as the crop is larger, an
+            # average like antialiased resizing.
+            out[index] = roi_align(stack, regions, (self.size, self.size), aligned=True,
+                                   sampling_ratio=-1)
+        flip = boxes[:, 4].bool()
+        if flip.any():
+            flip = flip.to(self.device, non_blocking=True)
+            out = torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
         labels = labels.to(self.device, non_blocking=True)
         return self.normalize.standardize(out), labels
