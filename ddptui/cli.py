@@ -47,6 +47,9 @@ def build_parser() -> Parser:
                    help="N CPU ranks on gloo (default 2 where there is no GPU)")
     g.add_argument("--headless", action="store_true",
                    help="no dashboard: status lines on stdout (automatic when not a terminal)")
+    g.add_argument("--strategy", choices=("ddp", "dp"), default="ddp",
+                   help="dp: one process driving every chosen GPU with torch.nn.DataParallel "
+                   "(to see the difference DDP makes; --batch-size stays per GPU)")
     g.add_argument("--autotune", action="store_true",
                    help="early in epoch 0, try DataLoader worker counts (and the prefetcher on "
                    "GPUs) for a few seconds each and keep the fastest")
@@ -108,6 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.report:
         raise UsageError("ddptui run shows its own dashboard: --report is for ranks started by "
                          "torchrun or srun (see docs/cluster.md)")
+    if args.strategy == "dp" and not gpus:
+        raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)

@@ -249,6 +249,8 @@ class Supervisor:
         world = self.config.world_size
         init = f"tcp://127.0.0.1:{free_port()}"
         gpus = list(self.config.gpus) if self.config.gpus else [None] * world
+        if self.config.strategy == "dp":  # one process holds every GPU
+            gpus = gpus[:1]
         self._emit("message", level="info", text=f"starting {world} ranks")
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)

@@ -31,6 +31,7 @@ from trainer.config import UsageError
     (["run", "resnet18", "--report", "127.0.0.1:29600"], "--report is for ranks started by"),
     (["run", "resnet18", "--max-restarts", "-1"], "--max-restarts must be 0 or more"),
     (["attach", "--listen", "nohost"], "bad --listen 'nohost': expected HOST:PORT"),
+    (["run", "resnet18", "--strategy", "dp"], "--strategy dp needs GPUs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
     r = ddptui(args, env, tmp_path, timeout=60)

@@ -42,7 +42,9 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     os.close(fd)
     if spec.physical_gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(spec.physical_gpu)
+        dp = spec.config.strategy == "dp"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.gpus)) if dp \
+            else str(spec.physical_gpu)
         # A dead peer is handled by aborting the communicators ourselves (trainer/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"

@@ -76,6 +76,7 @@ class RunConfig:
     cpus: int | None = None
     headless: bool = False
     max_restarts: int = 0
+    strategy: str = "ddp"  # dp: one process, torch.nn.DataParallel across the chosen GPUs
     autotune: bool = False
 
     @property
@@ -92,6 +93,8 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
+        if self.strategy == "dp":
+            return 1
         return len(self.gpus) if self.gpus else (self.cpus or 2)
 
     @property

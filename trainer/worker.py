@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddptui.channel import load_key, parse_address
 from ddptui.telemetry import describe
@@ -112,7 +111,9 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                           lambda text: print(f"rank {rank}: {text}", file=sys.stderr, flush=True))
         me.reporter.sinks.append(link)
         inbox = link.inbox
-    sampler_thread = DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), me.physical_gpu)
+    # DataParallel drives every chosen GPU from this one process: a sampler for each of them.
+    gpus = list(config.gpus) if config.strategy == "dp" and use_cuda else [me.physical_gpu]
+    samplers = [DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), g) for g in gpus]
     code = 1
     try:
         control_group = None
@@ -128,7 +129,8 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                                  epochs=config.epochs, world_size=world_size,
                                  device_kind=device.type, batch_size=config.batch_size)
         if config.telemetry_hz > 0:
-            sampler_thread.start()
+            for sampler_thread in samplers:
+                sampler_thread.start()
         train(config, me, inbox, control_group, supervised)
         code = 0
     except (UsageError, DataError) as e:
@@ -141,7 +143,8 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
         traceback.print_exc()
         me.reporter.emit("message", level="error", text=f"{type(e).__name__}: {_one_line(e)}")
     finally:
-        sampler_thread.stop()
+        for sampler_thread in samplers:
+            sampler_thread.stop()
         if dist.is_initialized():
             world.dismantle()
         if link is not None:  # no supervisor says how this rank ended: it says so itself
@@ -280,6 +283,9 @@ class Loaders:
 
 def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -> None:
     """Build everything, enter the world (a standby waits to join), then run epochs."""
+    if config.strategy == "dp" and me.device.type == "cuda":
+        # DataParallel splits each batch across the GPUs: --batch-size stays per GPU.
+        config = config.replace(batch_size=config.batch_size * torch.cuda.device_count())
     configure_torch(config, me)
     bundle = build_datasets(config, progress=me.say)
     model = build_model(config.model, bundle.num_classes, bundle.in_channels,
@@ -322,7 +328,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
             if not world.join(p):
                 return
         else:
-            p.ddp = world.wrap(model, me)
+            p.ddp = world.wrap(model, me, config.strategy)
             p.control = Control(p.mailbox, me.rank, control_group)
             params, steps = count_parameters(model), total_steps // config.epochs
             me.say(f"{config.model}: {params / 1e6:.1f}M parameters, {bundle.num_classes} "
@@ -444,7 +450,7 @@ class Parts:
     config: RunConfig
     me: Rank
     model: torch.nn.Module
-    ddp: DDP | None  # None while out of a world (a standby, or between two worlds)
+    ddp: torch.nn.Module | None  # DDP (DataParallel with --strategy dp); None out of a world
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler

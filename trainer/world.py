@@ -34,8 +34,11 @@ def form(me: Rank, init_method: str):
     return dist.new_group(backend="gloo")
 
 
-def wrap(model: torch.nn.Module, me: Rank) -> DDP:
-    """DDP over the current world (its construction broadcasts rank 0's parameters)."""
+def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp") -> torch.nn.Module:
+    """DDP over the current world (its construction broadcasts rank 0's parameters), or
+    DataParallel over this process's GPUs for --strategy dp."""
+    if strategy == "dp" and me.device.type == "cuda":
+        return torch.nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
     return DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
                gradient_as_bucket_view=True)
 
@@ -116,7 +119,7 @@ def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -
     p.sampler.set_world(p.me.rank, p.me.world_size)
     if p.config.lr_scaling == "linear" and old_world != p.me.world_size:
         rescale_lr(p, p.me.world_size / old_world)
-    p.ddp = wrap(p.model, p.me)
+    p.ddp = wrap(p.model, p.me, p.config.strategy)
     p.control = Control(p.mailbox, p.me.rank, group)
     p.loaders.reshard()
     p.me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(p.me.device),
