@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--extra", nargs="*", default=[], help="more ddptui run options")
+    ap.add_argument("--extra", default="", help='more ddptui run options, one string: '
+                    '--extra="--strategy dp"')
     args = ap.parse_args()
     rows = []
     print("| model | GPUs | plain img/s | ddptui img/s | ratio | first step plain / ddptui (s) |")
@@ -59,7 +61,7 @@ def main() -> None:
     for model in args.models:
         for gpus in args.gpus:
             p = plain(model, gpus, args.steps, args.warmup)
-            o = ours(model, gpus, args.steps, args.warmup, args.extra)
+            o = ours(model, gpus, args.steps, args.warmup, shlex.split(args.extra))
             row = {"model": model, "gpus": gpus, "plain": p, "ddptui": o,
                    "ratio": o["img_s"] / p["img_s"]}
             rows.append(row)
