@@ -340,6 +340,9 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
                                  status="applied")
             if me.device.type != "cuda" and state.settings["prefetch"]:
                 me.say("prefetcher needs CUDA: CPU ranks load batches directly")
+            if config.strategy == "dp":
+                me.say("--strategy dp: cudnn.benchmark is off (DataParallel's per-step threads "
+                       "would autotune again every step)")
             if me.device.type != "cuda" and config.decode == "gpu":
                 me.say("--decode gpu on CPU ranks: JPEGs are decoded in the rank process")
         if run_epochs(p):
