@@ -132,12 +132,14 @@ def test_crash_rolls_back_to_exactly_the_uninterrupted_state(tmp_path, env):
 @pytest.mark.timeout(180)
 def test_stop_rank_0_then_the_last_rank_is_refused(tmp_path):
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2), str(log))
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--lr-scaling", "linear", cpus=2),
+                     str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
     sup.stop_rank(0)
     _wait(lambda: _worlds(log), "the world of 1")
     assert _worlds(log)[0]["ranks"] == [1] and _worlds(log)[0]["rank"] == 1  # the new rank 0
+    assert _worlds(log)[0]["base_lr"] == pytest.approx(0.05 * 1)  # linear scaling: 0.05 x world
     step = _worlds(log)[0]["global_step"]
     _wait(lambda: any(e["rank"] == 1 and e["global_step"] > step + 8
                       for e in events(log, "step")), "steps on the world of 1")

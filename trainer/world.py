@@ -128,7 +128,8 @@ def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -
         p.mailbox.requeue(leftover)
         p.me.reporter.emit("world", size=p.me.world_size, ranks=order["members"],
                            generation=order.get("gen"), epoch=p.sampler.epoch,
-                           step=p.sampler.steps_done, global_step=p.state.global_step)
+                           step=p.sampler.steps_done, global_step=p.state.global_step,
+                           base_lr=p.scheduler.base_lrs[0])
     if p.snapshots is not None:
         p.snapshots.take(p.state.global_step, host_state(p), agreed=True)
 
