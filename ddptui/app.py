@@ -172,7 +172,7 @@ class DashboardApp(App[int]):
     def action_stop_rank(self) -> None:
         if not self._can_steer():
             return
-        if not getattr(self.source, "owns_ranks", True):  # attach: it says who to ask instead
+        if not self.source.owns_ranks:  # attach: it says who to ask instead
             self.source.stop_rank(self.selected_rank)
             return
         rank = self._selected()
@@ -188,7 +188,7 @@ class DashboardApp(App[int]):
     def action_restart_rank(self) -> None:
         if not self._can_steer():
             return
-        if not getattr(self.source, "owns_ranks", True):
+        if not self.source.owns_ranks:
             self.source.restart_rank(self.selected_rank)
             return
         rank = self._selected()
@@ -226,8 +226,7 @@ class DashboardApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        if self.source.done.is_set() or not self.live or not getattr(self.source, "owns_ranks",
-                                                                     True):
+        if self.source.done.is_set() or not self.live or not self.source.owns_ranks:
             # Nothing of ours to stop: a replay, a finished run, or an attach (which detaches).
             self.source.stop()
             self._close(self.source.exit_code)

@@ -47,7 +47,7 @@ class Autotuner:
             if not self.phase_end:
                 self.phase_end = now + WARMUP_S
                 self.sup.say(f"autotune: {len(self.trials)} trials of the input pipeline "
-                                   f"(~{(SETTLE_S + MEASURE_S) * len(self.trials):.0f} s)")
+                             f"(~{(SETTLE_S + MEASURE_S) * len(self.trials):.0f} s)")
             elif now >= self.phase_end:
                 self._next(now)
             return
@@ -63,7 +63,7 @@ class Autotuner:
             rate = sum(self.samples) / max(1, len(self.samples))
             self.results.append((self.trials[self.index], rate))
             self.sup.say(f"autotune trial {self.index + 1}/{len(self.trials)}: "
-                               f"{describe_settings(self.trials[self.index])}: {rate:,.0f} img/s")
+                         f"{describe_settings(self.trials[self.index])}: {rate:,.0f} img/s")
             self._next(now)
 
     def _next(self, now: float) -> None:

@@ -176,12 +176,12 @@ def _stop_on_signals(stop) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from ddptui.channel import NoKey, load_key, parse_address
+    from ddptui.channel import load_key, parse_address
 
     try:
         address = parse_address(args.listen, "--listen")
         key, source = load_key(create=True)
-    except (ValueError, NoKey) as e:  # noqa: B014 (NoKey is a ValueError; named for the reader)
+    except ValueError as e:  # a bad address, or NoKey
         raise UsageError(str(e)) from None
     log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
     from trainer.config import check_writable_dir

@@ -15,6 +15,7 @@ class Replay:
     """Feeds a JSONL log's events into `state` in a thread, at `speed` x the recorded pace."""
 
     live = False  # no ranks to steer: the dashboard hides the control keys
+    owns_ranks = False
 
     def __init__(self, path: str, speed: float = 1.0, events: list[dict] | None = None):
         self.log_path = path

@@ -95,7 +95,6 @@ class RunState:
         self.ranks: dict[int, RankView] = {}
         self.devices: dict[str, DeviceView] = {}
         self.epochs: dict[tuple[int, int], EpochRow] = {}  # (epoch, first step) -> row
-        self.members: list[int] = []
         self.settings: dict = {}
         self.pending: dict = {}
         self.best_val_acc: float | None = None
@@ -202,10 +201,9 @@ class RunState:
 
     def _on_world(self, ev: dict, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
-        self.members = list(ev.get("ranks") or [])
         if ev.get("generation"):  # a change (generation 0 is the launch)
             where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
-            self._line(t, "info", f"world: {ev.get('size')} ranks {self.members}{where}")
+            self._line(t, "info", f"world: {ev.get('size')} ranks {ev.get('ranks')}{where}")
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:
         status = ev.get("status")
@@ -261,7 +259,6 @@ class RunState:
                 "epochs": done_epochs,
                 "settings": dict(self.settings),
                 "pending": dict(self.pending),
-                "members": list(self.members),
                 "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0,
                 "loss_history": list(self.loss_history),
                 "throughput_history": list(self.throughput_history),

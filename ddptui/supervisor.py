@@ -241,7 +241,7 @@ class Supervisor:
         def progress(done: int, total: int) -> None:
             if time.time() - last[0] > 0.5 or done == total:
                 last[0] = time.time()
-                self._emit("message", level="info", text=f"generating shapes dataset {done}/{total}")
+                self.say(f"generating shapes dataset {done}/{total}")
 
         ensure_shapes(progress)
 
@@ -251,7 +251,7 @@ class Supervisor:
         gpus = list(self.config.gpus) if self.config.gpus else [None] * world
         if self.config.strategy == "dp":  # one process holds every GPU
             gpus = gpus[:1]
-        self._emit("message", level="info", text=f"starting {world} ranks")
+        self.say(f"starting {world} ranks")
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)
         self.members = list(range(world))
@@ -379,8 +379,8 @@ class Supervisor:
         if self._restarts < self.config.max_restarts:
             self._restarts += 1
             self._wanted.add(r.slot)
-            self._emit("message", level="info", text=f"restarting rank {r.slot} "
-                       f"({self._restarts} of --max-restarts {self.config.max_restarts})")
+            self.say(f"restarting rank {r.slot} ({self._restarts} of --max-restarts "
+                     f"{self.config.max_restarts})")
         self._bring_up_standby(r.slot)
 
     def _order(self, op: str, members: list[int], **extra) -> dict:
@@ -430,22 +430,27 @@ class Supervisor:
             return
         if self._world_change is not None:  # one change at a time: this one waits its turn
             self._deferred.append((op, slot))
-            return
+        elif op == "restart_rank":
+            self._restart(slot)
+        else:
+            self._leave(slot)
+
+    def _restart(self, slot: int) -> None:
+        """The slot joins from its warm standby: now if it is ready, else once it is; a running
+        rank leaves first."""
         running = slot in self.members
-        if op == "restart_rank":
-            r = self.slots[slot]
-            if not running and r.state not in FINAL and r.state != RankState.STANDBY \
-                    and not r.standby:
-                return
-            self._wanted.add(slot)
-            self._emit("message", level="info", text=f"restarting rank {slot}: it joins again "
-                       "from a warm standby" + (" after leaving" if running else ""))
-            if not running:
-                if r.process.exitcode is not None:
-                    self._bring_up_standby(slot)
-                self._next_change()
-                return
-        if not running:
+        self._wanted.add(slot)
+        self.say(f"restarting rank {slot}: it joins again from a warm standby"
+                 + (" after leaving" if running else ""))
+        if running:
+            self._leave(slot)
+            return
+        if self.slots[slot].process.exitcode is not None:  # its standby died too
+            self._bring_up_standby(slot)
+        self._next_change()
+
+    def _leave(self, slot: int) -> None:
+        if slot not in self.members:
             self._emit("message", level="warning", text=f"rank {slot} is not running")
         elif len(self.members) == 1:
             self._wanted.discard(slot)
@@ -456,8 +461,8 @@ class Supervisor:
             order = self._order("reform", [s for s in self.members if s != slot])
             self._leaving.add(slot)
             self._send(order, leader)
-            self._emit("message", level="info", text=f"stopping rank {slot}: it leaves at the "
-                       f"next agreed step, the other {len(self.members)} go on")
+            self.say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
+                     f"{len(self.members)} go on")
 
     def _next_change(self) -> None:
         """After a world change: the next asked-for stop/restart, or a wanted rank's join."""
@@ -511,8 +516,8 @@ class Supervisor:
             self._end_all()
             return
         self._stop_requested = (status, code)
-        self._emit("message", level="info", text="stopping: ranks finish their step"
-                   + (" and checkpoint" if self.config.checkpoint_dir else ""))
+        self.say("stopping: ranks finish their step"
+                 + (" and checkpoint" if self.config.checkpoint_dir else ""))
         for r in self.slots.values():  # standbys hold no state worth waiting for
             if r.slot not in self.members and r.process.exitcode is None:
                 r.state = RankState.STOPPED

@@ -20,7 +20,7 @@ from torchvision import datasets, transforms
 from trainer.config import RunConfig, UsageError, importable_from_cwd
 from trainer.gpudecode import JpegFiles, collate
 from trainer.lifeline import die_with_parent
-from trainer.sampler import ShardedBatchSampler, shard_indices
+from trainer.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.shapes import ensure_shapes
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
@@ -63,7 +63,7 @@ class KeyedDataset(Dataset):
             raise DataError(f"corrupt or unreadable sample {_describe(self.base, index)}: {why}") \
                 from None
         if self.seed is not None:
-            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            seed_sample(self.seed, epoch, index)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(label)

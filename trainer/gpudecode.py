@@ -14,6 +14,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
 from trainer.prefetch import Normalize
+from trainer.sampler import seed_sample
 
 SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCrop
 
@@ -29,7 +30,7 @@ class JpegFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, key):
-        from trainer.data import DataError
+        from trainer.data import DataError  # data.py imports this module
 
         epoch, index = key if isinstance(key, tuple) else (0, key)
         path, label = self.samples[index]
@@ -43,7 +44,7 @@ class JpegFiles(Dataset):
         except OSError as e:
             raise DataError(f"corrupt or unreadable sample {path}: {e}") from None
         if self.seed is not None:
-            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            seed_sample(self.seed, epoch, index)
         box = self._train_box(height, width) if self.train else self._val_box(height, width)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label
 

@@ -73,6 +73,12 @@ class ShardedBatchSampler:
         return torch.randperm(self.num_samples, generator=g)
 
 
+def seed_sample(seed: int, epoch: int, index: int) -> None:
+    """Seed torch's RNG for one sample's augmentation: the same crop whatever worker, world
+    size or resume point produced it (--deterministic)."""
+    torch.manual_seed((seed * 1_000_003 + epoch) * 10_000_019 + index)
+
+
 def shard_indices(num_samples: int, rank: int, world_size: int) -> list[int]:
     """Validation shard: every sample exactly once across ranks, no padding."""
     return list(range(rank, num_samples, world_size))

@@ -49,6 +49,7 @@ class Snapshots:
         self.live = tensors
         self.cuda = cuda
         self.points = [Point([torch.empty_like(t) for t in tensors]) for _ in range(2)]
+        self.newest = self.points[0]  # read every step: kept, not searched for
         self.lock = threading.Lock()
         self.lost = False
 
@@ -65,14 +66,14 @@ class Snapshots:
         torch._foreach_copy_(older.tensors, self.live)
         older.step, older.host, older.event = step, host, None
         older.confirmed = agreed or not self.cuda
+        self.newest = older
 
     def step_done(self, step: int) -> None:
         """After each step: the step after the newest point gets the event that confirms it."""
-        if self.cuda:
-            newest = max(self.points, key=lambda pt: pt.step)
-            if newest.step == step - 1 and newest.event is None:
-                newest.event = torch.cuda.Event()
-                newest.event.record()
+        newest = self.newest
+        if self.cuda and newest.step == step - 1 and newest.event is None:
+            newest.event = torch.cuda.Event()
+            newest.event.record()
 
     def mark_lost(self) -> None:
         """Called when the world is known to be broken, before its communicators are aborted."""
@@ -93,6 +94,7 @@ class Snapshots:
             if other.step > step:  # a timeline that was abandoned
                 other.step, other.event, other.confirmed = -1, None, False
         pt.confirmed = True
+        self.newest = pt
         with self.lock:
             self.lost = False
         return pt.host

@@ -61,6 +61,11 @@ class Rank:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def announce(self, state: str, **fields) -> None:
+        """A `rank` event about this process: where it runs and what state it is in."""
+        self.reporter.emit("rank", state=state, pid=os.getpid(), device=str(self.device),
+                           gpu=self.physical_gpu, host=os.uname().nodename, **fields)
+
     def say(self, text: str, level: str = "info", **fields) -> None:
         """Progress for the user: rank 0 reports it; warnings come from every rank."""
         if self.is_main or level != "info":
@@ -121,8 +126,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
             control_group = world.form(me, init_method)
             if not supervised:
                 inbox = _agree_on_control(me, inbox, control_group)
-            me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(device),
-                             gpu=me.physical_gpu, host=os.uname().nodename)
+            me.announce("running")
             me.say(f"process group ready: {world_size} ranks on {dist.get_backend()}")
             if link is not None and me.is_main:
                 me.reporter.emit("run", status="started", model=config.model, data=config.data,
@@ -148,8 +152,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
         if dist.is_initialized():
             world.dismantle()
         if link is not None:  # no supervisor says how this rank ended: it says so itself
-            me.reporter.emit("rank", state="done" if code == 0 else "crashed", exit_code=code,
-                             pid=os.getpid())
+            me.announce("done" if code == 0 else "crashed", exit_code=code)
             if me.is_main:
                 me.reporter.emit("run", status="done" if code == 0 else "failed", exit_code=code)
         me.reporter.close()
@@ -245,17 +248,18 @@ class Loaders:
         self.workers = settings["workers"]
         cuda = self.me.device.type == "cuda"
         self.train = build_train_loader(self.bundle, self.sampler, self.workers, cuda)
-        self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
-                                    self.me.world_size, self.workers, cuda)
+        self.val = self._val_loader()
 
     def reshard(self) -> None:
         """After a world change: the validation shard follows the new rank and world size (the
         training batches follow the sampler already)."""
         if self.val is not None:
             self.close(train=False)
-            self.val = build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
-                                        self.me.world_size, self.workers,
-                                        self.me.device.type == "cuda")
+            self.val = self._val_loader()
+
+    def _val_loader(self):
+        return build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
+                                self.me.world_size, self.workers, self.me.device.type == "cuda")
 
     def start_workers(self) -> None:
         """A standby starts its workers ahead of the join (what it loads now is thrown away)."""
@@ -323,8 +327,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
     try:
         if me.standby:
             warm_up(p)
-            me.reporter.emit("rank", state="standby", pid=os.getpid(), device=str(me.device),
-                             gpu=me.physical_gpu, host=os.uname().nodename)
+            me.announce("standby")
             if not world.join(p):
                 return
         else:
@@ -404,10 +407,9 @@ def run_epochs(p: Parts) -> bool:
 def await_recover(p: Parts, error: Exception) -> dict:
     """A collective failed: if a peer died, the supervisor's recover order arrives; otherwise
     (or without a supervisor) the error is ours and is raised again."""
-    lost_peer = isinstance(error, (WorldLost, dist.DistError)) or p.mailbox is not None \
-        and p.mailbox.has_urgent
-    if p.mailbox is None or p.snapshots is None or not lost_peer \
-            and not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
+    # Collective failures (DistError, WorldLost) are RuntimeErrors; an OOM is this rank's own.
+    if p.snapshots is None or isinstance(error, torch.OutOfMemoryError) or \
+            not (isinstance(error, RuntimeError) or p.mailbox.has_urgent):
         raise error
     order = p.mailbox.wait_urgent(RECOVER_WAIT_S)
     if order is None or order.get("op") != "recover":
@@ -440,8 +442,8 @@ def run_segment(p: Parts) -> str:
     if order:
         p.state.changed_at = time.time()
         if not world.reform(p, order):
-            p.me.reporter.emit("rank", state="stopped", pid=os.getpid(), gpu=p.me.physical_gpu,
-                               reason=f"left the world at global step {p.state.global_step}")
+            p.me.announce("stopped",
+                          reason=f"left the world at global step {p.state.global_step}")
             return "left"
     return "next"
 

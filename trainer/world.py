@@ -7,7 +7,6 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 from __future__ import annotations
 
 import gc
-import os
 import time
 from typing import TYPE_CHECKING
 
@@ -67,14 +66,11 @@ def reform(p: Parts, order: dict) -> bool:
     old_world = p.me.world_size
     p.ddp = p.control = None
     dismantle()
-    members = order["members"]
-    if p.me.slot not in members:
+    if p.me.slot not in order["members"]:
         return False
-    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    group = form(p.me, order["init"])
-    joiner = order.get("joiner")
-    if joiner is not None:
-        share_state(p, src=members.index(next(s for s in members if s != joiner)))
+    group = enter(p, order)
+    if order.get("joiner") is not None:
+        share_state(p, order)
     settle(p, group, old_world, leftover, order)
     return True
 
@@ -85,12 +81,8 @@ def join(p: Parts) -> bool:
     if order is None or order.get("op") != "join":
         return False
     p.state.changed_at = time.time()
-    members = order["members"]
-    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    group = form(p.me, order["init"])
-    src = members.index(next(s for s in members if s != p.me.slot))
-    old_world = share_state(p, src)
-    settle(p, group, old_world, [], order)
+    group = enter(p, order)
+    settle(p, group, share_state(p, order), [], order)
     return True
 
 
@@ -100,9 +92,7 @@ def recover(p: Parts, order: dict) -> int:
     p.ddp = p.control = None
     dismantle()
     old_world = p.me.world_size
-    members = order["members"]
-    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    group = form(p.me, order["init"])
+    group = enter(p, order)
     summaries: list = [None] * p.me.world_size
     dist.all_gather_object(summaries, p.snapshots.summary())
     target = agree(summaries)
@@ -114,6 +104,13 @@ def recover(p: Parts, order: dict) -> int:
     return redone
 
 
+def enter(p: Parts, order: dict):
+    """Take this rank's place in the order's world and form it; returns the control group."""
+    members = order["members"]
+    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
+    return form(p.me, order["init"])
+
+
 def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:
     """Everything that follows a new world: shards, lr, DDP, control, a fresh rollback point."""
     p.sampler.set_world(p.me.rank, p.me.world_size)
@@ -122,8 +119,7 @@ def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -
     p.ddp = wrap(p.model, p.me, p.config.strategy)
     p.control = Control(p.mailbox, p.me.rank, group)
     p.loaders.reshard()
-    p.me.reporter.emit("rank", state="running", pid=os.getpid(), device=str(p.me.device),
-                       gpu=p.me.physical_gpu, host=os.uname().nodename, world_rank=p.me.rank)
+    p.me.announce("running", world_rank=p.me.rank)
     if p.me.is_main:
         p.mailbox.requeue(leftover)
         p.me.reporter.emit("world", size=p.me.world_size, ranks=order["members"],
@@ -157,9 +153,11 @@ def load_host_state(p: Parts, host: dict) -> None:
         g["lr"], g["initial_lr"] = lr, initial
 
 
-def share_state(p: Parts, src: int) -> int:
-    """Rank `src` sends its whole training state; returns the world size it was trained under
-    (the lr in that state is scaled for it)."""
+def share_state(p: Parts, order: dict) -> int:
+    """The first member that is not the joiner sends its whole training state; returns the
+    world size it was trained under (the lr in that state is scaled for it)."""
+    members = order["members"]
+    src = members.index(next(s for s in members if s != order["joiner"]))
     sending = p.me.rank == src
     box = [None]
     if sending:
