@@ -181,3 +181,36 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
     assert any("world: 1 ranks [0]" in t for t in lines)
     assert any("world: 2 ranks [0, 1]" in t for t in lines)
     assert_gone(pids)
+
+
+async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
+    """Under attach two nodes each report GPU 0 and 1; labels, power and a throughput that
+    grows from "-" to five digits must not be cut."""
+    t = 1795391977.0
+    events = [{"t": t, "kind": "run", "rank": -1, "status": "started", "model": "resnet18",
+               "data": "synthetic", "epochs": 1, "world_size": 4, "device_kind": "cuda"}]
+    steps = []
+    for rank in range(4):
+        node, gpu = f"node-{'ab'[rank // 2]}/{rank // 2}", rank % 2
+        events += [
+            {"t": t + 1, "kind": "rank", "rank": rank, "state": "running", "pid": 100 + rank,
+             "device": "cuda:0", "gpu": gpu, "host": node, "node": node},
+            {"t": t + 2, "kind": "gpu", "rank": rank, "gpu": gpu, "node": node, "util": 97.0,
+             "mem_used": 6000, "mem_total": 143771, "power_w": 654.0 + rank, "temp_c": 55.0},
+        ]
+        steps.append({"t": t + 3, "kind": "step", "rank": rank, "epoch": 0, "step": 9,
+                      "global_step": 9, "loss": 0.0008, "samples_per_s": 12937.0 + rank,
+                      "step_ms": 19.8, "data_wait": 0.0})
+    app = DashboardApp(Replay("two-nodes.jsonl", speed=0, events=events))
+    async with app.run_test(size=(160, 40)) as pilot:
+        await _settle(app, pilot)  # the rows are drawn before any step ("-")
+        for ev in steps:
+            app.source.state.apply(ev)
+        app.refresh_view()
+        await pilot.pause()
+        svg = app.export_screenshot().replace("&#160;", " ")
+    for node in ("node-a/0", "node-b/1"):
+        for gpu in (0, 1):
+            assert f"{node} GPU {gpu}" in svg
+    assert "654W 55C" in svg and "657W 55C" in svg
+    assert "12,937" in svg and "12,940" in svg and "0.0008" in svg

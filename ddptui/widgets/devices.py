@@ -20,23 +20,26 @@ class DevicePanel(Static):
         v = self.view
         if not v or not v["devices"]:
             return Text("waiting for the first device reading…", style="dim")
-        width = max(5, self.size.width - 26)
+        # As wide as the longest label: "650W 55C" under a GPU, "node/0 GPU 1" under attach.
+        label_width = max([7] + [len(_label(d)) for d in v["devices"]] +
+                          [len(_power(d)) for d in v["devices"] if d.util is not None])
+        width = max(5, self.size.width - label_width - 19)
         table = Table.grid(padding=(0, 1))
-        table.add_column(width=7, no_wrap=True)
+        table.add_column(width=label_width, no_wrap=True)
         table.add_column(width=4, no_wrap=True)
         table.add_column(width=width, no_wrap=True)
         table.add_column(no_wrap=True)
         for d in v["devices"]:
             if d.util is not None:
                 mem = 100 * d.mem_used / d.mem_total if d.mem_total else None
-                table.add_row(Text(d.key.replace("gpu", "GPU "), style="bold"), "util",
+                table.add_row(Text(_label(d), style="bold"), "util",
                               bar(d.util, width), f"{d.util:3.0f}%")
-                table.add_row(Text(f"{d.power_w or 0:.0f}W {d.temp_c or 0:.0f}C", style="dim"),
+                table.add_row(Text(_power(d), style="dim"),
                               "mem", bar(mem, width, "magenta"),
                               f"{mib(d.mem_used)}/{mib(d.mem_total)}")
             else:
                 cpu = d.cpu_percent or 0.0
-                table.add_row(Text(f"rank {d.rank}", style="bold"), "cpu",
+                table.add_row(Text(_label(d), style="bold"), "cpu",
                               bar(min(cpu, 100), width), f"{cpu:3.0f}%")
                 table.add_row("", "rss", Text(""), mib(d.rss))
         host = v.get("host") or {}
@@ -47,3 +50,11 @@ class DevicePanel(Static):
                           bar(host.get("mem_percent"), width, "magenta"),
                           f"{mib(host.get('mem_used'))}/{mib(host.get('mem_total'))}")
         return table
+
+
+def _label(d) -> str:
+    return d.key.replace("gpu", "GPU ") if d.util is not None else f"rank {d.rank}"
+
+
+def _power(d) -> str:
+    return f"{d.power_w or 0:.0f}W {d.temp_c or 0:.0f}C"

@@ -43,7 +43,8 @@ class RankTable(DataTable):
             key = str(r.rank)
             if key in self.rows:
                 for column, value in zip(self.COLUMNS, cells, strict=True):
-                    self.update_cell(key, column, value)
+                    # Widen as values grow ("-" at the first row, "12,937" later).
+                    self.update_cell(key, column, value, update_width=True)
             else:
                 self.add_row(*cells, key=key)
         index = next((i for i, r in enumerate(view["ranks"]) if r.rank == selected), 0)
