@@ -25,10 +25,13 @@ def main() -> None:
     extra = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "run.jsonl")
-        subprocess.run([sys.executable, "-m", "ddptui", "run", "resnet18", "--headless",
-                        "--gpus", args.gpus, "--data", f"imagefolder:{args.root}", "--amp",
-                        "bf16", "--channels-last", "--batch-size", str(args.batch_size),
-                        "--log", log, *extra], check=True, cwd=tmp, capture_output=True)
+        run = subprocess.run([sys.executable, "-m", "ddptui", "run", "resnet18", "--headless",
+                              "--gpus", args.gpus, "--data", f"imagefolder:{args.root}",
+                              "--amp", "bf16", "--channels-last", "--batch-size",
+                              str(args.batch_size), "--log", log, *extra],
+                             cwd=tmp, capture_output=True, text=True)
+        if not os.path.exists(log) or not any('"kind":"step"' in line for line in open(log)):
+            sys.exit(f"{' '.join(extra)}: no steps\n{run.stdout[-1500:]}{run.stderr[-1500:]}")
         evs = [json.loads(line) for line in open(log)]
     verdicts = [e for e in evs if e["kind"] == "message" and e.get("autotune")]
     since = verdicts[0]["t"] + 3 if verdicts else 0.0  # with --autotune: once it has chosen

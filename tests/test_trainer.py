@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 
+import pytest
 import torch
 from PIL import Image
 
@@ -82,19 +83,40 @@ def test_synthetic_data_runs_compute_only(env, tmp_path):
     assert [e["steps"] for e in events(log, "epoch")] == [3, 3]
 
 
-def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path):
+def _jpeg_folder(root, per_class: int = 8) -> None:
     for cls in ("a", "b"):
-        (tmp_path / "imgs" / cls).mkdir(parents=True)
-        for i in range(8):
-            Image.new("RGB", (40, 40), (i * 30, 0, 0)).save(tmp_path / "imgs" / cls / f"{i}.jpg")
+        (root / cls).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (40, 40), (i * 30, 0, 0)).save(root / cls / f"{i}.jpg")
+
+
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path, decode):
+    """With --decode gpu the sample is read on the prefetching thread: its error still ends
+    the run as bad input."""
+    _jpeg_folder(tmp_path / "imgs")
     bad = tmp_path / "imgs" / "a" / "3.jpg"
     bad.write_bytes(b"\xff\xd8 this is not a jpeg")
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
                 f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
-                "--epochs", "1"], env, ROOT)
+                "--decode", decode, "--epochs", "1"], env, ROOT)
     assert r.returncode == 2, r.stdout + r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "corrupt or unreadable sample" in line and str(bad) in line
+
+
+def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path):
+    """The prefetching thread ends with each epoch; the persistent workers it read from must
+    not end with it (they die with the thread that forked them)."""
+    _jpeg_folder(tmp_path / "imgs", per_class=16)
+    log = tmp_path / "run.jsonl"
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
+                f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
+                "--decode", "gpu", "--epochs", "3", "--log", str(log)], env, ROOT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    done = [(e["rank"], e["epoch"]) for e in events(log, "epoch")]
+    assert sorted(done) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    assert {e["settings"]["prefetch"] for e in events(log, "epoch")} == {True}
 
 
 def _final_state(directory):

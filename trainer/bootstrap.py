@@ -1,5 +1,6 @@
 """The first code a rank spawned by ddptui runs: it ties the rank's life to the parent, pins its
-GPU and silences the terminal, all before torch is imported; then it hands over to worker.main.
+GPU, silences the terminal and starts its workers' fork server, all before torch is imported;
+then it forms the world on a thread while the rest imports, and hands over to worker.main.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from ddptui.telemetry import event
 from trainer.config import RunConfig
 from trainer.lifeline import die_with_parent, watch_parent
+from trainer.startup import start_worker_server
 
 
 @dataclass(frozen=True)
@@ -48,12 +50,22 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         # A dead peer is handled by aborting the communicators ourselves (trainer/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        if spec.config.data_kind != "synthetic" and spec.config.resolved_workers(spec.world_size):
+            start_worker_server()
     if spec.rank == 0 and not spec.standby:
         channel.send(event("message", 0, level="info", text="importing torch"))
+    import torch
+
+    from trainer import world
+
+    forming = None
+    if not spec.standby:  # the rest of the imports overlap forming the world
+        device = torch.device("cuda", 0) if spec.physical_gpu is not None else torch.device("cpu")
+        forming = world.Forming(spec.rank, spec.world_size, device, spec.init_method)
     from trainer.worker import main
 
     code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
                 channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu, slot=spec.slot,
-                standby=spec.standby)
+                standby=spec.standby, forming=forming)
     sys.stdout.flush()
     sys.exit(code)

@@ -7,7 +7,6 @@ Image sets yield uint8 CHW tensors (normalisation happens on the device, see pre
 from __future__ import annotations
 
 import importlib
-import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from trainer.gpudecode import JpegFiles, collate
 from trainer.lifeline import die_with_parent
 from trainer.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.shapes import ensure_shapes
+from trainer.startup import worker_context
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
@@ -184,17 +184,6 @@ def load_callable(spec: str, what: str) -> Callable:
     if not callable(fn):
         raise UsageError(f"{what} {spec}: {module_name} has no function {attr}")
     return fn
-
-
-def worker_context(cuda: bool):
-    """How DataLoader workers start. A rank holding a CUDA context and NCCL maps so much memory
-    that each fork() takes seconds (measured on H200: ~5 s a worker, one after another), so CUDA
-    ranks start workers from a clean fork server that has torch preloaded; CPU ranks fork."""
-    if not cuda:
-        return None
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torchvision", "trainer.data"])
-    return ctx
 
 
 def build_train_loader(bundle: DataBundle, sampler: ShardedBatchSampler, workers: int,

@@ -6,6 +6,7 @@ ranks started by torchrun or srun. Everything is built by plain functions from o
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -34,7 +35,7 @@ from trainer.data import (
 from trainer.gpu import DeviceSampler
 from trainer.gpudecode import Decoder
 from trainer.models import build_model, count_parameters
-from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches
+from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
 from trainer.remote import RemoteLink, node_name
 from trainer.reporter import Reporter, StepMeter
 from trainer.sampler import ShardedBatchSampler
@@ -94,10 +95,12 @@ class State:
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
          init_method: str = "env://", channel=None, inbox=None, physical_gpu: int | None = None,
-         echo: bool = False, slot: int | None = None, standby: bool = False) -> int:
+         echo: bool = False, slot: int | None = None, standby: bool = False,
+         forming: world.Forming | None = None) -> int:
     """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input).
 
-    A standby builds everything, warms up and waits for the supervisor to let it join."""
+    A standby builds everything, warms up and waits for the supervisor to let it join.
+    `forming`: the process group already being formed (on cuda:0 or the CPU)."""
     use_cuda = torch.cuda.is_available() and config.cpus is None
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", 0 if physical_gpu is not None else local) if use_cuda else \
@@ -123,7 +126,12 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     try:
         control_group = None
         if not standby:
-            control_group = world.form(me, init_method)
+            if forming is None:
+                control_group = world.form(rank, world_size, device, init_method)
+            else:
+                control_group = forming.result()
+                if use_cuda:
+                    torch.cuda.set_device(device)  # form() set it on its own thread only
             if not supervised:
                 inbox = _agree_on_control(me, inbox, control_group)
             me.announce("running")
@@ -271,6 +279,8 @@ class Loaders:
             return iter(SyntheticBatches(self.sampler, self.config.batch_size,
                                          self.config.resolved_image_size, self.bundle.num_classes,
                                          self.me.device, self.config.channels_last))
+        if prefetch and self.config.decode == "gpu":
+            return threaded_batches(self.train, self.me.device, self.prepare)
         if prefetch and self.me.device.type == "cuda":
             return prefetched_batches(self.train, self.me.device, self.prepare)
         return plain_batches(self.train, self.prepare)
@@ -292,8 +302,10 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
         config = config.replace(batch_size=config.batch_size * torch.cuda.device_count())
     configure_torch(config, me)
     bundle = build_datasets(config, progress=me.say)
-    model = build_model(config.model, bundle.num_classes, bundle.in_channels,
-                        config.resolved_image_size).to(me.device)
+    with me.device:  # initialised where it trains: no CPU init and copy (1 s for resnet50)
+        model = build_model(config.model, bundle.num_classes, bundle.in_channels,
+                            config.resolved_image_size)
+    model = model.to(me.device)  # a user's model may pin its own tensors elsewhere
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     if config.sync_bn:
@@ -341,7 +353,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
             if me.is_main:
                 me.reporter.emit("settings", settings=dict(state.settings), epoch=sampler.epoch,
                                  status="applied")
-            if me.device.type != "cuda" and state.settings["prefetch"]:
+            if me.device.type != "cuda" and state.settings["prefetch"] and config.decode != "gpu":
                 me.say("prefetcher needs CUDA: CPU ranks load batches directly")
             if config.strategy == "dp":
                 me.say("--strategy dp: cudnn.benchmark is off (DataParallel's per-step threads "
@@ -477,41 +489,43 @@ def _autocast(config: RunConfig, device: torch.device):
 def train_one_epoch(p: Parts, epoch: int) -> None:
     """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
     p.ddp.train()
-    batches = p.loaders.train_batches(p.state.settings["prefetch"])
     every, snap_every = p.config.checkpoint_every, p.config.snapshot_every
-    while True:
-        while p.state.paused and not _interrupted(p.state):
-            handle_commands(p, p.control.tick_paused())
-        if _interrupted(p.state):
-            break
-        waited = time.perf_counter()
-        try:
-            images, labels = next(batches)
-        except StopIteration:
-            break
-        p.meter.waited(time.perf_counter() - waited)
-        with p.autocast():
-            loss = F.cross_entropy(p.ddp(images), labels)
-        p.optimizer.zero_grad(set_to_none=True)
-        p.scaler.scale(loss).backward()
-        p.scaler.step(p.optimizer)
-        p.scaler.update()
-        p.scheduler.step()
-        p.sampler.step_done()
-        p.state.global_step += 1
-        step = p.state.global_step
-        p.meter.step(loss, epoch, p.sampler.steps_done, step)
-        if p.snapshots is not None:
-            if p.mailbox.has_urgent:
-                raise WorldLost("a peer died")
-            p.snapshots.step_done(step)
-        if p.state.changed_at is not None:
-            report_change(p)
-        if every and step % every == 0:
-            save(p)
-        handle_commands(p, p.control.poll(step))
-        if p.snapshots is not None and step % snap_every == 0:
-            p.snapshots.take(step, world.host_state(p))
+    # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
+    # thread must be gone before the loader is iterated again.
+    with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"])) as batches:
+        while True:
+            while p.state.paused and not _interrupted(p.state):
+                handle_commands(p, p.control.tick_paused())
+            if _interrupted(p.state):
+                break
+            waited = time.perf_counter()
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                break
+            p.meter.waited(time.perf_counter() - waited)
+            with p.autocast():
+                loss = F.cross_entropy(p.ddp(images), labels)
+            p.optimizer.zero_grad(set_to_none=True)
+            p.scaler.scale(loss).backward()
+            p.scaler.step(p.optimizer)
+            p.scaler.update()
+            p.scheduler.step()
+            p.sampler.step_done()
+            p.state.global_step += 1
+            step = p.state.global_step
+            p.meter.step(loss, epoch, p.sampler.steps_done, step)
+            if p.snapshots is not None:
+                if p.mailbox.has_urgent:
+                    raise WorldLost("a peer died")
+                p.snapshots.step_done(step)
+            if p.state.changed_at is not None:
+                report_change(p)
+            if every and step % every == 0:
+                save(p)
+            handle_commands(p, p.control.poll(step))
+            if p.snapshots is not None and step % snap_every == 0:
+                p.snapshots.take(step, world.host_state(p))
 
 
 def report_change(p: Parts) -> None:
