@@ -9,9 +9,9 @@ cd /tmp
 tmux new-session -d -x 160 -y 50 "python3 -m ddptui attach --listen 127.0.0.1:29600 --log /tmp/attach.jsonl; echo EXIT \$? > /tmp/attach.exit"
 sleep 3
 timeout 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m trainer -- resnet18 \
-  --data synthetic --amp bf16 --channels-last --batch-size 256 --epochs 2 --steps-per-epoch 1500 \
+  --data synthetic --amp bf16 --channels-last --batch-size 256 --epochs 2 --steps-per-epoch 800 \
   --report 127.0.0.1:29600 > /tmp/torchrun.out 2>&1 &
-sleep 45
+sleep 25
 tmux capture-pane -p > "$OUT/attach-h200x2.txt"
 wait
 sleep 2; tmux capture-pane -p > "$OUT/attach-h200x2-done.txt"
