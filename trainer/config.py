@@ -33,6 +33,10 @@ class UsageError(Exception):
     """Bad input from the user: reported as one line on stderr, exit code 2."""
 
 
+class DataError(Exception):
+    """A data problem the user must fix (corrupt image, bad dataset function); exit code 2."""
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a mistake is one line on stderr (no usage dump) and exit code 2."""
 

@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
-from trainer.config import RunConfig, UsageError, importable_from_cwd
+from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
 from trainer.gpudecode import JpegFiles, collate
 from trainer.lifeline import die_with_parent
 from trainer.sampler import ShardedBatchSampler, seed_sample, shard_indices
@@ -25,10 +25,6 @@ from trainer.startup import worker_context
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
-
-
-class DataError(Exception):
-    """A data problem the user must fix (corrupt image, bad dataset function)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
+from trainer.config import DataError
 from trainer.prefetch import Normalize
 from trainer.sampler import seed_sample
 
@@ -30,8 +31,6 @@ class JpegFiles(Dataset):
         return len(self.samples)
 
     def __getitem__(self, key):
-        from trainer.data import DataError  # data.py imports this module
-
         epoch, index = key if isinstance(key, tuple) else (0, key)
         path, label = self.samples[index]
         with open(path, "rb") as f:

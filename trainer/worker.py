@@ -22,11 +22,10 @@ from ddptui.channel import load_key, parse_address
 from ddptui.telemetry import describe
 from trainer import world
 from trainer.checkpoint import find_resume_state, load_checkpoint, prune_checkpoints, save_checkpoint
-from trainer.config import RunConfig, UsageError
+from trainer.config import DataError, RunConfig, UsageError
 from trainer.control import Control, Mailbox
 from trainer.data import (
     DataBundle,
-    DataError,
     SyntheticBatches,
     build_datasets,
     build_train_loader,
@@ -182,7 +181,7 @@ def _one_line(e: Exception) -> str:
     # DataLoader re-raises a worker's exception with the worker traceback in the message.
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
     last = lines[-1]
-    for prefix in ("trainer.data.DataError: ", "trainer.config.UsageError: "):
+    for prefix in ("trainer.config.DataError: ", "trainer.config.UsageError: "):
         last = last.removeprefix(prefix)
     return last
 
