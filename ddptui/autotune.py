@@ -40,7 +40,7 @@ class Autotuner:
         if self.done:
             return
         now = time.monotonic() if now is None else now
-        view = self.sup.state.view()
+        view = self.sup.state.pulse()  # every supervisor tick: the cheap read
         if view["status"] != "running" or view["paused"] or self.sup.world_changing():
             return
         if self.index < 0:
@@ -79,7 +79,7 @@ class Autotuner:
         self.sup.autotune_done(best, rate, self.results)
 
     def _apply(self, settings: dict) -> None:
-        current = self.sup.state.view()["settings"]
+        current = self.sup.state.pulse()["settings"]
         changes = {k: v for k, v in settings.items() if current.get(k) != v}
         if changes:
             self.sup.change_settings(**changes)

@@ -270,6 +270,14 @@ class RunState:
                 "host": dict(self.host),
             }
 
+    def pulse(self) -> dict:
+        """The few live figures a controller polls often (view() copies the histories)."""
+        with self.lock:
+            return {"status": self.status, "paused": self.paused,
+                    "settings": dict(self.settings), "pending": dict(self.pending),
+                    "throughput": self._throughput(self.last_t) if self.status == "running"
+                    else 0.0}
+
     def lines_after(self, seq: int) -> list[tuple[int, float, str, str]]:
         with self.lock:
             return [line for line in self.lines if line[0] > seq]
