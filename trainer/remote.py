@@ -6,7 +6,6 @@ the dashboard is away the oldest are dropped (and counted) and the thread keeps 
 
 from __future__ import annotations
 
-import collections
 import os
 import queue
 import socket
@@ -16,6 +15,7 @@ from multiprocessing import AuthenticationError
 
 from ddptui.channel import connect, receive, send
 from ddptui.telemetry import event
+from trainer.reporter import EventBuffer
 
 RETRY_S = 2.0
 
@@ -32,34 +32,23 @@ class RemoteLink:
     def __init__(self, address: tuple[str, int], key: bytes, node: str, warn,
                  limit: int = 10_000):
         self.address, self.key, self.node, self.warn = address, key, node, warn
-        self.buffer: collections.deque = collections.deque()
-        self.limit = limit
-        self.dropped = 0
-        self.ready = threading.Condition()
-        self.closing = False
+        self.buffer = EventBuffer(limit)
         self.inbox = _Inbox()
         self.thread = threading.Thread(target=self._run, name="report-link", daemon=True)
         self.thread.start()
 
     def put(self, ev: dict) -> None:
-        with self.ready:
-            if len(self.buffer) >= self.limit:
-                self.buffer.popleft()
-                self.dropped += 1
-            self.buffer.append({**ev, "node": self.node})
-            self.ready.notify()
+        self.buffer.put({**ev, "node": self.node})
 
     def close(self, timeout: float = 3.0) -> None:
         """Send what is buffered (for up to `timeout` s if connected), then stop."""
-        with self.ready:
-            self.closing = True
-            self.ready.notify()
+        self.buffer.close()
         self.thread.join(timeout)
         self.inbox.close()
 
     def _run(self) -> None:
         refused_once = False
-        while not self.closing:
+        while not self.buffer.closing:
             try:
                 conn = connect(self.address, self.key)
             except AuthenticationError:
@@ -78,15 +67,8 @@ class RemoteLink:
             conn.close()
 
     def _feed(self, conn) -> None:
-        while True:
-            with self.ready:
-                while not self.buffer and not self.closing:
-                    self.ready.wait()
-                if not self.buffer:
-                    return
-                batch = list(self.buffer)
-                self.buffer.clear()
-                dropped, self.dropped = self.dropped, 0
+        while (taken := self.buffer.take()) is not None:
+            batch, dropped = taken
             notice = [event("message", batch[0]["rank"], level="warning", node=self.node,
                             text=f"{dropped} events dropped while the dashboard was away")
                       ] if dropped else []
@@ -94,12 +76,7 @@ class RemoteLink:
                 for ev in notice + batch:
                     send(conn, ev)
             except (OSError, ValueError):  # gone: keep what was not sent, reconnect
-                with self.ready:
-                    self.dropped += dropped
-                    self.buffer.extendleft(reversed(batch))
-                    while len(self.buffer) > self.limit:
-                        self.buffer.popleft()
-                        self.dropped += 1
+                self.buffer.restore(batch, dropped)
                 return
 
     def _read(self, conn) -> None:

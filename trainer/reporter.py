@@ -15,42 +15,76 @@ import torch
 from ddptui.telemetry import JsonlWriter, event
 
 
-class ChannelSender:
-    """Sends events over a multiprocessing Connection from a feeder thread, so a step never
-    waits on the pipe; if the reader falls far behind, the oldest unsent events are dropped."""
+class EventBuffer:
+    """Events waiting for a sending thread. Bounded: when the reader falls far behind (or is
+    away), the oldest are dropped and counted, so a step never waits on a pipe or a socket."""
 
-    def __init__(self, conn, limit: int = 10_000):
-        self.conn = conn
-        self.buffer: collections.deque = collections.deque(maxlen=limit)
+    def __init__(self, limit: int = 10_000):
+        self.limit = limit
+        self.events: collections.deque = collections.deque()
+        self.dropped = 0
         self.ready = threading.Condition()
         self.closing = False
-        self.thread = threading.Thread(target=self._feed, name="telemetry-feeder", daemon=True)
-        self.thread.start()
 
     def put(self, ev: dict) -> None:
         with self.ready:
-            self.buffer.append(ev)
+            self.events.append(ev)
+            self._trim()
             self.ready.notify()
 
-    def _feed(self) -> None:
-        while True:
-            with self.ready:
-                while not self.buffer and not self.closing:
-                    self.ready.wait()
-                if not self.buffer:
-                    return
-                batch = list(self.buffer)
-                self.buffer.clear()
-            try:
-                for ev in batch:
-                    self.conn.send(ev)
-            except (OSError, ValueError):  # the supervisor is gone; we are about to be too
-                return
+    def take(self) -> tuple[list[dict], int] | None:
+        """Everything buffered and how many were dropped before it; waits for events; None
+        once closed and empty."""
+        with self.ready:
+            while not self.events and not self.closing:
+                self.ready.wait()
+            if not self.events:
+                return None
+            batch, dropped = list(self.events), self.dropped
+            self.events.clear()
+            self.dropped = 0
+            return batch, dropped
+
+    def restore(self, batch: list[dict], dropped: int) -> None:
+        """A batch that could not be sent goes back to the front."""
+        with self.ready:
+            self.events.extendleft(reversed(batch))
+            self.dropped += dropped
+            self._trim()
 
     def close(self) -> None:
         with self.ready:
             self.closing = True
             self.ready.notify()
+
+    def _trim(self) -> None:
+        while len(self.events) > self.limit:
+            self.events.popleft()
+            self.dropped += 1
+
+
+class ChannelSender:
+    """Sends events to the supervisor's pipe (a multiprocessing Connection) from a thread."""
+
+    def __init__(self, conn, limit: int = 10_000):
+        self.conn = conn
+        self.buffer = EventBuffer(limit)
+        self.thread = threading.Thread(target=self._feed, name="telemetry-feeder", daemon=True)
+        self.thread.start()
+
+    def put(self, ev: dict) -> None:
+        self.buffer.put(ev)
+
+    def _feed(self) -> None:
+        while (taken := self.buffer.take()) is not None:
+            try:
+                for ev in taken[0]:
+                    self.conn.send(ev)
+            except (OSError, ValueError):  # the supervisor is gone; we are about to be too
+                return
+
+    def close(self) -> None:
+        self.buffer.close()
         self.thread.join(timeout=5)
         self.conn.close()
 
