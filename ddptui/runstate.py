@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ddptui.telemetry import PARENT, describe
 
+STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent
 
@@ -49,6 +50,8 @@ class DeviceView:
     temp_c: float | None = None
     cpu_percent: float | None = None
     rss: int | None = None
+    seen_t: float = 0.0  # time of the last reading
+    stale: bool = False  # set in views: no reading for a while, or the run is over
     util_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
 
@@ -165,7 +168,7 @@ class RunState:
         if ev.get("node") and ev.get("util") is not None:  # attach: GPU numbers repeat per node
             key = f"{ev['node']} {key}"
         d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, rank))
-        d.rank = rank
+        d.rank, d.seen_t = rank, t
         for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss"):
             if name in ev:
                 setattr(d, name, ev[name])
@@ -254,8 +257,8 @@ class RunState:
                 "elapsed": (now - self.started_t) if self.started_t else 0.0,
                 "ranks": [RankView(**vars(r)) for r in sorted(self.ranks.values(),
                                                               key=lambda r: r.rank)],
-                "devices": [self._copy_device(d) for d in sorted(self.devices.values(),
-                                                                 key=_device_order)],
+                "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
+                                                                      key=_device_order)],
                 "epochs": done_epochs,
                 "settings": dict(self.settings),
                 "pending": dict(self.pending),
@@ -282,9 +285,11 @@ class RunState:
         with self.lock:
             return [line for line in self.lines if line[0] > seq]
 
-    def _copy_device(self, d: DeviceView) -> DeviceView:
+    def _copy_device(self, d: DeviceView, now: float) -> DeviceView:
         copy = DeviceView(**{k: v for k, v in vars(d).items() if k != "util_history"})
         copy.util_history = deque(d.util_history, maxlen=HISTORY)
+        # A finished run's last readings (a GPU at 100%) must not read as the present.
+        copy.stale = self.ended_t is not None or now - d.seen_t > STALE_S
         return copy
 
     def _progress(self) -> tuple[int, int, int, int]:

@@ -187,7 +187,7 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
 
 async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
     """Under attach two nodes each report GPU 0 and 1; labels, power and a throughput that
-    grows from "-" to five digits must not be cut."""
+    grows from "-" to five digits must not be cut; after the run the readings say "last"."""
     t = 1795391977.0
     events = [{"t": t, "kind": "run", "rank": -1, "status": "started", "model": "resnet18",
                "data": "synthetic", "epochs": 1, "world_size": 4, "device_kind": "cuda"}]
@@ -211,6 +211,13 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
         app.refresh_view()
         await pilot.pause()
         svg = app.export_screenshot().replace("&#160;", " ")
+        # Once the run is over the last readings are not shown as the present.
+        app.source.state.apply({"t": t + 4, "kind": "run", "rank": -1, "status": "done",
+                                "exit_code": 0})
+        app.refresh_view()
+        await pilot.pause()
+        done_svg = app.export_screenshot().replace("&#160;", " ")
+    assert " 97% last" not in svg and done_svg.count(" 97% last") == 4
     for node in ("node-a/0", "node-b/1"):
         for gpu in (0, 1):
             assert f"{node} GPU {gpu}" in svg

@@ -66,10 +66,8 @@ def _generate(root: str, progress: Callable[[int, int], None] | None) -> None:
             for i in range(count):
                 draw_shape(label, rng).save(os.path.join(folder, f"{i:04d}.jpg"), quality=90)
                 done += 1
-                if progress and done % 200 == 0:
+                if progress and (done % 200 == 0 or done == total):
                     progress(done, total)
-    if progress:
-        progress(total, total)
 
 
 def draw_shape(label: int, rng: random.Random) -> Image.Image:

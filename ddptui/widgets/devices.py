@@ -30,17 +30,20 @@ class DevicePanel(Static):
         table.add_column(width=width, no_wrap=True)
         table.add_column(no_wrap=True)
         for d in v["devices"]:
+            # A last reading (the rank is gone or the run is over) is drawn grey and says so.
+            fade, last = ("dim", " last") if d.stale else (None, "")
             if d.util is not None:
                 mem = 100 * d.mem_used / d.mem_total if d.mem_total else None
-                table.add_row(Text(_label(d), style="bold"), "util",
-                              bar(d.util, width), f"{d.util:3.0f}%")
+                table.add_row(Text(_label(d), style=fade or "bold"), "util",
+                              bar(d.util, width, fade), Text(f"{d.util:3.0f}%{last}", fade or ""))
                 table.add_row(Text(_power(d), style="dim"),
-                              "mem", bar(mem, width, "magenta"),
+                              "mem", bar(mem, width, fade or "magenta"),
                               f"{mib(d.mem_used)}/{mib(d.mem_total)}")
             else:
                 cpu = d.cpu_percent or 0.0
-                table.add_row(Text(_label(d), style="bold"), "cpu",
-                              bar(min(cpu, 100), width), f"{cpu:3.0f}%")
+                table.add_row(Text(_label(d), style=fade or "bold"), "cpu",
+                              bar(min(cpu, 100), width, fade), Text(f"{cpu:3.0f}%{last}",
+                                                                    fade or ""))
                 table.add_row("", "rss", Text(""), mib(d.rss))
         host = v.get("host") or {}
         if host:
