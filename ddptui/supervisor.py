@@ -25,7 +25,6 @@ import psutil
 from ddptui.runstate import RunState
 from ddptui.telemetry import PARENT, JsonlWriter, event
 from trainer.config import RunConfig
-from trainer.startup import read_ahead_libraries
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
@@ -210,8 +209,6 @@ class Supervisor:
         code = EXIT_FAILED
         try:
             self._emit("run", status="started", pid=os.getpid(), **self.state.meta)
-            if self.config.device_kind == "cuda":
-                read_ahead_libraries()
             self._prepare_data()
             if self._stop_requested is None:
                 self._spawn()

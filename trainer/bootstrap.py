@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from ddptui.telemetry import event
 from trainer.config import RunConfig
+from trainer.forkserver import start_worker_server
 from trainer.lifeline import die_with_parent, watch_parent
-from trainer.startup import start_worker_server
 
 
 @dataclass(frozen=True)

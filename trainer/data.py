@@ -18,11 +18,11 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
 from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
+from trainer.forkserver import worker_context
 from trainer.gpudecode import JpegFiles, collate
 from trainer.lifeline import die_with_parent
 from trainer.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.shapes import ensure_shapes
-from trainer.startup import worker_context
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
