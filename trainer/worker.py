@@ -125,12 +125,10 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     try:
         control_group = None
         if not standby:
-            if forming is None:
-                control_group = world.form(rank, world_size, device, init_method)
-            else:
-                control_group = forming.result()
-                if use_cuda:
-                    torch.cuda.set_device(device)  # form() set it on its own thread only
+            if use_cuda:  # (a Forming thread set it on its own thread only)
+                torch.cuda.set_device(device)
+            control_group = forming.result() if forming is not None else \
+                world.form(rank, world_size, device, init_method)
             if not supervised:
                 inbox = _agree_on_control(me, inbox, control_group)
             me.announce("running")
