@@ -252,17 +252,13 @@ class RunState:
             done_epochs = [self.epochs[k].merged() for k in sorted(self.epochs)]
             return {
                 "meta": dict(self.meta),
-                "status": self.status,
-                "paused": self.paused,
+                **self._pulse(),  # status, paused, settings, pending, throughput
                 "elapsed": (now - self.started_t) if self.started_t else 0.0,
                 "ranks": [RankView(**vars(r)) for r in sorted(self.ranks.values(),
                                                               key=lambda r: r.rank)],
                 "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
                                                                       key=_device_order)],
                 "epochs": done_epochs,
-                "settings": dict(self.settings),
-                "pending": dict(self.pending),
-                "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0,
                 "loss_history": list(self.loss_history),
                 "throughput_history": list(self.throughput_history),
                 "best_val_acc": self.best_val_acc,
@@ -276,10 +272,12 @@ class RunState:
     def pulse(self) -> dict:
         """The few live figures a controller polls often (view() copies the histories)."""
         with self.lock:
-            return {"status": self.status, "paused": self.paused,
-                    "settings": dict(self.settings), "pending": dict(self.pending),
-                    "throughput": self._throughput(self.last_t) if self.status == "running"
-                    else 0.0}
+            return self._pulse()
+
+    def _pulse(self) -> dict:
+        return {"status": self.status, "paused": self.paused, "settings": dict(self.settings),
+                "pending": dict(self.pending),
+                "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0}
 
     def lines_after(self, seq: int) -> list[tuple[int, float, str, str]]:
         with self.lock:

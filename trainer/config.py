@@ -146,23 +146,22 @@ def _int(text: str) -> int:
 
 
 def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
+    if not (value := _float(text)) > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
+    if not (value := _float(text)) >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:

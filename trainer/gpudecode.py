@@ -5,10 +5,11 @@ resizes, flips and normalises there. Same augmentation family as the CPU path.
 
 from __future__ import annotations
 
+import io
 import math
 
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
@@ -37,11 +38,12 @@ class JpegFiles(Dataset):
             data = f.read()
         if data[:2] != b"\xff\xd8":
             raise DataError(f"--decode gpu reads JPEG files only: {path}")
-        try:
-            with Image.open(path) as im:  # the header only: no pixels decoded here
+        try:  # the header of the bytes already read: no second open, no pixels decoded
+            with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
                 width, height = im.size
         except OSError as e:
-            raise DataError(f"corrupt or unreadable sample {path}: {e}") from None
+            why = "cannot identify image file" if isinstance(e, UnidentifiedImageError) else e
+            raise DataError(f"corrupt or unreadable sample {path}: {why}") from None
         if self.seed is not None:
             seed_sample(self.seed, epoch, index)
         box = self._train_box(height, width) if self.train else self._val_box(height, width)
