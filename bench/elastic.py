@@ -18,8 +18,8 @@ import time
 
 from ddptui.cli import resolve_devices
 from ddptui.supervisor import Supervisor
-from ddptui.telemetry import read_events
 from trainer.config import Parser, add_training_options, config_from_args
+from trainer.protocol.events import read_events
 
 
 class Bench:

@@ -9,9 +9,9 @@ import threading
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
-from ddptui.channel import handshake, receive, send
 from ddptui.runstate import RunState
-from ddptui.telemetry import PARENT, JsonlWriter, event
+from trainer.protocol.channel import MessageTooLong, handshake, receive, send
+from trainer.protocol.events import PARENT, JsonlWriter, event
 
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
              "group when a rank fails (--max-restarts), srun ends the step; stop the job there "
@@ -131,9 +131,12 @@ class Attach:
                 with self._lock:
                     self._conns.setdefault(ev["rank"], conn)
                 self._record(ev)
-        except OSError:
+        except MessageTooLong:
             self._note("warning", f"dropped the connection from {peer}: message over the size "
                        "limit")
+        except OSError as e:
+            if not self.done.is_set():  # after stop() every connection is closed on purpose
+                self._note("warning", f"lost the connection from {peer}: {e.strerror or e}")
         except EOFError:
             pass
         finally:

@@ -176,7 +176,7 @@ def _stop_on_signals(stop) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from ddptui.channel import load_key, parse_address
+    from trainer.protocol.channel import load_key, parse_address
 
     try:
         address = parse_address(args.listen, "--listen")

@@ -8,7 +8,7 @@ import threading
 import time
 
 from ddptui.runstate import RunState
-from ddptui.telemetry import read_events
+from trainer.protocol.events import read_events
 
 
 class Replay:

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from ddptui.telemetry import PARENT, describe
+from trainer.protocol.events import PARENT, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz

@@ -23,8 +23,8 @@ from multiprocessing.connection import wait as wait_any
 import psutil
 
 from ddptui.runstate import RunState
-from ddptui.telemetry import PARENT, JsonlWriter, event
 from trainer.config import RunConfig
+from trainer.protocol.events import PARENT, JsonlWriter, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
@@ -98,7 +98,8 @@ class Supervisor:
         self._autotuner = None
         self.exit_code: int | None = None
         self.done = threading.Event()
-        self._commands: queue.Queue = queue.Queue()
+        # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._stop_requested: tuple[str, int] | None = None
         self._stop_deadline: float | None = None
         self._failure: tuple[int, str] | None = None

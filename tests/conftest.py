@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from ddptui.telemetry import read_events
+from trainer.protocol.events import read_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--image-size", "32", "--batch-size", "16", "--workers", "1"]

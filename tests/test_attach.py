@@ -15,8 +15,8 @@ from multiprocessing.connection import Client
 import pytest
 
 from ddptui.attach import Attach
-from ddptui.channel import MAX_MESSAGE
 from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
+from trainer.protocol.channel import MAX_MESSAGE
 
 KEY = "test-key-0123456789"
 
@@ -142,7 +142,7 @@ def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
 
 async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp_path):
     from ddptui.app import DashboardApp
-    from ddptui.channel import receive, send
+    from trainer.protocol.channel import receive, send
 
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")

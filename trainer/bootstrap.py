@@ -11,10 +11,10 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from ddptui.telemetry import event
 from trainer.config import RunConfig
 from trainer.forkserver import start_worker_server
 from trainer.lifeline import die_with_parent, watch_parent
+from trainer.protocol.events import event
 
 
 @dataclass(frozen=True)

@@ -263,7 +263,7 @@ def validate(config: RunConfig) -> None:
                              "pip install tensorboard (or ddptui[tensorboard])")
         check_writable_dir(config.tensorboard, "--tensorboard directory")
     if config.report:
-        from ddptui.channel import load_key, parse_address
+        from trainer.protocol.channel import load_key, parse_address
 
         try:
             parse_address(config.report, "--report")

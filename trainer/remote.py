@@ -13,8 +13,8 @@ import threading
 import time
 from multiprocessing import AuthenticationError
 
-from ddptui.channel import connect, receive, send
-from ddptui.telemetry import event
+from trainer.protocol.channel import connect, receive, send
+from trainer.protocol.events import event
 from trainer.reporter import EventBuffer
 
 RETRY_S = 2.0

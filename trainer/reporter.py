@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ddptui.telemetry import JsonlWriter, event
+from trainer.protocol.events import JsonlWriter, event
 
 
 class EventBuffer:

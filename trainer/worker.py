@@ -12,29 +12,26 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddptui.channel import load_key, parse_address
-from ddptui.telemetry import describe
 from trainer import world
 from trainer.checkpoint import find_resume_state, load_checkpoint, prune_checkpoints, save_checkpoint
 from trainer.config import DataError, RunConfig, UsageError
 from trainer.control import Control, Mailbox
 from trainer.data import (
-    DataBundle,
-    SyntheticBatches,
     build_datasets,
-    build_train_loader,
-    build_val_loader,
 )
 from trainer.gpu import DeviceSampler
-from trainer.gpudecode import Decoder
+from trainer.loaders import Loaders
 from trainer.models import build_model, count_parameters
-from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
+from trainer.parts import Parts, State
+from trainer.prefetch import plain_batches
+from trainer.protocol.channel import load_key, parse_address
+from trainer.protocol.events import describe
+from trainer.rank import Rank
 from trainer.remote import RemoteLink, node_name
 from trainer.reporter import Reporter, StepMeter
 from trainer.sampler import ShardedBatchSampler
@@ -42,54 +39,6 @@ from trainer.snapshot import Snapshots, WorldLost, state_tensors
 from trainer.tensorboard import TensorBoardSink
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
-
-
-@dataclass
-class Rank:
-    """Who this process is in the job and what it computes on."""
-
-    slot: int  # the rank's name for the run (telemetry, keys); fixed while `rank` may change
-    rank: int  # its rank in the current world
-    world_size: int
-    device: torch.device
-    physical_gpu: int | None
-    reporter: Reporter
-    echo: bool  # print progress to the console (rank 0 under torchrun)
-    standby: bool = False  # started to join a running world later
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def announce(self, state: str, **fields) -> None:
-        """A `rank` event about this process: where it runs and what state it is in."""
-        self.reporter.emit("rank", state=state, pid=os.getpid(), device=str(self.device),
-                           gpu=self.physical_gpu, host=os.uname().nodename, **fields)
-
-    def say(self, text: str, level: str = "info", **fields) -> None:
-        """Progress for the user: rank 0 reports it; warnings come from every rank."""
-        if self.is_main or level != "info":
-            self.reporter.emit("message", level=level, text=text, **fields)
-            if self.echo:
-                print(text if level == "info" else f"rank {self.rank}: {level}: {text}",
-                      file=sys.stdout if level == "info" else sys.stderr, flush=True)
-
-
-@dataclass
-class State:
-    """What the loop carries from step to step and into a checkpoint."""
-
-    settings: dict
-    global_step: int = 0
-    best_val_acc: float = 0.0
-    paused: bool = False
-    stop: bool = False
-    apply_now: bool = False  # `a`: pending settings take effect at the agreed step
-    reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
-    segment_start: int = 0  # the epoch's step where the current measured segment began
-    changed_at: float | None = None  # when the world last started to change, until a step ends
-    pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
-    written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
@@ -155,7 +104,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
         for sampler_thread in samplers:
             sampler_thread.stop()
         if dist.is_initialized():
-            world.dismantle()
+            world.dismantle(lambda text: me.say(text, "warning"))
         if link is not None:  # no supervisor says how this rank ended: it says so itself
             me.announce("done" if code == 0 else "crashed", exit_code=code)
             if me.is_main:
@@ -231,65 +180,6 @@ def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
         return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-class Loaders:
-    """The DataLoaders for the settings in force; rebuilt when the worker count changes."""
-
-    def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
-                 sampler: ShardedBatchSampler, settings: dict):
-        self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
-        normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
-        self.prepare = Decoder(me.device, config.resolved_image_size, normalize) \
-            if bundle.collate is not None else ToDevice(me.device, normalize)
-        self.train = self.val = None
-        self.workers = None
-        self.apply(settings)
-
-    def apply(self, settings: dict) -> None:
-        if settings["workers"] == self.workers or self.bundle.train is None:
-            return
-        self.close()
-        self.workers = settings["workers"]
-        cuda = self.me.device.type == "cuda"
-        self.train = build_train_loader(self.bundle, self.sampler, self.workers, cuda)
-        self.val = self._val_loader()
-
-    def reshard(self) -> None:
-        """After a world change: the validation shard follows the new rank and world size (the
-        training batches follow the sampler already)."""
-        if self.val is not None:
-            self.close(train=False)
-            self.val = self._val_loader()
-
-    def _val_loader(self):
-        return build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
-                                self.me.world_size, self.workers, self.me.device.type == "cuda")
-
-    def start_workers(self) -> None:
-        """A standby starts its workers ahead of the join (what it loads now is thrown away)."""
-        if self.train is not None and self.workers:
-            iter(self.train)
-
-    def train_batches(self, prefetch: bool):
-        if self.bundle.train is None:
-            return iter(SyntheticBatches(self.sampler, self.config.batch_size,
-                                         self.config.resolved_image_size, self.bundle.num_classes,
-                                         self.me.device, self.config.channels_last))
-        if prefetch and self.config.decode == "gpu":
-            return threaded_batches(self.train, self.me.device, self.prepare)
-        if prefetch and self.me.device.type == "cuda":
-            return prefetched_batches(self.train, self.me.device, self.prepare)
-        return plain_batches(self.train, self.prepare)
-
-    def close(self, train: bool = True) -> None:
-        for loader in (self.train, self.val) if train else (self.val,):
-            it = getattr(loader, "_iterator", None)
-            if it is not None and hasattr(it, "_shutdown_workers"):
-                it._shutdown_workers()  # persistent workers end now, not at interpreter exit
-        if train:
-            self.train = None
-        self.val = None
 
 
 def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -> None:
@@ -371,7 +261,7 @@ def _on_urgent(order: dict, p: Parts) -> None:
         if p.snapshots is not None:
             p.snapshots.mark_lost()
         if p.me.device.type == "cuda":
-            world.abort()
+            world.abort(lambda text: p.me.say(text, "warning"))
 
 
 def warm_up(p: Parts) -> None:
@@ -455,27 +345,6 @@ def run_segment(p: Parts) -> str:
                           reason=f"left the world at global step {p.state.global_step}")
             return "left"
     return "next"
-
-
-@dataclass
-class Parts:
-    """The built pieces the loop works with, passed as one object."""
-
-    config: RunConfig
-    me: Rank
-    model: torch.nn.Module
-    ddp: torch.nn.Module | None  # DDP (DataParallel with --strategy dp); None out of a world
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    sampler: ShardedBatchSampler
-    loaders: Loaders
-    meter: StepMeter
-    autocast: object
-    control: Control | None
-    state: State
-    mailbox: Mailbox | None
-    snapshots: Snapshots | None
 
 
 def _autocast(config: RunConfig, device: torch.device):

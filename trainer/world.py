@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,7 +20,8 @@ from trainer.control import Control
 from trainer.snapshot import agree, state_tensors
 
 if TYPE_CHECKING:
-    from trainer.worker import Parts, Rank
+    from trainer.parts import Parts
+    from trainer.rank import Rank
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str):
@@ -67,21 +69,24 @@ def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp") -> torch.nn.Mo
                gradient_as_bucket_view=True)
 
 
-def abort() -> None:
+def abort(warn: Callable[[str], None]) -> None:
     """Unblock collectives waiting on a dead peer (NCCL would wait until its timeout)."""
+    if not dist.is_initialized():  # already destroyed: nothing is waiting then
+        return
     try:
         dist.distributed_c10d._abort_process_group()
-    except Exception:  # already destroyed, or not initialised: nothing is waiting then
-        pass
+    except Exception as e:  # ranks may stay blocked in NCCL: the user must hear of it
+        warn(f"aborting the process group failed: {type(e).__name__}: {e}")
 
 
-def dismantle() -> None:
+def dismantle(warn: Callable[[str], None]) -> None:
     """Drop the current process group; after an abort it is already gone. Its connections close
     once nothing refers to it (gloo has no abort: that close is what frees peers blocked on us)."""
-    try:
-        dist.destroy_process_group()
-    except Exception:
-        pass
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception as e:
+            warn(f"destroying the process group failed: {type(e).__name__}: {e}")
     gc.collect()
 
 
@@ -90,7 +95,7 @@ def reform(p: Parts, order: dict) -> bool:
     leftover = p.control.finish()
     old_world = p.me.world_size
     p.ddp = p.control = None
-    dismantle()
+    dismantle(lambda text: p.me.say(text, "warning"))
     if p.me.slot not in order["members"]:
         return False
     group = enter(p, order)
@@ -115,7 +120,7 @@ def recover(p: Parts, order: dict) -> int:
     """After a peer died: re-form from the survivors and roll back to the newest point they all
     hold and know to be good; returns the number of steps that will be redone."""
     p.ddp = p.control = None
-    dismantle()
+    dismantle(lambda text: p.me.say(text, "warning"))
     old_world = p.me.world_size
     group = enter(p, order)
     summaries: list = [None] * p.me.world_size

@@ -10,11 +10,15 @@ import secrets
 import stat
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
-from ddptui.telemetry import decode, encode
+from trainer.protocol.events import decode, encode
 
 KEY_ENV = "DDPTUI_AUTHKEY"
 KEY_FILE_ENV = "DDPTUI_AUTHKEY_FILE"
 MAX_MESSAGE = 1 << 20  # bytes; a longer message drops the connection
+
+
+class MessageTooLong(OSError):
+    """A peer sent more than MAX_MESSAGE bytes at once: the connection is dropped."""
 
 
 class NoKey(ValueError):
@@ -74,8 +78,14 @@ def send(conn: Connection, message: dict) -> None:
 
 def receive(conn: Connection) -> dict | None:
     """The next message: an event, or a command ({"op": ...}); None for one that does not parse.
-    Raises EOFError when the peer is gone, OSError for an oversized message."""
-    data = conn.recv_bytes(MAX_MESSAGE)
+    Raises EOFError when the peer is gone, MessageTooLong for an oversized message, OSError when
+    the connection fails."""
+    try:
+        data = conn.recv_bytes(MAX_MESSAGE)
+    except OSError as e:
+        if "bad message length" in str(e):  # multiprocessing's word for over maxlength
+            raise MessageTooLong(f"message over {MAX_MESSAGE} bytes") from None
+        raise
     try:
         text = data.decode()
     except UnicodeDecodeError:

@@ -1,0 +1,28 @@
+"""The layers point one way: the rank side (trainer/) never imports the dashboard side (ddptui/),
+and the dashboard draws its first screen without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+TRAINER_MODULES = ["trainer.worker", "trainer.bootstrap", "trainer.remote", "trainer.world",
+                   "trainer.config", "trainer.protocol.events", "trainer.protocol.channel"]
+
+
+def _imported_after(code: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_importing_the_rank_side_imports_nothing_of_the_dashboard():
+    loaded = _imported_after("\n".join(f"import {m}" for m in TRAINER_MODULES))
+    assert not {m for m in loaded if m == "ddptui" or m.startswith("ddptui.")}
+
+
+def test_the_dashboard_and_supervisor_start_without_torch():
+    loaded = _imported_after("import ddptui.cli, ddptui.app, ddptui.supervisor, ddptui.headless")
+    assert "torch" not in loaded

@@ -1,0 +1,71 @@
+"""The rank's DataLoaders for the settings in force, and the batch iterator each pipeline
+(synthetic, plain, side-stream prefetch, GPU decode on a thread) hands the loop.
+"""
+
+from __future__ import annotations
+
+from trainer.config import RunConfig
+from trainer.data import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
+from trainer.gpudecode import Decoder
+from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
+from trainer.rank import Rank
+from trainer.sampler import ShardedBatchSampler
+
+
+class Loaders:
+    """The DataLoaders for the settings in force; rebuilt when the worker count changes."""
+
+    def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
+                 sampler: ShardedBatchSampler, settings: dict):
+        self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
+        normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
+        self.prepare = Decoder(me.device, config.resolved_image_size, normalize) \
+            if bundle.collate is not None else ToDevice(me.device, normalize)
+        self.train = self.val = None
+        self.workers = None
+        self.apply(settings)
+
+    def apply(self, settings: dict) -> None:
+        if settings["workers"] == self.workers or self.bundle.train is None:
+            return
+        self.close()
+        self.workers = settings["workers"]
+        cuda = self.me.device.type == "cuda"
+        self.train = build_train_loader(self.bundle, self.sampler, self.workers, cuda)
+        self.val = self._val_loader()
+
+    def reshard(self) -> None:
+        """After a world change: the validation shard follows the new rank and world size (the
+        training batches follow the sampler already)."""
+        if self.val is not None:
+            self.close(train=False)
+            self.val = self._val_loader()
+
+    def _val_loader(self):
+        return build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
+                                self.me.world_size, self.workers, self.me.device.type == "cuda")
+
+    def start_workers(self) -> None:
+        """A standby starts its workers ahead of the join (what it loads now is thrown away)."""
+        if self.train is not None and self.workers:
+            iter(self.train)
+
+    def train_batches(self, prefetch: bool):
+        if self.bundle.train is None:
+            return iter(SyntheticBatches(self.sampler, self.config.batch_size,
+                                         self.config.resolved_image_size, self.bundle.num_classes,
+                                         self.me.device, self.config.channels_last))
+        if prefetch and self.config.decode == "gpu":
+            return threaded_batches(self.train, self.me.device, self.prepare)
+        if prefetch and self.me.device.type == "cuda":
+            return prefetched_batches(self.train, self.me.device, self.prepare)
+        return plain_batches(self.train, self.prepare)
+
+    def close(self, train: bool = True) -> None:
+        for loader in (self.train, self.val) if train else (self.val,):
+            it = getattr(loader, "_iterator", None)
+            if it is not None and hasattr(it, "_shutdown_workers"):
+                it._shutdown_workers()  # persistent workers end now, not at interpreter exit
+        if train:
+            self.train = None
+        self.val = None

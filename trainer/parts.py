@@ -1,0 +1,55 @@
+"""What a rank's loop carries from step to step (State), and the built pieces the loop and the
+world changes work with (Parts), passed as one object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from trainer.config import RunConfig
+from trainer.control import Control, Mailbox
+from trainer.loaders import Loaders
+from trainer.rank import Rank
+from trainer.reporter import StepMeter
+from trainer.sampler import ShardedBatchSampler
+from trainer.snapshot import Snapshots
+
+
+@dataclass
+class State:
+    """What the loop carries from step to step and into a checkpoint."""
+
+    settings: dict
+    global_step: int = 0
+    best_val_acc: float = 0.0
+    paused: bool = False
+    stop: bool = False
+    apply_now: bool = False  # `a`: pending settings take effect at the agreed step
+    reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
+    segment_start: int = 0  # the epoch's step where the current measured segment began
+    changed_at: float | None = None  # when the world last started to change, until a step ends
+    pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
+    written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
+
+
+@dataclass
+class Parts:
+    """The built pieces the loop works with, passed as one object."""
+
+    config: RunConfig
+    me: Rank
+    model: torch.nn.Module
+    ddp: torch.nn.Module | None  # DDP (DataParallel with --strategy dp); None out of a world
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    sampler: ShardedBatchSampler
+    loaders: Loaders
+    meter: StepMeter
+    autocast: object
+    control: Control | None
+    state: State
+    mailbox: Mailbox | None
+    snapshots: Snapshots | None
