@@ -18,10 +18,12 @@ from ddptui.widgets.devices import DevicePanel
 from ddptui.widgets.header import RunHeader
 from ddptui.widgets.help import HelpScreen
 from ddptui.widgets.history import History
+from ddptui.widgets.stacks import StacksScreen
 from ddptui.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2
-CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank"}
+CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
+                   "kill_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 
 
@@ -54,6 +56,8 @@ class DashboardApp(App[int]):
         Binding("down", "select(1)", "Next rank", show=False),
         Binding("s", "stop_rank", "Stop rank"),
         Binding("r", "restart_rank", "Restart rank"),
+        Binding("k", "kill_rank", "Kill rank"),
+        Binding("t", "stacks", "Stacks"),
         Binding("space", "pause", "Pause"),
         Binding("p", "toggle('prefetch')", "Prefetch"),
         Binding("w", "workers(-1)", "Workers-"),
@@ -77,6 +81,7 @@ class DashboardApp(App[int]):
         self.quitting = False
         self.closing = False
         self._seq = 0
+        self._stacks_asked_t = 0.0
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.
@@ -118,6 +123,10 @@ class DashboardApp(App[int]):
         self.devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
             "CPU ranks and host"
         self.rank_table.show(view, self.selected_rank)
+        if isinstance(self.screen, StacksScreen):
+            rank = next((r for r in view["ranks"] if r.rank == self.screen.rank), None)
+            if rank is not None and rank.stacks_t >= self._stacks_asked_t:
+                self.screen.stacks = rank.stacks
         self.history.show(view)
         self.epoch_table.show(view)
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
@@ -196,8 +205,39 @@ class DashboardApp(App[int]):
             self.notify(f"rank {self.selected_rank} is already on its way", severity="warning")
             return
         self.source.restart_rank(rank.rank)
-        self.notify(f"rank {rank.rank} joins again as soon as its standby is warm"
-                    if rank.state != "running" else f"rank {rank.rank} leaves and joins again")
+        if rank.state in ("stopped", "crashed"):  # queued until its standby is warm
+            self.notify(f"rank {rank.rank} joins again now" if rank.standby == "ready" else
+                        f"rank {rank.rank} joins again as soon as its standby is warm")
+        else:
+            self.notify(f"rank {rank.rank} leaves and joins again")
+
+    def action_kill_rank(self) -> None:
+        if not self._can_steer():
+            return
+        if not self.source.owns_ranks:
+            self.notify("attach does not own the ranks: kill it where it runs", severity="warning")
+            return
+        rank = self._selected()
+        if rank is None or rank.state not in ("running", "stalled", "waiting", "slow"):
+            self.notify(f"rank {self.selected_rank} is not in the world", severity="warning")
+            return
+        self.source.kill_rank(rank.rank)
+        self.notify(f"killing rank {rank.rank}: the others go on through crash recovery")
+
+    def action_stacks(self) -> None:
+        rank = self._selected()
+        if rank is None:
+            return
+        asked = self.live and self.source.owns_ranks and not self.source.done.is_set() \
+            and rank.state not in ("stopped", "crashed", "done")
+        screen = StacksScreen(rank.rank, asked)
+        if asked:
+            self._stacks_asked_t = (self.view or {}).get("now", 0.0)
+            self.source.stacks(rank.rank)
+        else:  # a replay, or a rank with no live process: the last stacks taken, if any
+            self._stacks_asked_t = 0.0
+            screen.stacks = rank.stacks
+        self.push_screen(screen)
 
     def action_apply(self) -> None:
         if not self._can_steer():

@@ -12,7 +12,13 @@ import threading
 import time
 
 from ddptui import __version__
-from trainer.config import Parser, UsageError, add_training_options, config_from_args
+from trainer.config import (
+    Parser,
+    UsageError,
+    add_training_options,
+    config_from_args,
+    positive_float,
+)
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 ATTACH_PORT = 29600
@@ -27,8 +33,9 @@ EXAMPLES = """examples:
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
 
-keys in the dashboard: up/down select a rank, s stop it, r restart it, space pause/resume,
-  p/w/W/b change the input pipeline next epoch, a apply now, c checkpoint, ? help, q quit
+keys in the dashboard: up/down select a rank, s stop it, r restart it, k kill it, t its Python
+  stacks, space pause/resume, p/w/W/b change the input pipeline next epoch, a apply now,
+  c checkpoint, ? help, q quit
 exit codes: 0 done, 1 training failed, 2 bad usage or input, 130 interrupted (Ctrl-C, q)"""
 
 
@@ -56,6 +63,13 @@ def build_parser() -> Parser:
     g.add_argument("--max-restarts", type=int, default=0, metavar="K",
                    help="bring crashed ranks back into the run, K times in all (default 0: the "
                    "run goes on without them; r brings one back)")
+    g = run.add_argument_group("health")
+    g.add_argument("--stall-after", type=positive_float, default=None, metavar="S",
+                   help="a rank that finishes no step for S seconds is flagged stalled (default: "
+                   "max(10, 20 x its median step time); 60 s for a first step)")
+    g.add_argument("--on-stall", choices=("warn", "recover"), default="warn",
+                   help="warn: flag it and show where it is stuck (k kills it); recover: kill it "
+                   "and go on through crash recovery")
     attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
                             "with --report (see docs/cluster.md)")
     attach.add_argument("--listen", default=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",

@@ -13,16 +13,24 @@ STATUS_EVERY_S = 5.0
 
 
 def status_line(view: dict) -> str:
-    epoch, epochs, step, steps = view["progress"]
+    epoch, epochs, step, _steps, done = view["progress"]
     loss = next((r.loss for r in view["ranks"] if r.loss is not None), None)
-    devices = " ".join(
-        f"{d.key} {d.util:.0f}%" if d.util is not None else f"r{d.rank} cpu {d.cpu_percent or 0:.0f}%"
-        for d in view["devices"])
+    devices = " ".join(_device(d) for d in view["devices"])
     mins, secs = divmod(int(view["elapsed"]), 60)
     paused = "  PAUSED" if view["paused"] else ""
-    return (f"[{mins:02d}:{secs:02d}] epoch {epoch + 1}/{epochs} step {step}/{steps or '?'}  "
-            f"loss {'-' if loss is None else f'{loss:.4f}'}  {view['throughput']:,.0f} img/s  "
-            f"{devices}{paused}")
+    troubled = [f"rank {r.rank} {r.state}" for r in view["ranks"]
+                if r.state in ("stalled", "waiting", "slow")]
+    trouble = f"  [{', '.join(troubled)}]" if troubled else ""
+    return (f"[{mins:02d}:{secs:02d}] epoch {epoch + 1}/{epochs} step {step} "
+            f"({100 * done:.0f}%)  loss {'-' if loss is None else f'{loss:.4f}'}  "
+            f"{view['throughput']:,.0f} img/s  {devices}{paused}{trouble}")
+
+
+def _device(d) -> str:
+    """'gpu0 97%', 'r1 cpu 76%'; a reading that stopped coming says how old it is."""
+    text = f"{d.key} {d.util:.0f}%" if d.util is not None else \
+        f"r{d.rank} cpu {d.cpu_percent or 0:.0f}%"
+    return f"{text} (last, {d.age:.0f} s ago)" if d.stale else text
 
 
 def summary(view: dict) -> str:

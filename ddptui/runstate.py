@@ -15,7 +15,14 @@ from trainer.protocol.events import PARENT, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz
-FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent
+FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
+FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
+STEPPING = ("running", "slow")  # states whose figures are current
+TROUBLE = ("stalled", "crashed", "slow")  # rank states the event pane shows as warnings
+
+
+def _fresh_for(r: RankView) -> float:
+    return max(FRESH_S, FRESH_STEPS * r.step_ms / 1000)
 
 
 @dataclass
@@ -35,6 +42,12 @@ class RankView:
     data_wait: float = 0.0
     reason: str = ""
     last_step_t: float = 0.0
+    progress: float = 0.0  # fraction of the epoch done, as the rank reported it
+    state_t: float = 0.0  # when it entered its state
+    standby: str = ""  # out of the world: its standby is warming | ready
+    standby_t: float = 0.0
+    stacks: str | None = None  # its Python stacks, last taken
+    stacks_t: float = 0.0
 
 
 @dataclass
@@ -50,7 +63,11 @@ class DeviceView:
     temp_c: float | None = None
     cpu_percent: float | None = None
     rss: int | None = None
+    sm_clock: int | None = None
+    held_down: list = field(default_factory=list)  # NVML clock-event reasons in force
+    others: list = field(default_factory=list)  # [pid, MiB] of processes not of the run
     seen_t: float = 0.0  # time of the last reading
+    age: float = 0.0  # set in views: seconds since that reading
     stale: bool = False  # set in views: no reading for a while, or the run is over
     util_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
 
@@ -66,19 +83,26 @@ class EpochRow:
     def merged(self) -> dict:
         evs = list(self.ranks.values())
         first = self.ranks.get(0, evs[0])
+        world = first.get("world_size", len(evs))
+        rate = sum(e.get("samples_per_s", 0) for e in evs)
+        if len(evs) < world:  # a rank died before it could report: lockstep, so scale
+            rate *= world / len(evs)
         return {
             "epoch": self.epoch,
             "start_step": self.start_step,
             "end_step": first.get("end_step"),
             "partial": bool(first.get("partial")),
             "settings": first.get("settings") or {},
-            "samples_per_s": sum(e.get("samples_per_s", 0) for e in evs),
+            "samples_per_s": rate,
+            "bad_samples": sum(e.get("bad_samples") or 0 for e in evs),
+            "at_quit": bool(first.get("at_quit")),
+            "rolled_back": first.get("rolled_back"),
             "data_wait": sum(e.get("data_wait", 0) for e in evs) / len(evs),
             "train_loss": first.get("train_loss"),
             "val_loss": first.get("val_loss"),
             "val_acc": first.get("val_acc"),
             "seconds": max(e.get("seconds", 0) for e in evs),
-            "world_size": first.get("world_size", len(evs)),
+            "world_size": world,
             "ranks": len(evs),
         }
 
@@ -133,7 +157,7 @@ class RunState:
         if kind not in ("epoch", "message", "run", "step", "gpu", "world"):
             text = describe(ev)
             if text:
-                self._line(t, "info", text)
+                self._line(t, "warning" if ev.get("state") in TROUBLE else "info", text)
 
     def _rank(self, rank: int) -> RankView:
         if rank not in self.ranks:
@@ -150,6 +174,7 @@ class RunState:
         r.samples_per_s = ev.get("samples_per_s", 0.0)
         r.step_ms = ev.get("step_ms", 0.0)
         r.data_wait = ev.get("data_wait", 0.0)
+        r.progress = ev.get("progress", r.progress)
         r.last_step_t = t
         if self.first_step_t is None:
             self.first_step_t = t
@@ -169,7 +194,8 @@ class RunState:
             key = f"{ev['node']} {key}"
         d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, rank))
         d.rank, d.seen_t = rank, t
-        for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss"):
+        for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss",
+                     "sm_clock", "held_down", "others"):
             if name in ev:
                 setattr(d, name, ev[name])
         d.util_history.append(ev["util"] if ev.get("util") is not None else ev.get("cpu_percent"))
@@ -195,7 +221,12 @@ class RunState:
 
     def _on_rank(self, ev: dict, rank: int, t: float) -> None:
         r = self._rank(rank)
-        r.state = ev.get("state", r.state)
+        if ev.get("state", r.state) != r.state:
+            r.state, r.state_t = ev["state"], t
+            r.reason = ""
+        standby = ev.get("standby") or ""
+        if standby != r.standby:
+            r.standby, r.standby_t = standby, t
         for name in ("pid", "device", "gpu", "host", "reason"):
             if ev.get(name) is not None:
                 setattr(r, name, ev[name])
@@ -206,7 +237,9 @@ class RunState:
         self.meta["world_size"] = ev.get("size")
         if ev.get("generation"):  # a change (generation 0 is the launch)
             where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
-            self._line(t, "info", f"world: {ev.get('size')} ranks {ev.get('ranks')}{where}")
+            size = ev.get("size")
+            self._line(t, "info", f"world: {size} rank{'' if size == 1 else 's'} "
+                       f"{ev.get('ranks')}{where}")
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:
         status = ev.get("status")
@@ -231,14 +264,19 @@ class RunState:
         for name in ("steps_per_epoch", "num_train", "num_classes", "params"):
             if name in ev:
                 self.meta[name] = ev[name]
+        if ev.get("stacks_of") is not None:
+            r = self._rank(ev["stacks_of"])
+            r.stacks, r.stacks_t = ev.get("stacks") or "", t
         self._line(t, ev.get("level", "info"), describe(ev))
 
     def _on_checkpoint(self, ev: dict, rank: int, t: float) -> None:
         self.checkpoint_t = t
 
     def _throughput(self, now: float) -> float:
+        """The members' latest rates while they are fresh: a rank's figure counts for a few of
+        its own steps (a 1.4 s step is not 0 img/s), never after its steps stopped coming."""
         return sum(r.samples_per_s for r in self.ranks.values()
-                   if r.state == "running" and now - r.last_step_t < FRESH_S)
+                   if r.state in STEPPING and now - r.last_step_t < _fresh_for(r))
 
     def set_host(self, host: dict) -> None:
         with self.lock:
@@ -248,12 +286,13 @@ class RunState:
     def view(self) -> dict:
         """A consistent copy of what the screens draw (taken under the lock)."""
         with self.lock:
-            now = self.ended_t or (time.time() if self.live else self.last_t)
+            now = self._now()
             done_epochs = [self.epochs[k].merged() for k in sorted(self.epochs)]
             return {
                 "meta": dict(self.meta),
                 **self._pulse(),  # status, paused, settings, pending, throughput
                 "elapsed": (now - self.started_t) if self.started_t else 0.0,
+                "now": now,
                 "ranks": [RankView(**vars(r)) for r in sorted(self.ranks.values(),
                                                               key=lambda r: r.rank)],
                 "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
@@ -277,7 +316,10 @@ class RunState:
     def _pulse(self) -> dict:
         return {"status": self.status, "paused": self.paused, "settings": dict(self.settings),
                 "pending": dict(self.pending),
-                "throughput": self._throughput(self.last_t) if self.status == "running" else 0.0}
+                "throughput": self._throughput(self._now()) if self.status == "running" else 0.0}
+
+    def _now(self) -> float:
+        return self.ended_t or (time.time() if self.live else self.last_t)
 
     def lines_after(self, seq: int) -> list[tuple[int, float, str, str]]:
         with self.lock:
@@ -288,14 +330,20 @@ class RunState:
         copy.util_history = deque(d.util_history, maxlen=HISTORY)
         # A finished run's last readings (a GPU at 100%) must not read as the present.
         copy.stale = self.ended_t is not None or now - d.seen_t > STALE_S
+        copy.age = max(0.0, now - d.seen_t)
         return copy
 
-    def _progress(self) -> tuple[int, int, int, int]:
-        """(epoch, epochs, step in epoch, steps per epoch) from the lowest live rank."""
-        live = [r for r in self.ranks.values() if r.state == "running"] or list(self.ranks.values())
-        r = min(live, key=lambda r: r.rank) if live else RankView(0)
-        return (r.epoch, int(self.meta.get("epochs") or 0), r.step,
-                int(self.meta.get("steps_per_epoch") or 0))
+    def _progress(self) -> tuple[int, int, int, int, float]:
+        """(epoch, epochs, step in epoch, steps per epoch, fraction of the run done) from the
+        member furthest on; the fraction comes from the ranks' own sampler, so it stays right
+        when a smaller world takes more steps per epoch."""
+        ranks = list(self.ranks.values())
+        r = max(ranks, key=lambda r: (r.global_step, -r.rank)) if ranks else RankView(0)
+        epochs = int(self.meta.get("epochs") or 0)
+        done = min(1.0, (r.epoch + min(r.progress, 1.0)) / epochs) if epochs else 0.0
+        if self.status == "done":
+            done = 1.0
+        return (r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:

@@ -1,68 +1,31 @@
-"""The supervisor: spawns one process per rank, owns every process it started, and keeps the run
-state; one thread polls telemetry, process sentinels and commands, decides and acts.
+"""The supervisor: one thread that owns every rank process (through the ProcessPool), folds their
+telemetry into the run state and the log, watches their health, and decides and acts.
 
-It also decides who is in the world: it orders leaves and joins (agreed by the ranks at a step),
+It decides who is in the world: it orders leaves and joins (agreed by the ranks at a step),
 recoveries when a rank dies (sent straight to the survivors), and keeps a warm standby process
 for every rank that is out of the world, ready to join.
 """
 
 from __future__ import annotations
 
-import enum
-import multiprocessing as mp
 import os
 import queue
 import signal
-import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from multiprocessing import resource_tracker
 from multiprocessing.connection import wait as wait_any
 
-import psutil
-
+from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port
 from ddptui.runstate import RunState
+from ddptui.sampler import RunSampler
+from ddptui.watchdog import Member, Watchdog
 from trainer.config import RunConfig
-from trainer.protocol.events import PARENT, JsonlWriter, event
+from trainer.protocol.events import PARENT, JsonlWriter, RankState, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
-TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
+SAMPLE_EVERY_S = 0.5  # GPU and process readings
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-
-
-class RankState(str, enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    STANDBY = "standby"  # warmed up outside the world, ready to join
-    STOPPED = "stopped"
-    CRASHED = "crashed"
-    RESTARTING = "restarting"  # joining the world
-    DONE = "done"
-
-
-FINAL = (RankState.DONE, RankState.CRASHED, RankState.STOPPED)
-
-
-@dataclass
-class RankProcess:
-    """One process started for a rank slot (a slot gets a new process after a stop or crash)."""
-
-    slot: int
-    gpu: int | None
-    process: mp.process.BaseProcess
-    telemetry: object  # read end of this rank's telemetry pipe
-    inbox: object  # write end of its command pipe (the world's rank 0 relays commands to all)
-    standby: bool = False
-    state: RankState = RankState.STARTING
-    children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on now (the rendezvous; a busy port is never our failure)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def default_log_path() -> str:
@@ -71,8 +34,8 @@ def default_log_path() -> str:
 
 class Supervisor:
     """Start with start(); steer with pause()/resume()/checkpoint()/change_settings()/
-    apply_now()/stop_rank()/restart_rank()/stop(); wait() returns the exit code.
-    Only this class starts or kills processes."""
+    apply_now()/stop_rank()/restart_rank()/kill_rank()/stacks()/stop(); wait() returns the exit
+    code. Only this class (through its ProcessPool) starts or kills processes."""
 
     live = True  # there are ranks to steer (a Replay has none)
     owns_ranks = True  # q stops them (an Attach only detaches)
@@ -86,32 +49,34 @@ class Supervisor:
             "gpus": list(config.gpus or []), "batch_size": config.batch_size,
             "log": self.log_path, "checkpoint_dir": config.checkpoint_dir,
         })
-        self.procs: list[RankProcess] = []  # every process started, in order
+        self.pool = ProcessPool(config, self.log_path)
         self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
         self.members: list[int] = []  # the slots in the world (or in the world being formed)
+        self._out: dict[int, tuple[str, str]] = {}  # slot -> (stopped|crashed, why), until back
         self._generation = 0
         self._world_change: dict | None = None  # an order the ranks have not confirmed yet
         self._deferred: list[tuple[str, int]] = []  # stop/restart asked during a world change
         self._leaving: set[int] = set()
         self._wanted: set[int] = set()  # slots to bring back as soon as their standby is ready
+        self._killed: dict[int, str] = {}  # pid -> why ddptui killed it
+        self._bad: set[str] = set()  # distinct corrupt samples skipped, over every rank
         self._restarts = 0
         self._autotuner = None
         self.exit_code: int | None = None
         self.done = threading.Event()
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._stop_requested: tuple[str, int] | None = None
+        self._stop_requested: tuple[str, int, str] | None = None  # status, code, reason
         self._stop_deadline: float | None = None
         self._failure: tuple[int, str] | None = None
         self._usage_error: str | None = None
         self._errors: dict[int, str] = {}  # rank -> its last error message
         self._writer: JsonlWriter | None = None
+        self.sampler: RunSampler | None = None
+        self.watchdog = Watchdog(config.stall_after, config.on_stall == "recover",
+                                 config.telemetry_hz > 0, self._emit_health, self.say,
+                                 self._kill, lambda pid: self.sampler.process(pid))
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
-        # Plain pipes, no multiprocessing Queue: a Queue's semaphores need the resource tracker
-        # (which trips over Textual's stderr and warns about "leaked" locks of killed ranks) and
-        # a shared Queue's lock, held by a rank killed mid-send, would silence every rank.
-        self._ctx = mp.get_context("spawn")
-        self._start_resource_tracker(os.path.splitext(self.log_path)[0] + ".tracker.out")
 
     # -- the API the app, the headless console and tests use ---------------------------------
     def start(self) -> None:
@@ -145,70 +110,114 @@ class Supervisor:
         self._commands.put({"op": "stop_rank", "slot": rank})
 
     def restart_rank(self, rank: int) -> None:
-        """A stopped or crashed rank joins again; a running one leaves and joins again."""
+        """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
+        leaves and joins again."""
         self._commands.put({"op": "restart_rank", "slot": rank})
 
-    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED) -> None:
+    def kill_rank(self, rank: int) -> None:
+        """SIGKILL the rank (a stalled one above all): crash recovery follows."""
+        self._commands.put({"op": "kill_rank", "slot": rank})
+
+    def stacks(self, rank: int) -> None:
+        """Ask the rank for every thread's Python stack; they arrive as a message event."""
+        self._commands.put({"op": "stacks", "slot": rank})
+
+    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
+             reason: str = "") -> None:
         """Orderly end: ranks agree on a step, checkpoint if a directory is set, and exit.
-        A second call while stopping ends every process at once."""
-        self._commands.put({"op": "stop", "status": status, "code": code})
+        With a stalled rank nothing waits for it. A second call ends every process at once."""
+        self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
 
     def pids(self) -> set[int]:
         """Every process of the run seen so far: ranks and their workers."""
-        found = set()
-        for r in self.procs:
-            if r.process.pid:
-                found.add(r.process.pid)
-            found |= r.children
-        return found
+        return self.pool.pids()
 
-    @staticmethod
-    def _start_resource_tracker(path: str) -> None:
-        """Start multiprocessing's resource tracker (spawn needs it) with its stderr in a file.
+    def say(self, text: str, level: str = "info", **fields) -> None:
+        """A message of the supervisor's own, in the log and the event pane (its thread only)."""
+        self._emit("message", level=level, text=text, **fields)
 
-        It inherits fd 2: on the terminal its warnings about the named semaphores of a rank we
-        had to kill would garble the one-line error promise and the dashboard. And it must start
-        before Textual runs, since it also asks sys.stderr for a file descriptor.
-        """
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        saved = os.dup(2)
-        try:
-            os.dup2(fd, 2)
-            resource_tracker.ensure_running()
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(fd)
+    def world_changing(self) -> bool:
+        return self._world_change is not None
 
-    # -- the supervisor thread -----------------------------------------------------------------
+    def autotune_done(self, best: dict, rate: float, results: list) -> None:
+        from ddptui.autotune import describe_settings
+
+        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
+        self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
+                 autotune=best)
+
+    # -- events --------------------------------------------------------------------------------
     def _emit(self, kind: str, **fields) -> None:
         self._handle(event(kind, PARENT, **fields))
 
     def _handle(self, ev: dict) -> None:
+        """Every event, ours or a rank's, goes through here: state, log, then decisions."""
+        kind = ev["kind"]
+        if kind in ("step", "beat", "gpu"):
+            self.watchdog.observe(ev)
+            if kind == "beat":  # for the watchdog only: the log keeps what it concluded
+                return
         self.state.apply(ev)
         if self._writer:
             self._writer.write(ev)
-        kind = ev["kind"]
-        if kind == "message" and ev.get("level") == "error":
-            self._errors[ev["rank"]] = ev.get("text", "")
-            if ev.get("usage") and self._usage_error is None:
-                self._usage_error = ev.get("text", "bad input")
-        elif kind == "rank" and ev["rank"] in self.slots:
-            rp = self.slots[ev["rank"]]
-            if ev.get("state") == "running" and rp.state not in FINAL:
-                rp.state = RankState.RUNNING
-            elif ev.get("state") == "standby" and rp.state == RankState.STARTING:
-                rp.state = RankState.STANDBY
-                self._next_change()
+        if kind == "message":
+            self._on_message(ev)
         elif kind == "world" and ev["rank"] != PARENT and self._world_change is not None \
                 and ev.get("generation") == self._world_change["gen"]:
             self._world_change = None
+            self.watchdog.restart_clock(self.members, ev["t"])
             self._next_change()
+        elif kind == "run" and ev.get("status") == "resumed":
+            self.watchdog.restart_clock(self.members, ev["t"])
 
+    def _on_message(self, ev: dict) -> None:
+        if ev.get("level") == "error":
+            self._errors[ev["rank"]] = ev.get("text", "")
+            if ev.get("usage") and self._usage_error is None:
+                self._usage_error = ev.get("text", "bad input")
+        if ev.get("bad_sample") is not None:
+            self._bad.add(ev.get("path", ""))
+            limit = ev.get("limit", 0)
+            if len(self._bad) > limit and self._stop_requested is None:
+                self.stop("failed", EXIT_USAGE, f"{len(self._bad)} corrupt samples, more than "
+                          f"--max-bad-samples {limit}; the last: {ev.get('path')}")
+
+    def _from_rank(self, ev: dict) -> None:
+        """A rank's own event: its state moves the slot's process on; while the slot is out of
+        the world, its standby's states are shown as a detail of why it is out."""
+        slot = ev["rank"]
+        if ev.get("bad_sample") is not None and ev.get("path") in self._bad:
+            return  # another rank met it too: each file is named once in the run
+        if ev["kind"] == "rank" and slot in self.slots:
+            rp, state = self.slots[slot], ev.get("state")
+            if state == "running" and rp.state not in FINAL:
+                rp.state = RankState.RUNNING
+                self._out.pop(slot, None)
+                self.watchdog.restart_clock([slot], ev["t"])
+            elif state == "standby" and rp.state == RankState.STARTING:
+                rp.state = RankState.STANDBY
+                self._handle(self._as_out(ev, "ready"))
+                self._next_change()
+                return
+        self._handle(ev)
+
+    def _as_out(self, ev: dict, standby: str) -> dict:
+        out = self._out.get(ev["rank"])
+        if out is None:
+            return {**ev, "standby": standby}
+        return {**ev, "state": out[0], "reason": out[1], "standby": standby}
+
+    def _emit_health(self, slot: int, state: str, reason: str, **fields) -> None:
+        rp = self.slots[slot]
+        self._handle(event("rank", slot, state=state, pid=rp.process.pid, gpu=rp.gpu,
+                           reason=reason, **fields))
+
+    # -- the thread ----------------------------------------------------------------------------
     def _main(self) -> None:
         code = EXIT_FAILED
         try:
+            self.sampler = RunSampler(self.config.gpus, self._handle,
+                                      lambda text: self.say(text, "warning"))
             self._emit("run", status="started", pid=os.getpid(), **self.state.meta)
             self._prepare_data()
             if self._stop_requested is None:
@@ -223,13 +232,17 @@ class Supervisor:
                        reason=f"supervisor error: {type(e).__name__}: {e}")
             raise
         finally:
-            self._end_all()
-            self._drain_telemetry()
-            self._close_pipes()
-            if self._writer:
-                self._writer.close()
-            self.exit_code = code if self.exit_code is None else self.exit_code
-            self.done.set()
+            try:
+                self._end_all()
+                self._drain_telemetry()
+            finally:
+                self.exit_code = code if self.exit_code is None else self.exit_code
+                self.pool.close()
+                if self.sampler is not None:
+                    self.sampler.close()
+                if self._writer:
+                    self._writer.close()
+                self.done.set()
 
     def _prepare_data(self) -> None:
         """Generate the built-in dataset here, once, with progress, before ranks race for it."""
@@ -252,11 +265,12 @@ class Supervisor:
         gpus = list(self.config.gpus) if self.config.gpus else [None] * world
         if self.config.strategy == "dp":  # one process holds every GPU
             gpus = gpus[:1]
-        self.say(f"starting {world} ranks")
+        self.say(f"starting {_count(world, 'rank')}")
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)
         self.members = list(range(world))
         self._emit("world", size=world, ranks=list(self.members), generation=0)
+        self.watchdog.restart_clock(self.members, time.time())
         if self.config.autotune:
             from ddptui.autotune import Autotuner, candidates
 
@@ -264,76 +278,66 @@ class Supervisor:
                 self.config.settings(world), self.config.device_kind == "cuda", world))
 
     def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
-        from trainer.bootstrap import RankSpec, run_rank
-
-        stem = os.path.splitext(self.log_path)[0]
-        spec = RankSpec(self.config, slot, slot, self.config.world_size, init, gpu, os.getpid(),
-                        f"{stem}.rank{slot}.out", standby=standby)
-        telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
-        inbox_end, inbox = self._ctx.Pipe(duplex=False)
-        p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
-                              name=f"ddptui-rank{slot}", daemon=False)
-        p.start()
-        telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
-        inbox_end.close()
-        rp = RankProcess(slot, gpu, p, telemetry, inbox, standby=standby)
-        self.procs.append(rp)
+        rp = self.pool.start(slot, gpu, init, standby)
         self.slots[slot] = rp
         self._errors.pop(slot, None)
-        self._handle(event("rank", slot, state="starting", pid=p.pid, gpu=gpu, standby=standby,
-                           device=f"cuda:{gpu}" if gpu is not None else "cpu",
-                           reason="standby: warming up to join" if standby else ""))
+        self.watchdog.forget(slot)
+        ev = event("rank", slot, state="starting", pid=rp.process.pid, gpu=gpu,
+                   device=f"GPU {gpu}" if gpu is not None else "cpu")
+        self._handle(self._as_out(ev, "warming") if standby else ev)
 
     def _loop(self) -> None:
-        next_scan = 0.0
+        next_sample = 0.0
         while self._world_alive():
-            readers = [r.telemetry for r in self.procs if not r.telemetry.closed]
-            sentinels = [r.process.sentinel for r in self.procs if r.process.exitcode is None]
+            readers = [r.telemetry for r in self.pool.procs if not r.telemetry.closed]
+            sentinels = [r.process.sentinel for r in self.pool.procs if r.alive]
             wait_any(readers + sentinels, timeout=0.1)
             self._drain_telemetry()
             self._reap()
             self._run_commands()
             now = time.monotonic()
-            if now >= next_scan:
-                self._scan_children()
-                self._sample_host()
-                next_scan = now + 1.0
+            if now >= next_sample:
+                self._sample()
+                next_sample = now + SAMPLE_EVERY_S
+            self.watchdog.check(time.time(), self._members(), self.state.paused)
             if self._autotuner is not None:
                 self._autotuner.tick(now)
             if self._stop_deadline and now > self._stop_deadline:
-                self._emit("message", level="warning",
-                           text="ranks did not stop in time: terminating them")
+                self.say("ranks did not stop in time: terminating them", "warning")
                 self._end_all()
         self._reap()
 
-    def say(self, text: str, **fields) -> None:
-        """A message of the supervisor's own, in the log and the event pane (its thread only)."""
-        self._emit("message", level="info", text=text, **fields)
+    def _members(self) -> list[Member]:
+        """The members of the world that are running (not joining, not leaving)."""
+        found = []
+        for s in self.members:
+            rp = self.slots[s]
+            if rp.alive and rp.state == RankState.RUNNING and s not in self._leaving:
+                found.append(Member(s, rp.process.pid, rp.gpu, rp.stacks_path))
+        return found
 
-    def world_changing(self) -> bool:
-        return self._world_change is not None
-
-    def autotune_done(self, best: dict, rate: float, results: list) -> None:
-        from ddptui.autotune import describe_settings
-
-        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
-        self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
-                 autotune=best)
+    def _sample(self) -> None:
+        self.pool.scan_children()
+        slots = {s: (rp.process.pid, rp.gpu) for s, rp in self.slots.items() if rp.alive}
+        pids = self.pool.pids()
+        self.sampler.sample(slots, pids)
+        self.sampler.forget(pids)
+        self.state.set_host(self.sampler.host())
 
     def _world_alive(self) -> bool:
         """Training goes on while a process of the world lives (standbys alone do not count)."""
-        return any(self.slots[s].process.exitcode is None for s in self.members)
+        return any(self.slots[s].alive for s in self.members)
 
     def _drain_telemetry(self) -> None:
-        for r in self.procs:
+        for r in self.pool.procs:
             try:
                 while not r.telemetry.closed and r.telemetry.poll():
-                    self._handle(r.telemetry.recv())
+                    self._from_rank(r.telemetry.recv())
             except (EOFError, OSError):
                 r.telemetry.close()
 
     def _reap(self) -> None:
-        for r in self.procs:
+        for r in self.pool.procs:
             code = r.process.exitcode
             if code is None or r.state in FINAL:
                 continue
@@ -341,6 +345,7 @@ class Supervisor:
             member = r.slot in self.members and self.slots[r.slot] is r
             if code == 0 and r.slot in self._leaving and not member:
                 self._leaving.discard(r.slot)
+                self._out[r.slot] = ("stopped", "left the world on request")
                 self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
                 self._bring_up_standby(r.slot)
             elif code == 0:
@@ -352,31 +357,33 @@ class Supervisor:
             elif self._failure or self._stop_requested or r.state == RankState.STOPPED:
                 self._set_state(r, RankState.STOPPED, "ended by ddptui")
             else:
-                reason = self._death_reason(r, code)
+                reason = self._killed.get(r.process.pid) or self._errors.get(r.slot) \
+                    or r.death()
                 self._set_state(r, RankState.CRASHED, reason)
                 if member:
                     self._lost(r, reason)
                 else:
-                    self._emit("message", level="warning",
-                               text=f"standby for rank {r.slot} {reason}; r starts another")
+                    self.say(f"standby for rank {r.slot} {reason}; r starts another", "warning")
 
     def _set_state(self, r: RankProcess, state: RankState, reason: str | None) -> None:
         r.state = state
-        self._emit_rank(r, state.value, reason)
+        if state in FINAL:
+            self.watchdog.forget(r.slot)
+        self._handle(event("rank", r.slot, state=state.value, pid=r.process.pid, gpu=r.gpu,
+                           reason=reason, exit_code=r.process.exitcode))
 
     def _lost(self, r: RankProcess, reason: str) -> None:
         """A rank of the world died: the survivors re-form without it, or the run fails."""
-        survivors = [s for s in self.members
-                     if s != r.slot and self.slots[s].process.exitcode is None]
+        survivors = [s for s in self.members if s != r.slot and self.slots[s].alive]
         if not (self.config.snapshot_every and self.state.first_step_t and survivors):
             self._fail(EXIT_FAILED, f"rank {r.slot} {reason}")
             return
+        self._out[r.slot] = ("crashed", reason)
         order = self._order("recover", survivors)
         for s in survivors:
-            self._tell(self.slots[s], order)
-        self._emit("message", level="warning",
-                   text=f"rank {r.slot} {reason}: going on with {len(survivors)} "
-                   f"rank{'s' if len(survivors) > 1 else ''} from their last common step")
+            self.slots[s].tell(order)
+        self.say(f"rank {r.slot} {reason}: going on with {_count(len(survivors), 'rank')} "
+                 "from their last common step", "warning")
         if self._restarts < self.config.max_restarts:
             self._restarts += 1
             self._wanted.add(r.slot)
@@ -391,20 +398,8 @@ class Supervisor:
                  "init": f"tcp://127.0.0.1:{free_port()}", **extra}
         self.members = order["members"]
         self._world_change = order
+        self.watchdog.restart_clock(self.members, time.time())
         return order
-
-    def _emit_rank(self, r: RankProcess, state: str, reason: str | None) -> None:
-        self._handle(event("rank", r.slot, state=state, pid=r.process.pid, gpu=r.gpu,
-                           reason=reason, exit_code=r.process.exitcode))
-
-    def _death_reason(self, r: RankProcess, code: int) -> str:
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"killed by {name}"
-        return self._errors.get(r.slot) or f"exited with code {code}"
 
     def _fail(self, code: int, reason: str) -> None:
         """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
@@ -412,6 +407,17 @@ class Supervisor:
             self._failure = (code, reason)
             self._end_all()
 
+    def _kill(self, slot: int, why: str) -> None:
+        rp = self.slots.get(slot)
+        if rp is None or not rp.alive or slot not in self.members:
+            self.say(f"rank {slot} is not running", "warning")
+            return
+        self._killed[rp.process.pid] = f"killed by ddptui ({why})"
+        self.say(f"killing rank {slot} ({why}): the others go on through crash recovery",
+                 "warning")
+        os.kill(rp.process.pid, signal.SIGKILL)
+
+    # -- commands ------------------------------------------------------------------------------
     def _run_commands(self) -> None:
         while True:
             try:
@@ -420,11 +426,24 @@ class Supervisor:
                 return
             op = cmd["op"]
             if op == "stop":
-                self._begin_stop(cmd["status"], cmd["code"])
+                self._begin_stop(cmd["status"], cmd["code"], cmd["reason"])
             elif op in ("stop_rank", "restart_rank"):
                 self._rank_command(op, cmd["slot"])
+            elif op == "kill_rank":
+                flagged = self.watchdog.flags.get(cmd["slot"])
+                self._kill(cmd["slot"], f"k: {flagged}" if flagged else "k")
+            elif op == "stacks":
+                self._ask_stacks(cmd["slot"])
             else:
                 self._send(cmd)
+
+    def _ask_stacks(self, slot: int) -> None:
+        rp = self.slots.get(slot)
+        if rp is None or not rp.alive:
+            self.say(f"rank {slot} has no live process to ask for its stacks", "warning")
+            return
+        self.watchdog.ask_stacks(Member(slot, rp.process.pid, rp.gpu, rp.stacks_path),
+                                 time.time())
 
     def _rank_command(self, op: str, slot: int) -> None:
         if self._stop_requested or self._failure or slot not in self.slots:
@@ -441,29 +460,31 @@ class Supervisor:
         rank leaves first."""
         running = slot in self.members
         self._wanted.add(slot)
+        warming = not running and self.slots[slot].state == RankState.STARTING
         self.say(f"restarting rank {slot}: it joins again from a warm standby"
-                 + (" after leaving" if running else ""))
+                 + (" after leaving" if running else "")
+                 + (" as soon as the standby is warm" if warming else ""))
         if running:
             self._leave(slot)
             return
-        if self.slots[slot].process.exitcode is not None:  # its standby died too
+        if not self.slots[slot].alive:  # its standby died too
             self._bring_up_standby(slot)
         self._next_change()
 
     def _leave(self, slot: int) -> None:
         if slot not in self.members:
-            self._emit("message", level="warning", text=f"rank {slot} is not running")
+            self.say(f"rank {slot} is not running", "warning")
         elif len(self.members) == 1:
             self._wanted.discard(slot)
-            self._emit("message", level="warning",
-                       text=f"rank {slot} is the last rank: q ends the run instead")
+            self.say(f"rank {slot} is the last rank: q ends the run instead", "warning")
         else:
             leader = self.slots[self.members[0]]
             order = self._order("reform", [s for s in self.members if s != slot])
             self._leaving.add(slot)
-            self._send(order, leader)
+            self.watchdog.forget(slot)
+            leader.tell(order)
             self.say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
-                     f"{len(self.members)} go on")
+                     f"{_count(len(self.members), 'rank')} go on")
 
     def _next_change(self) -> None:
         """After a world change: the next asked-for stop/restart, or a wanted rank's join."""
@@ -479,8 +500,8 @@ class Supervisor:
         leader = self.slots[self.members[0]]
         order = self._order("reform", self.members + [slot], joiner=slot)
         joiner = self.slots[slot]
-        self._send(order, leader)
-        self._tell(joiner, {**order, "op": "join"})
+        leader.tell(order)
+        joiner.tell({**order, "op": "join"})
         self._set_state(joiner, RankState.RESTARTING, "joining the world")
 
     def _bring_up_standby(self, slot: int) -> None:
@@ -488,100 +509,70 @@ class Supervisor:
         if self._stop_requested or self._failure:
             return
         current = self.slots[slot]
-        if current.process.exitcode is None and current.standby:
+        if current.alive and current.standby:
             return
         self._start_process(slot, current.gpu, "", standby=True)
 
-    def _send(self, cmd: dict, to: RankProcess | None = None) -> None:
+    def _send(self, cmd: dict) -> None:
         # The world's rank 0 is the authority: it offers commands to every rank at an agreed step.
-        if to is None:
-            if not self.members:
-                return
-            to = self.slots[self.members[0]]
-        self._tell(to, cmd)
+        if self.members:
+            self.slots[self.members[0]].tell(cmd)
 
-    def _tell(self, r: RankProcess, cmd: dict) -> None:
-        if r.process.exitcode is None:
-            try:
-                r.inbox.send(cmd)
-            except OSError:  # it died this instant; the sentinel says so next
-                pass
-
-    def _close_pipes(self) -> None:
-        for r in self.procs:
-            r.telemetry.close()
-            r.inbox.close()
-
-    def _begin_stop(self, status: str, code: int) -> None:
+    def _begin_stop(self, status: str, code: int, reason: str) -> None:
         if self._stop_requested is not None:  # asked twice: no more waiting
             self._end_all()
             return
-        self._stop_requested = (status, code)
-        self.say("stopping: ranks finish their step"
-                 + (" and checkpoint" if self.config.checkpoint_dir else ""))
+        self._stop_requested = (status, code, reason)
         for r in self.slots.values():  # standbys hold no state worth waiting for
-            if r.slot not in self.members and r.process.exitcode is None:
-                r.state = RankState.STOPPED
+            if r.slot not in self.members and r.alive:
+                self._set_state(r, RankState.STOPPED, "the run is ending")
                 r.process.terminate()
+        stalled = [s for s in self.watchdog.stalled() if s in self.members]
         members = [self.slots[s] for s in self.members]
-        if any(r.state == RankState.RUNNING for r in members) and self.state.first_step_t:
+        if stalled:
+            self._stop_past(stalled)
+        elif any(r.state == RankState.RUNNING for r in members) and self.state.first_step_t:
+            self.say("stopping: ranks finish their step"
+                     + (" and checkpoint" if self.config.checkpoint_dir else ""))
             self._send({"op": "stop"})
             self._stop_deadline = time.monotonic() + STOP_GRACE_S
         else:  # still starting up: nothing to save, nothing to agree on
             self._end_all()
+
+    def _stop_past(self, stalled: list[int]) -> None:
+        """A stalled rank never reaches an agreed step: kill it; the others roll back to their
+        newest common point, checkpoint from there and exit."""
+        for s in stalled:
+            self._killed[self.slots[s].process.pid] = "killed by ddptui (stalled at the stop)"
+            os.kill(self.slots[s].process.pid, signal.SIGKILL)
+        survivors = [s for s in self.members if s not in stalled and self.slots[s].alive]
+        if not (survivors and self.config.snapshot_every and self.state.first_step_t):
+            self.say("stopping: the stalled ranks are ended, nothing is waited for")
+            self._end_all()
+            return
+        order = self._order("recover", survivors, stop=True)
+        for s in survivors:
+            self.slots[s].tell(order)
+        self.say(f"stopping without rank {', '.join(map(str, stalled))} (stalled): the others "
+                 "go back to their last common step"
+                 + (", checkpoint" if self.config.checkpoint_dir else "") + " and end")
+        self._stop_deadline = time.monotonic() + STALLED_STOP_S
 
     def _outcome(self) -> tuple[int, str, str]:
         if self._failure:
             code, reason = self._failure
             return code, "failed", reason
         if self._stop_requested:
-            status, code = self._stop_requested
-            return code, status, ""
+            return self._stop_requested[1], self._stop_requested[0], self._stop_requested[2]
         if self.members and all(self.slots[s].state == RankState.DONE for s in self.members):
             return EXIT_OK, "done", ""
         return EXIT_FAILED, "failed", "ranks ended unexpectedly"
 
-    def _sample_host(self) -> None:
-        mem = psutil.virtual_memory()
-        self.state.set_host({"cpu_percent": psutil.cpu_percent(), "mem_percent": mem.percent,
-                             "mem_used": (mem.total - mem.available) >> 20,
-                             "mem_total": mem.total >> 20, "cpus": psutil.cpu_count()})
-
-    def _scan_children(self) -> None:
-        for r in self.procs:
-            if r.process.exitcode is None and r.process.pid:
-                try:
-                    r.children |= {c.pid for c in psutil.Process(r.process.pid).children(True)}
-                except psutil.Error:
-                    pass
-
     def _end_all(self) -> None:
-        """SIGTERM every live rank, SIGKILL what is left, then any worker that outlived its rank.
-
-        Ranks are our children and are reaped through multiprocessing (psutil must not wait on
-        them); their DataLoader workers are not, so psutil watches those by pid.
-        """
-        self._scan_children()
-        workers = []
-        for pid in {pid for r in self.procs for pid in r.children}:
-            try:
-                workers.append(psutil.Process(pid))
-            except psutil.Error:
-                pass
-        live = [r.process for r in self.procs if r.process.exitcode is None]
-        for p in live:
-            p.terminate()
-        deadline = time.monotonic() + TERM_GRACE_S
-        for p in live:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in live:
-            if p.exitcode is None:
-                p.kill()
-                p.join(TERM_GRACE_S)
-        for w in workers:
-            try:
-                w.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(workers, timeout=TERM_GRACE_S)
+        self.pool.end_all()
         self._stop_deadline = None
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 rank', '2 ranks'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

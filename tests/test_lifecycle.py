@@ -92,7 +92,7 @@ def test_a_rank_killed_is_survived_and_its_standby_ends_with_the_run(env, tmp_pa
     wait_for_event(log, lambda e: e["kind"] == "step")
     victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
     os.kill(victim, signal.SIGKILL)
-    wait_for_event(log, lambda e: e["kind"] == "rank" and e.get("state") == "standby")
+    wait_for_event(log, lambda e: e["kind"] == "rank" and e.get("standby") == "ready")
     pids = run_pids(log)  # now including the standby that replaced rank 1
     step = max(e["global_step"] for e in events(log, "step") if e["rank"] == 0)
     wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step + 20)

@@ -6,7 +6,9 @@ without either, it trains as a single-process world.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import socket
 import sys
 
@@ -47,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"python -m trainer: error: {e}", file=sys.stderr)
         return 2
+    # `kill -USR1 PID` prints every thread's Python stack to stderr: where a hung rank is stuck.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     from trainer.worker import main as rank_main  # torch is imported only once input is valid
 
     return rank_main(config, rank, world, local_rank=local, echo=rank == 0)

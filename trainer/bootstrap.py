@@ -6,6 +6,7 @@ then it forms the world on a thread while the rest imports, and hands over to wo
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
 import signal
 import sys
@@ -29,6 +30,7 @@ class RankSpec:
     physical_gpu: int | None
     parent_pid: int
     output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
+    stacks_path: str  # where SIGUSR1 makes faulthandler write every thread's Python stack
     standby: bool = False  # warm up, then wait for the supervisor's join order
 
 
@@ -43,6 +45,10 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # The supervisor asks a stalled rank where it is stuck; faulthandler answers from C, so it
+    # works even while the main thread holds the GIL in a call that never returns. Appending:
+    # the supervisor empties the file before each request.
+    faulthandler.register(signal.SIGUSR1, file=open(spec.stacks_path, "a"), all_threads=True)
     if spec.physical_gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         dp = spec.config.strategy == "dp"

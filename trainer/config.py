@@ -82,6 +82,13 @@ class RunConfig:
     max_restarts: int = 0
     strategy: str = "ddp"  # dp: one process, torch.nn.DataParallel across the chosen GPUs
     autotune: bool = False
+    stall_after: float | None = None  # None: max(10 s, 20 x the rank's median step)
+    on_stall: str = "warn"  # recover: kill a stalled rank, crash recovery follows
+    max_bad_samples: int | None = None  # None: 0.1% of the training set
+
+    def bad_sample_limit(self, num_train: int) -> int:
+        """Distinct corrupt samples a run skips before it ends with exit 2."""
+        return self.max_bad_samples if self.max_bad_samples is not None else num_train // 1000
 
     @property
     def data_kind(self) -> str:
@@ -145,7 +152,7 @@ def _int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     if not (value := _float(text)) > 0:
         raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
     return value
@@ -193,7 +200,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                    help="cap on optimizer steps per epoch")
     g.add_argument("--batch-size", type=_positive_int, default=d.batch_size, metavar="N",
                    help="per rank")
-    g.add_argument("--lr", type=_positive_float, default=d.lr)
+    g.add_argument("--lr", type=positive_float, default=d.lr)
     g.add_argument("--lr-scaling", choices=("none", "linear"), default=d.lr_scaling,
                    help="linear: lr x world size (Goyal et al.)")
     g = parser.add_argument_group("numerics")
@@ -219,6 +226,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--telemetry-hz", type=_non_negative_float, default=d.telemetry_hz,
                    metavar="HZ", help="step events a second per rank (0: none, and no GPU "
                    "sampling: for measuring what telemetry costs)")
+    g.add_argument("--max-bad-samples", type=_non_negative_int, default=None, metavar="N",
+                   help="corrupt or unreadable samples are skipped and counted; past N distinct "
+                   "ones the run ends with exit 2 (default: 0.1%% of the training set; 0: fail "
+                   "at the first)")
     g.add_argument("--snapshot-every", type=_non_negative_int, default=d.snapshot_every,
                    metavar="STEPS", help="under ddptui run: steps between on-device rollback "
                    "points; after a rank dies the others go back at most this far and carry on "

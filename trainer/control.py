@@ -1,7 +1,7 @@
 """Commands from the supervisor, agreed by every rank at the same step through a gloo group.
 
-Rank 0 offers what its mailbox holds in a one-element async broadcast every few steps and the
-ranks read it one interval later, so control costs no device sync and almost no step time.
+Rank 0 offers what its mailbox holds in a small async broadcast about every 0.2 s and the ranks
+read it one interval later, so control costs no device sync and almost no step time.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import torch.distributed as dist
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
 URGENT = ("recover", "join")
+OFFER_S = 0.2  # commands are offered about this often (two offers: a key waits <= ~0.4 s)
+MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
 
 
 class Mailbox:
@@ -71,27 +73,45 @@ class Mailbox:
 
 
 class Control:
-    """Rank 0 drains the mailbox; every rank gets the same commands back at the same step."""
+    """Rank 0 drains the mailbox; every rank gets the same commands back at the same step.
 
-    def __init__(self, mailbox: Mailbox | None, rank: int, group, every: int = 4):
+    The offer cadence follows time, not a count of steps: each offer also carries the number of
+    steps to the next one, chosen by rank 0 so that offers come about every OFFER_S seconds.
+    When steps are slower than that, each offer is read in the step it is made (a blocking gloo
+    broadcast of two integers, no device sync), so a key waits at most about one step."""
+
+    def __init__(self, mailbox: Mailbox | None, rank: int, group, offer_s: float = OFFER_S):
         self.mailbox = mailbox
         self.rank = rank
         self.group = group
-        self.every = every
+        self.offer_s = offer_s
         self.active = mailbox is not None
-        self._count = torch.zeros(1, dtype=torch.int64)
+        self._msg = torch.zeros(2, dtype=torch.int64)  # [commands offered, steps to the next]
+        self._gap = 1  # agreed steps between offers (every rank has the same)
+        self._countdown = 1
+        self._last_offer = time.perf_counter()
         self._work = None
         self._offered: list[dict] = []
 
-    def poll(self, global_step: int) -> list[dict]:
+    def poll(self) -> list[dict]:
         """Call after every step; returns the commands every rank applies now."""
-        if not self.active or global_step % self.every:
+        if not self.active:
+            return []
+        self._countdown -= 1
+        if self._countdown > 0:
             return []
         agreed = self._complete()
         if self.rank == 0:
+            now = time.perf_counter()
+            step_s = (now - self._last_offer) / self._gap
+            self._last_offer = now
             self._offered = self.mailbox.drain()
-            self._count[0] = len(self._offered)
-        self._work = dist.broadcast(self._count, src=0, group=self.group, async_op=True)
+            self._msg[0] = len(self._offered)
+            self._msg[1] = max(1, min(MAX_GAP, round(self.offer_s / max(step_s, 1e-6))))
+        self._work = dist.broadcast(self._msg, src=0, group=self.group, async_op=True)
+        self._countdown = self._gap
+        if self._gap == 1:  # slow steps: waiting one more step would double a key's delay
+            agreed += self._complete()
         return agreed
 
     def tick_paused(self, period: float = 0.3) -> list[dict]:
@@ -113,7 +133,8 @@ class Control:
             return []
         self._work.wait()
         self._work = None
-        if int(self._count[0]) == 0:
+        self._gap = int(self._msg[1])
+        if int(self._msg[0]) == 0:
             return []
         box = [self._offered if self.rank == 0 else None]
         dist.broadcast_object_list(box, src=0, group=self.group)

@@ -17,6 +17,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
+from trainer.badsamples import BadSample, first_readable
 from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
 from trainer.forkserver import worker_context
 from trainer.gpudecode import JpegFiles, collate
@@ -47,23 +48,26 @@ class KeyedDataset(Dataset):
 
     def __init__(self, base: Dataset, transform: Callable | None, seed: int | None = None):
         self.base, self.transform, self.seed = base, transform, seed
+        self.notes: str | None = None  # where skipped samples are noted (None: fail at one)
 
     def __len__(self) -> int:
         return len(self.base)
 
     def __getitem__(self, key):
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        try:
-            image, label = self.base[index]
-        except (OSError, SyntaxError, ValueError) as e:  # PIL's ways of saying "not an image"
-            why = str(e).split(" <")[0]  # PIL appends the file object's repr
-            raise DataError(f"corrupt or unreadable sample {_describe(self.base, index)}: {why}") \
-                from None
+        index, image, label = first_readable(self._load, index, len(self.base), epoch,
+                                             lambda i: _describe(self.base, i), self.notes)
         if self.seed is not None:
             seed_sample(self.seed, epoch, index)
         if self.transform is not None:
             image = self.transform(image)
         return image, int(label)
+
+    def _load(self, index: int):
+        try:
+            return (index, *self.base[index])
+        except (OSError, SyntaxError, ValueError) as e:  # PIL's ways of saying "not an image"
+            raise BadSample(str(e).split(" <")[0]) from None  # PIL appends the file's repr
 
 
 def _describe(base: Dataset, index: int) -> str:

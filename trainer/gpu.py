@@ -1,7 +1,9 @@
-"""The device sampler: a daemon thread per rank that reports its own device a few times a second.
+"""The device sampler of a rank that no ddptui parent watches (torchrun or srun, with --report or
+--log): a daemon thread that reports its own device a few times a second.
 
-GPU ranks read NVML for their physical GPU; CPU ranks (and GPU ranks whose NVML fails) report the
-process tree's CPU% and RSS from psutil. A failure is said once and the run goes on.
+Under `ddptui run` the parent samples every GPU of the run instead. GPU ranks read NVML for
+their physical GPU; CPU ranks (and GPU ranks whose NVML fails) report the process tree's CPU%
+and RSS from psutil. A failure is said once and the run goes on.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class DeviceSampler(threading.Thread):
         gpu = self.physical_gpu
 
         def read() -> dict:
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            mem = memory_info(pynvml, handle)
             return {
                 "gpu": gpu,
                 "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
@@ -93,3 +95,12 @@ class DeviceSampler(threading.Thread):
             except psutil.Error:
                 pass
         return total >> 20
+
+
+def memory_info(pynvml, handle):
+    """Used memory as nvidia-smi counts it: the v2 reading leaves the driver's reservation out
+    (v1 counted ~600 MiB on an idle H200). Drivers without v2 fall back to v1."""
+    try:
+        return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+    except (AttributeError, TypeError, pynvml.NVMLError):
+        return pynvml.nvmlDeviceGetMemoryInfo(handle)

@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
-from trainer.config import DataError
+from trainer.badsamples import BadSample, first_readable
 from trainer.prefetch import Normalize
 from trainer.sampler import seed_sample
 
@@ -27,27 +27,37 @@ class JpegFiles(Dataset):
     def __init__(self, samples: list[tuple[str, int]], size: int, train: bool,
                  seed: int | None = None):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
+        self.notes: str | None = None  # where skipped samples are noted (None: fail at one)
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, key):
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        path, label = self.samples[index]
-        with open(path, "rb") as f:
-            data = f.read()
-        if data[:2] != b"\xff\xd8":
-            raise DataError(f"--decode gpu reads JPEG files only: {path}")
-        try:  # the header of the bytes already read: no second open, no pixels decoded
-            with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
-                width, height = im.size
-        except OSError as e:
-            why = "cannot identify image file" if isinstance(e, UnidentifiedImageError) else e
-            raise DataError(f"corrupt or unreadable sample {path}: {why}") from None
+        index, data, height, width = first_readable(
+            self._read, index, len(self.samples), epoch, lambda i: self.samples[i][0], self.notes)
+        label = self.samples[index][1]
         if self.seed is not None:
             seed_sample(self.seed, epoch, index)
         box = self._train_box(height, width) if self.train else self._val_box(height, width)
         return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label
+
+    def _read(self, index: int) -> tuple[int, bytes, int, int]:
+        path = self.samples[index][0]
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise BadSample(e.strerror or str(e)) from None
+        if data[:2] != b"\xff\xd8":
+            raise BadSample("not a JPEG file (--decode gpu reads JPEG files only)")
+        try:  # the header of the bytes already read: no second open, no pixels decoded
+            with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+                width, height = im.size
+        except OSError as e:
+            raise BadSample("cannot identify image file" if isinstance(e, UnidentifiedImageError)
+                            else str(e)) from None
+        return index, data, height, width
 
     def _train_box(self, height: int, width: int) -> list[int]:
         """RandomResizedCrop's parameters, and a coin for the horizontal flip."""

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from trainer.badsamples import BadSamples
 from trainer.config import RunConfig
 from trainer.data import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
 from trainer.gpudecode import Decoder
@@ -21,9 +22,18 @@ class Loaders:
         normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
         self.prepare = Decoder(me.device, config.resolved_image_size, normalize) \
             if bundle.collate is not None else ToDevice(me.device, normalize)
+        self.bad = BadSamples(config.bad_sample_limit(bundle.num_train))
+        for dataset in (bundle.train, bundle.val):
+            if dataset is not None and hasattr(dataset, "notes"):  # set before workers start
+                dataset.notes = self.bad.notes
         self.train = self.val = None
         self.workers = None
         self.apply(settings)
+
+    def bad_in(self, epoch: int) -> int:
+        """Corrupt samples skipped in `epoch` (every time one was met, on this rank)."""
+        self.bad.read()
+        return self.bad.per_epoch[epoch]
 
     def apply(self, settings: dict) -> None:
         if settings["workers"] == self.workers or self.bundle.train is None:

@@ -29,6 +29,7 @@ class State:
     apply_now: bool = False  # `a`: pending settings take effect at the agreed step
     reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
     segment_start: int = 0  # the epoch's step where the current measured segment began
+    segment_global: int = 0  # the global step it began at
     changed_at: float | None = None  # when the world last started to change, until a step ends
     pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
     written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
@@ -41,7 +42,6 @@ class Parts:
     config: RunConfig
     me: Rank
     model: torch.nn.Module
-    ddp: torch.nn.Module | None  # DDP (DataParallel with --strategy dp); None out of a world
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
@@ -49,7 +49,8 @@ class Parts:
     loaders: Loaders
     meter: StepMeter
     autocast: object
-    control: Control | None
     state: State
-    mailbox: Mailbox | None
-    snapshots: Snapshots | None
+    ddp: torch.nn.Module | None = None  # DDP (DataParallel with --strategy dp); None out of a world
+    control: Control | None = None  # commands agreed in the current world
+    mailbox: Mailbox | None = None  # the supervisor's (or attach's) orders
+    snapshots: Snapshots | None = None  # rollback points (crash recovery under ddptui run)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from trainer.heartbeat import Pulse
 from trainer.reporter import Reporter
 
 
@@ -25,6 +26,7 @@ class Rank:
     reporter: Reporter
     echo: bool  # print progress to the console (rank 0 under torchrun)
     standby: bool = False  # started to join a running world later
+    pulse: Pulse = field(default_factory=Pulse)  # where the loop is, for the heartbeat
 
     @property
     def is_main(self) -> bool:
@@ -32,7 +34,10 @@ class Rank:
 
     def announce(self, state: str, **fields) -> None:
         """A `rank` event about this process: where it runs and what state it is in."""
-        self.reporter.emit("rank", state=state, pid=os.getpid(), device=str(self.device),
+        # The physical GPU by its nvidia-smi index: the rank sees it as cuda:0.
+        device = f"GPU {self.physical_gpu}" if self.device.type == "cuda" and \
+            self.physical_gpu is not None else str(self.device)
+        self.reporter.emit("rank", state=state, pid=os.getpid(), device=device,
                            gpu=self.physical_gpu, host=os.uname().nodename, **fields)
 
     def say(self, text: str, level: str = "info", **fields) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -123,8 +124,10 @@ class StepMeter:
     by which time the copy has long finished: the loss shown lags by one interval, never syncs.
     """
 
-    def __init__(self, reporter: Reporter, hz: float, batch_size: int, device: torch.device):
+    def __init__(self, reporter: Reporter, hz: float, batch_size: int, device: torch.device,
+                 progress: Callable[[], float] = lambda: 0.0):
         self.reporter = reporter
+        self.progress = progress  # the fraction of the epoch done, whatever the world size
         self.enabled = hz > 0  # 0: no step events (epoch summaries still), to measure our cost
         self.interval = 1.0 / hz if hz > 0 else 0.0
         self.batch_size = batch_size
@@ -133,6 +136,7 @@ class StepMeter:
         self.epoch_loss_sum = torch.zeros((), device=device)
         self._pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
         self._last_loss: float | None = None
+        self._loss_steps = 0  # steps summed in loss_sum before the current interval
         self.reset_epoch()
         self._begin_interval()
         self._sent_any = False
@@ -152,40 +156,48 @@ class StepMeter:
         self.wait += seconds
         self.epoch_wait += seconds
 
-    def step(self, loss: torch.Tensor, epoch: int, step: int, global_step: int) -> None:
+    def step(self, loss: torch.Tensor, epoch: int, step: int, global_step: int) -> bool:
+        """Count a step; True when it sent a step event (a moment to report other news)."""
         loss = loss.detach().float()
         self.loss_sum += loss
         self.epoch_loss_sum += loss
         self.steps += 1
         self.epoch_steps += 1
         if not self.enabled:
-            return
+            return False
         now = time.perf_counter()
         if self._sent_any and now - self.start < self.interval:
-            return
+            return False
         self._sent_any = True
         elapsed = max(now - self.start, 1e-9)
         self.reporter.emit(
             "step", epoch=epoch, step=step, global_step=global_step, loss=self._read_loss(),
+            steps=self.steps, progress=round(self.progress(), 5),
             samples_per_s=round(self.steps * self.batch_size / elapsed, 2),
             step_ms=round(1000 * elapsed / self.steps, 3),
             data_wait=round(min(1.0, self.wait / elapsed), 4))
         self._begin_interval()
+        return True
 
     def _read_loss(self) -> float | None:
+        summed, self._loss_steps = self._loss_steps + self.steps, 0
         if not self.cuda:
-            value = self.loss_sum.item() / self.steps
+            value = self.loss_sum.item() / summed
             self.loss_sum.zero_()
             return value
         if self._pending is not None:
             host, done, steps = self._pending
-            if done.query():
-                self._last_loss = host.item() / steps
+            if not done.query():
+                # The last copy has not landed (the host runs ahead of slow steps): keep
+                # summing into the device total and copy it once this one is read.
+                self._loss_steps = summed
+                return self._last_loss
+            self._last_loss = host.item() / steps
         host = torch.empty((), pin_memory=True)
         host.copy_(self.loss_sum, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        self._pending = (host, done, self.steps)
+        self._pending = (host, done, summed)
         self.loss_sum.zero_()
         return self._last_loss
 

@@ -43,6 +43,11 @@ class ShardedBatchSampler:
         self.consumed += self.batch_size * self.world_size
         self.steps_done += 1
 
+    def progress(self) -> float:
+        """The fraction of this epoch's steps done (in any world size, and under a step cap)."""
+        done = self.steps_done
+        return done / max(1, done + len(self))
+
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "consumed": self.consumed, "steps_done": self.steps_done,
                 "seed": self.seed}

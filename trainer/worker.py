@@ -25,6 +25,7 @@ from trainer.data import (
     build_datasets,
 )
 from trainer.gpu import DeviceSampler
+from trainer.heartbeat import Heartbeat
 from trainer.loaders import Loaders
 from trainer.models import build_model, count_parameters
 from trainer.parts import Parts, State
@@ -67,9 +68,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                           lambda text: print(f"rank {rank}: {text}", file=sys.stderr, flush=True))
         me.reporter.sinks.append(link)
         inbox = link.inbox
-    # DataParallel drives every chosen GPU from this one process: a sampler for each of them.
-    gpus = list(config.gpus) if config.strategy == "dp" and use_cuda else [me.physical_gpu]
-    samplers = [DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), g) for g in gpus]
+    watchers = _watchers(config, me, supervised) if config.telemetry_hz > 0 else []
     code = 1
     try:
         control_group = None
@@ -86,9 +85,8 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                 me.reporter.emit("run", status="started", model=config.model, data=config.data,
                                  epochs=config.epochs, world_size=world_size,
                                  device_kind=device.type, batch_size=config.batch_size)
-        if config.telemetry_hz > 0:
-            for sampler_thread in samplers:
-                sampler_thread.start()
+        for thread in watchers:
+            thread.start()
         train(config, me, inbox, control_group, supervised)
         code = 0
     except (UsageError, DataError) as e:
@@ -101,8 +99,8 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
         traceback.print_exc()
         me.reporter.emit("message", level="error", text=f"{type(e).__name__}: {_one_line(e)}")
     finally:
-        for sampler_thread in samplers:
-            sampler_thread.stop()
+        for thread in watchers:
+            thread.stop()
         if dist.is_initialized():
             world.dismantle(lambda text: me.say(text, "warning"))
         if link is not None:  # no supervisor says how this rank ended: it says so itself
@@ -111,6 +109,16 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
                 me.reporter.emit("run", status="done" if code == 0 else "failed", exit_code=code)
         me.reporter.close()
     return code
+
+
+def _watchers(config: RunConfig, me: Rank, supervised: bool) -> list:
+    """The rank's reporting threads: under ddptui run a heartbeat (the parent samples the GPUs);
+    under torchrun or srun a device sampler per GPU it drives (DataParallel drives them all)."""
+    if supervised:
+        return [Heartbeat(me.pulse, me.reporter.emit)]
+    gpus = list(config.gpus) if config.strategy == "dp" and me.device.type == "cuda" \
+        else [me.physical_gpu]
+    return [DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), g) for g in gpus]
 
 
 def _agree_on_control(me: Rank, inbox, group):
@@ -215,9 +223,11 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
     if not me.standby:
         resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
     loaders = Loaders(config, me, bundle, sampler, state.settings)
-    meter = StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device)
-    p = Parts(config, me, model, None, optimizer, scheduler, scaler, sampler, loaders, meter,
-              _autocast(config, me.device), None, state, None, None)
+    meter = StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device,
+                      sampler.progress)
+    p = Parts(config=config, me=me, model=model, optimizer=optimizer, scheduler=scheduler,
+              scaler=scaler, sampler=sampler, loaders=loaders, meter=meter,
+              autocast=_autocast(config, me.device), state=state)
     if inbox is not None:  # live commands (ddptui run or attach)
         p.mailbox = Mailbox(inbox, lambda order: _on_urgent(order, p))
         if supervised and config.snapshot_every:  # recovery needs our supervisor's orders
@@ -253,6 +263,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
         if p.control is not None:
             p.control.finish()
         loaders.close()
+        loaders.bad.close()
 
 
 def _on_urgent(order: dict, p: Parts) -> None:
@@ -293,10 +304,14 @@ def run_epochs(p: Parts) -> bool:
         if order is not None:
             # Out of the except block: the error's traceback held the broken world's sockets
             # open, and a peer still blocked on them would never see this rank leave.
+            epoch, old_world = p.sampler.epoch, p.me.world_size
             redone = world.recover(p, order)
-            p.me.say(f"recovered on {p.me.world_size} ranks: back to global step "
+            report_kept(p, epoch, old_world, redone)
+            p.me.say(f"recovered on {_count(p.me.world_size, 'rank')}: back to global step "
                      f"{p.state.global_step}, {redone} steps to redo",
                      redone=redone, global_step=p.state.global_step)
+            if order.get("stop"):  # a stop that could not wait for a stalled rank
+                p.state.stop = True
             continue
         if outcome != "next":
             return False
@@ -322,10 +337,13 @@ def run_segment(p: Parts) -> str:
     epoch = p.sampler.epoch
     p.meter.reset_epoch()
     p.state.segment_start = p.sampler.steps_done
+    p.state.segment_global = p.state.global_step
     if p.snapshots is not None and p.sampler.steps_done == 0:
         p.snapshots.take(p.state.global_step, world.host_state(p))
     train_one_epoch(p, epoch)
     if p.state.stop:
+        if p.sampler.steps_done > p.state.segment_start:  # the partial epoch keeps its row
+            report_segment(p, epoch, partial=True, at_quit=True)
         save(p)
         p.me.say(f"stopped at epoch {epoch} step {p.sampler.steps_done}")
         return "stopped"
@@ -356,20 +374,24 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
     """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
     p.ddp.train()
     every, snap_every = p.config.checkpoint_every, p.config.snapshot_every
+    pulse = p.me.pulse  # where the loop is, for the heartbeat: plain attribute writes
     # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
     # thread must be gone before the loader is iterated again.
     with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"])) as batches:
         while True:
             while p.state.paused and not _interrupted(p.state):
+                pulse.phase = "paused"
                 handle_commands(p, p.control.tick_paused())
             if _interrupted(p.state):
                 break
+            pulse.phase = "input"
             waited = time.perf_counter()
             try:
                 images, labels = next(batches)
             except StopIteration:
                 break
             p.meter.waited(time.perf_counter() - waited)
+            pulse.phase = "compute"
             with p.autocast():
                 loss = F.cross_entropy(p.ddp(images), labels)
             p.optimizer.zero_grad(set_to_none=True)
@@ -379,8 +401,9 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             p.scheduler.step()
             p.sampler.step_done()
             p.state.global_step += 1
-            step = p.state.global_step
-            p.meter.step(loss, epoch, p.sampler.steps_done, step)
+            step = pulse.step = p.state.global_step
+            if p.meter.step(loss, epoch, p.sampler.steps_done, step):
+                report_bad(p)
             if p.snapshots is not None:
                 if p.mailbox.has_urgent:
                     raise WorldLost("a peer died")
@@ -388,10 +411,25 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             if p.state.changed_at is not None:
                 report_change(p)
             if every and step % every == 0:
+                pulse.phase = "checkpoint"
                 save(p)
-            handle_commands(p, p.control.poll(step))
+            pulse.phase = "control"
+            handle_commands(p, p.control.poll())
             if p.snapshots is not None and step % snap_every == 0:
                 p.snapshots.take(step, world.host_state(p))
+
+
+def report_bad(p: Parts) -> None:
+    """Name each corrupt sample the loader skipped, once; without a supervisor to count them
+    over every rank, end the run past --max-bad-samples."""
+    bad = p.loaders.bad
+    for path, why in bad.read():
+        p.me.say(f"skipped corrupt sample {path}: {why} ({len(bad.seen)} on this rank, "
+                 f"at most {bad.limit})", "warning", bad_sample=len(bad.seen), path=path,
+                 limit=bad.limit)
+        if not p.me.reporter.channel and len(bad.seen) > bad.limit:
+            raise DataError(f"{len(bad.seen)} corrupt samples, more than --max-bad-samples "
+                            f"{bad.limit}; the last: {path}")
 
 
 def report_change(p: Parts) -> None:
@@ -403,7 +441,7 @@ def report_change(p: Parts) -> None:
     p.state.changed_at = None
     p.me.reporter.emit("message", level="info", change_s=round(seconds, 3),
                        world_size=p.me.world_size, global_step=p.state.global_step,
-                       text=f"first step on {p.me.world_size} ranks {seconds:.2f} s after the "
+                       text=f"first step on {_count(p.me.world_size, 'rank')} {seconds:.2f} s after the "
                        "world changed")
 
 
@@ -455,17 +493,32 @@ def validate(p: Parts) -> tuple[float, float] | None:
     return (loss_sum / count, correct / count) if count else None
 
 
-def report_segment(p: Parts, epoch: int, partial: bool = False, **extra) -> dict:
+def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int | None = None,
+                   **extra) -> dict:
     """The `epoch` event for the steps since the segment began (a whole epoch, or the part of
     it before a settings or world change), so rows show img/s before and after a change."""
     ev = dict(epoch=epoch, start_step=p.state.segment_start, end_step=p.sampler.steps_done,
-              partial=partial, settings=dict(p.state.settings), world_size=p.me.world_size,
-              global_step=p.state.global_step, **p.meter.epoch_summary(), **extra)
+              partial=partial, settings=dict(p.state.settings),
+              world_size=world_size or p.me.world_size, global_step=p.state.global_step,
+              bad_samples=p.loaders.bad_in(epoch), **p.meter.epoch_summary())
+    ev.update(extra)
     p.me.reporter.emit("epoch", **ev)
     return ev
 
 
+def report_kept(p: Parts, epoch: int, old_world: int, redone: int) -> None:
+    """After a rollback: the row for what the old world trained up to the point it went back
+    to (the steps after it are trained again and counted in the next row)."""
+    kept = p.state.global_step - p.state.segment_global
+    if p.sampler.epoch != epoch or kept <= 0:
+        return
+    batch = p.config.batch_size * old_world
+    report_segment(p, epoch, partial=True, world_size=old_world, rolled_back=redone,
+                   steps=kept, samples=kept * batch)
+
+
 def end_epoch(p: Parts, epoch: int) -> None:
+    p.me.pulse.phase = "validate"
     val = validate(p)
     extra = {}
     if val:
@@ -547,3 +600,8 @@ def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
         state.settings["workers"] = config.workers
     torch.backends.cudnn.benchmark = state.settings["cudnn_benchmark"]
     me.say(f"resumed from {path}: epoch {sampler.epoch}, step {sampler.steps_done}")
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 rank', '2 ranks'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

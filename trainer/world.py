@@ -92,6 +92,7 @@ def dismantle(warn: Callable[[str], None]) -> None:
 
 def reform(p: Parts, order: dict) -> bool:
     """Apply an agreed leave or join; False when this rank is the one leaving."""
+    p.me.pulse.phase = "world"
     leftover = p.control.finish()
     old_world = p.me.world_size
     p.ddp = p.control = None
@@ -107,6 +108,7 @@ def reform(p: Parts, order: dict) -> bool:
 
 def join(p: Parts) -> bool:
     """A standby waits for its join order, enters the world and takes a live rank's state."""
+    p.me.pulse.phase = "world"
     order = p.mailbox.wait_urgent(None)
     if order is None or order.get("op") != "join":
         return False
@@ -119,6 +121,7 @@ def join(p: Parts) -> bool:
 def recover(p: Parts, order: dict) -> int:
     """After a peer died: re-form from the survivors and roll back to the newest point they all
     hold and know to be good; returns the number of steps that will be redone."""
+    p.me.pulse.phase = "world"
     p.ddp = p.control = None
     dismantle(lambda text: p.me.say(text, "warning"))
     old_world = p.me.world_size

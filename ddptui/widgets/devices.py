@@ -31,7 +31,7 @@ class DevicePanel(Static):
         table.add_column(no_wrap=True)
         for d in v["devices"]:
             # A last reading (the rank is gone or the run is over) is drawn grey and says so.
-            fade, last = ("dim", " last") if d.stale else (None, "")
+            fade, last = ("dim", f" last {d.age:.0f}s") if d.stale else (None, "")
             if d.util is not None:
                 mem = 100 * d.mem_used / d.mem_total if d.mem_total else None
                 table.add_row(Text(_label(d), style=fade or "bold"), "util",

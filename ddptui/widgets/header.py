@@ -26,10 +26,7 @@ class RunHeader(Static):
             ("ddptui ", "bold"), (f"{meta.get('model', '?')}", "bold cyan"),
             f" · {meta.get('data', '?')} · {world} × {kind} · bs {meta.get('batch_size', '?')}/rank  ",
             (f" {status} ", _status_style(status)))
-        epoch, epochs, step, steps = v["progress"]
-        done = (epoch + (step / steps if steps else 0)) / epochs if epochs else 0.0
-        if v["status"] == "done":
-            done = 1.0
+        epoch, epochs, _step, _steps, done = v["progress"]
         eta = (v["elapsed"] / done - v["elapsed"]) if 0.02 < done < 1 else None
         best = v["best_val_acc"]
         wide = self.size.width >= 100

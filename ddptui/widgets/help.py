@@ -15,7 +15,9 @@ HELP = """\
 |---|---|
 | up / down | select a rank in the ranks table |
 | s | stop the selected rank at the next agreed step; the others go on, re-sharded |
-| r | restart it: a stopped or crashed rank joins again from its warm standby |
+| r | restart it: a stopped or crashed rank joins again from its warm standby (queued while it warms) |
+| k | kill it (a stalled rank above all): the others go on through crash recovery |
+| t | its Python stacks, every thread (taken by the supervisor when a rank stalls) |
 | space | pause / resume: every rank waits at the same step (GPUs go idle) |
 | p | prefetcher on/off, from the next epoch on every rank |
 | w / W | DataLoader workers -1 / +1, from the next epoch |
@@ -28,7 +30,9 @@ HELP = """\
 Setting changes show as *pending* in the header of the epochs table until every rank applies
 them; the epochs table then shows img/s and data-wait before and after (a change inside an epoch
 splits its row). A rank that dies is dropped: the others roll back to their last common step and
-go on (`--max-restarts K` brings crashed ranks back by itself).
+go on (`--max-restarts K` brings crashed ranks back by itself). A rank that finishes no step
+for `--stall-after` seconds shows *stalled*, the ranks blocked on it *waiting*; a rank 15%
+slower than the others shows *slow* with the likely cause.
 
 Press **escape**, **?** or **q** to close.
 """

@@ -97,3 +97,62 @@ class CrashOnce(Dataset):
 
 def crash_once():
     return CrashOnce(), Blobs(128, 1)
+
+
+class HangOnce(Dataset):
+    """Blobs; on rank $DDPTUI_TEST_HANG_RANK the item number $DDPTUI_TEST_HANG_AT (counted per
+    process) blocks forever in block_forever_here(), once per run (a flag file says it did)."""
+
+    classes = Blobs.classes
+
+    def __init__(self):
+        self.inner = Blobs(512, 0)
+        self.at = int(os.environ["DDPTUI_TEST_HANG_AT"])
+        self.flag = os.environ["DDPTUI_TEST_HANG_FLAG"]
+        self.rank = int(os.environ["DDPTUI_TEST_HANG_RANK"])
+        self.count = 0
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        self.count += 1
+        if self.count == self.at and torch.distributed.get_rank() == self.rank:
+            try:
+                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                block_forever_here()
+            except FileExistsError:
+                pass
+        return self.inner[i]
+
+
+def block_forever_here() -> None:
+    while True:
+        time.sleep(1)
+
+
+def hang_once():
+    return HangOnce(), Blobs(128, 1)
+
+
+class SlowOnOneRank(Dataset):
+    """Blobs that take $DDPTUI_TEST_SLOW_S seconds a sample on rank $DDPTUI_TEST_SLOW_RANK."""
+
+    classes = Blobs.classes
+
+    def __init__(self):
+        self.inner = Blobs(4096, 0)
+        self.delay = float(os.environ["DDPTUI_TEST_SLOW_S"])
+        self.rank = int(os.environ["DDPTUI_TEST_SLOW_RANK"])
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        if torch.distributed.get_rank() == self.rank:
+            time.sleep(self.delay)
+        return self.inner[i]
+
+
+def slow_on_one_rank():
+    return SlowOnOneRank(), Blobs(64, 1)

@@ -5,6 +5,7 @@ Events are plain JSON-safe dicts; every one has "t" (unix time), "kind" and "ran
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -16,13 +17,30 @@ KINDS: dict[str, tuple[str, ...]] = {
     "gpu": ("gpu",),  # util, mem_used, mem_total, power_w, temp_c | cpu_percent, rss
     "epoch": ("epoch", "samples", "seconds", "samples_per_s", "data_wait", "settings"),
     "settings": ("settings", "epoch"),
-    "rank": ("state",),  # starting|running|standby|stopped|crashed|restarting|done, pid, reason
+    "rank": ("state",),  # a RankState value, pid, reason (and standby: warming|ready)
     "world": ("size", "ranks"),
     "run": ("status",),  # started|done|failed|interrupted
     "message": ("level", "text"),  # progress and warnings for the event pane
     "checkpoint": ("path", "epoch", "step"),
 }
-RANK_STATES = ("starting", "running", "standby", "stopped", "crashed", "restarting", "done")
+
+
+class RankState(str, enum.Enum):
+    """Every state a rank slot is shown in (the `state` of `rank` events)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    STANDBY = "standby"  # warmed up outside the world, ready to join
+    STOPPED = "stopped"  # left the world on request (its standby is a detail)
+    CRASHED = "crashed"  # died; the others went on without it
+    RESTARTING = "restarting"  # joining the world
+    STALLED = "stalled"  # a member that finished no step for --stall-after seconds
+    WAITING = "waiting"  # a member blocked on a stalled one
+    SLOW = "slow"  # a straggler: 15% slower than the others
+    DONE = "done"
+
+
+RANK_STATES = tuple(s.value for s in RankState)
 PARENT = -1
 
 
@@ -103,7 +121,8 @@ def describe(ev: dict) -> str | None:
         return f"checkpoint written: {ev.get('path')}"
     if kind == "rank":
         reason = f" ({ev['reason']})" if ev.get("reason") else ""
-        return f"rank {ev['rank']} {ev.get('state')}{reason}"
+        standby = f", standby {ev['standby']}" if isinstance(ev.get("standby"), str) else ""
+        return f"rank {ev['rank']} {ev.get('state')}{reason}{standby}"
     if kind == "run" and ev.get("status") in ("paused", "resumed"):
         return f"run {ev['status']} at step {ev.get('global_step')}"
     return None

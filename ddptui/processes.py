@@ -1,0 +1,170 @@
+"""The rank processes of a run: how one is started (spawn, pipes, its files), how its DataLoader
+workers are found, and how all of them are ended. Only the supervisor's thread calls this.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
+
+import psutil
+
+from trainer.config import RunConfig
+from trainer.protocol.events import RankState
+
+TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+FINAL = (RankState.DONE, RankState.CRASHED, RankState.STOPPED)
+
+
+@dataclass
+class RankProcess:
+    """One process started for a rank slot (a slot gets a new process after a stop or crash)."""
+
+    slot: int
+    gpu: int | None
+    process: mp.process.BaseProcess
+    telemetry: object  # read end of this rank's telemetry pipe
+    inbox: object  # write end of its command pipe (the world's rank 0 relays commands to all)
+    stacks_path: str  # where it writes its Python stacks when sent SIGUSR1
+    standby: bool = False
+    state: RankState = RankState.STARTING
+    children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
+
+    @property
+    def alive(self) -> bool:
+        return self.process.exitcode is None
+
+    def tell(self, cmd: dict) -> None:
+        if self.alive:
+            try:
+                self.inbox.send(cmd)
+            except OSError:  # it died this instant; the sentinel says so next
+                pass
+
+    def death(self) -> str:
+        """How it ended, in words, from its exit code alone."""
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+class ProcessPool:
+    """Starts rank processes with the spawn context and ends every one of them (and their
+    workers) on the way out."""
+
+    def __init__(self, config: RunConfig, log_path: str):
+        self.config = config
+        self.stem = os.path.splitext(log_path)[0]
+        self.procs: list[RankProcess] = []  # every process started, in order
+        # Plain pipes, no multiprocessing Queue: a Queue's semaphores need the resource tracker
+        # (which trips over Textual's stderr and warns about "leaked" locks of killed ranks) and
+        # a shared Queue's lock, held by a rank killed mid-send, would silence every rank.
+        self._ctx = mp.get_context("spawn")
+        start_resource_tracker(self.stem + ".tracker.out")
+
+    def start(self, slot: int, gpu: int | None, init: str, standby: bool) -> RankProcess:
+        from trainer.bootstrap import RankSpec, run_rank
+
+        stacks = f"{self.stem}.rank{slot}.stacks"
+        spec = RankSpec(self.config, slot, slot, self.config.world_size, init, gpu, os.getpid(),
+                        f"{self.stem}.rank{slot}.out", stacks, standby=standby)
+        telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
+        inbox_end, inbox = self._ctx.Pipe(duplex=False)
+        p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
+                              name=f"ddptui-rank{slot}", daemon=False)
+        p.start()
+        telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
+        inbox_end.close()
+        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, standby=standby)
+        self.procs.append(rp)
+        return rp
+
+    def pids(self) -> set[int]:
+        found = set()
+        for r in self.procs:
+            if r.process.pid:
+                found.add(r.process.pid)
+            found |= r.children
+        return found
+
+    def scan_children(self) -> None:
+        for r in self.procs:
+            if r.alive and r.process.pid:
+                try:
+                    r.children |= {c.pid for c in psutil.Process(r.process.pid).children(True)}
+                except psutil.Error:
+                    pass
+
+    def end_all(self) -> None:
+        """SIGTERM every live rank, SIGKILL what is left, then any worker that outlived its rank.
+
+        Ranks are our children and are reaped through multiprocessing (psutil must not wait on
+        them); their DataLoader workers are not, so psutil watches those by pid.
+        """
+        self.scan_children()
+        workers = []
+        for pid in {pid for r in self.procs for pid in r.children}:
+            try:
+                workers.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        live = [r.process for r in self.procs if r.alive]
+        for p in live:
+            p.terminate()
+        _join_all(live, TERM_GRACE_S)
+        for p in live:
+            if p.exitcode is None:
+                p.kill()
+                p.join(TERM_GRACE_S)
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(workers, timeout=TERM_GRACE_S)
+
+    def close(self) -> None:
+        for r in self.procs:
+            r.telemetry.close()
+            r.inbox.close()
+
+
+def _join_all(processes, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on now (the rendezvous; a busy port is never our failure)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_resource_tracker(path: str) -> None:
+    """Start multiprocessing's resource tracker (spawn needs it) with its stderr in a file.
+
+    It inherits fd 2: on the terminal its warnings about the named semaphores of a rank we
+    had to kill would garble the one-line error promise and the dashboard. And it must start
+    before Textual runs, since it also asks sys.stderr for a file descriptor.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved = os.dup(2)
+    try:
+        os.dup2(fd, 2)
+        resource_tracker.ensure_running()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)

@@ -1,0 +1,108 @@
+"""The parent's sampler: every GPU of the run through NVML whatever state its rank is in, each CPU
+rank's process tree and the host through psutil, and what a rank's process is doing right now.
+
+It reads from outside and never touches the ranks: no rank samples NVML under `ddptui run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import psutil
+
+from ddptui.nvml import open_nvml
+from trainer.protocol.events import event
+
+
+class RunSampler:
+    """sample() emits one `gpu` event per GPU of the run (or per CPU rank); host() and
+    process() answer the supervisor's questions about the machine and a rank's process."""
+
+    def __init__(self, gpus: list[int] | None, emit: Callable[[dict], None],
+                 warn: Callable[[str], None]):
+        self.gpus = list(gpus or [])
+        self.emit, self.warn = emit, warn
+        self.nvml = open_nvml() if self.gpus else None
+        if self.gpus and self.nvml is None:
+            warn("NVML is not available: no GPU figures (training is not affected)")
+        self.util: dict[int, float] = {}  # GPU -> its latest utilisation
+        self._known: dict[int, psutil.Process] = {}  # cpu_percent measures per object
+
+    def sample(self, slots: dict[int, tuple[int | None, int | None]], run_pids: set[int]) -> None:
+        """`slots`: rank slot -> (pid, GPU) of its current process; `run_pids`: every process of
+        the run (so that the others on a GPU can be named)."""
+        if self.nvml is not None:
+            self._sample_gpus(slots, run_pids)
+        elif not self.gpus:
+            for slot, (pid, _gpu) in slots.items():
+                if pid:
+                    cpu, rss = self._tree(pid)
+                    self.emit(event("gpu", slot, gpu=None, cpu_percent=cpu, rss=rss))
+
+    def _sample_gpus(self, slots, run_pids: set[int]) -> None:
+        owner = {gpu: slot for slot, (_pid, gpu) in slots.items() if gpu is not None}
+        for gpu in self.gpus:
+            try:
+                info = self.nvml.read(gpu)
+            except Exception as e:  # a GPU fallen off the bus must not stop the run
+                self.warn(f"NVML reading of GPU {gpu} failed, no more GPU figures: {e}")
+                self.nvml.close()
+                self.nvml = None
+                return
+            self.util[gpu] = info.util
+            others = [[pid, mib] for pid, _name, mib in info.processes if pid not in run_pids]
+            self.emit(event("gpu", owner.get(gpu, min(owner.values(), default=0)),
+                            others=others, **info.event_fields()))
+
+    def host(self) -> dict:
+        mem = psutil.virtual_memory()
+        return {"cpu_percent": psutil.cpu_percent(), "mem_percent": mem.percent,
+                "mem_used": (mem.total - mem.available) >> 20, "mem_total": mem.total >> 20,
+                "cpus": psutil.cpu_count()}
+
+    def process(self, pid: int | None) -> tuple[str, float]:
+        """(psutil status: running, sleeping, stopped, disk-sleep, zombie...; CPU% of the
+        process alone) for a rank's main process."""
+        p = self._process(pid)
+        if p is None:
+            return "gone", 0.0
+        try:
+            return p.status(), round(p.cpu_percent(), 1)
+        except psutil.Error:
+            return "gone", 0.0
+
+    def _process(self, pid: int | None) -> psutil.Process | None:
+        if not pid:
+            return None
+        if pid not in self._known:
+            try:
+                self._known[pid] = psutil.Process(pid)
+                self._known[pid].cpu_percent()  # the first reading only primes it
+            except psutil.Error:
+                return None
+        return self._known[pid]
+
+    def _tree(self, pid: int) -> tuple[float, int]:
+        root = self._process(pid)
+        if root is None:
+            return 0.0, 0
+        try:
+            members = [root] + [self._process(c.pid) for c in root.children(recursive=True)]
+        except psutil.Error:
+            members = [root]
+        cpu, rss = 0.0, 0
+        for p in members:
+            try:
+                cpu += p.cpu_percent()
+                rss += p.memory_info().rss
+            except (psutil.Error, AttributeError):  # ended between the listing and the read
+                pass
+        return round(cpu, 1), rss >> 20
+
+    def forget(self, live_pids: set[int]) -> None:
+        """Drop cached processes that are gone (pids are reused)."""
+        self._known = {pid: p for pid, p in self._known.items() if pid in live_pids}
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()

@@ -1,0 +1,75 @@
+"""Python stacks of a rank, fetched from outside: SIGUSR1 makes the rank's faulthandler write
+every thread's stack to its .stacks file (registered at start-up), read back here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+STACKS_WAIT_S = 2.0  # a process that cannot run its signal handler (SIGSTOP) answers later
+
+
+@dataclass
+class _Request:
+    pid: int
+    path: str
+    deadline: float
+    size: int = -1
+
+
+class StackRequests:
+    """ask() signals a rank; collect() returns the answers that are complete (or timed out)."""
+
+    def __init__(self):
+        self.pending: dict[int, _Request] = {}
+
+    def ask(self, slot: int, pid: int, path: str, now: float) -> bool:
+        try:
+            with open(path, "w"):  # empty it: the rank appends
+                pass
+            os.kill(pid, signal.SIGUSR1)
+        except OSError:
+            return False
+        self.pending[slot] = _Request(pid, path, now + STACKS_WAIT_S)
+        return True
+
+    def collect(self, now: float) -> list[tuple[int, str | None]]:
+        """(slot, stacks) for answers complete since the last call; None when none came."""
+        done = []
+        for slot, req in list(self.pending.items()):
+            try:
+                size = os.path.getsize(req.path)
+            except OSError:
+                size = 0
+            finished = size > 0 and size == req.size  # written, and no longer growing
+            req.size = size
+            if finished or now > req.deadline:
+                del self.pending[slot]
+                done.append((slot, _read(req.path) if size else None))
+        return done
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def innermost(stacks: str, frames: int = 3) -> str:
+    """The main thread's innermost frames, one line: 'fn (file.py:12) < caller (...)'.
+    faulthandler lists the newest thread first, so the main thread comes last."""
+    blocks = [b for b in stacks.split("\n\n") if "most recent call first" in b]
+    if not blocks:
+        return ""
+    lines = [ln.strip() for ln in blocks[-1].splitlines()[1:] if ln.strip().startswith("File")]
+    out = []
+    for line in lines[:frames]:
+        # File "/path/to/mod.py", line 12 in fn
+        path, _, rest = line.removeprefix('File "').partition('", line ')
+        number, _, fn = rest.partition(" in ")
+        out.append(f"{fn} ({os.path.basename(path)}:{number})")
+    return " < ".join(out)

@@ -1,0 +1,123 @@
+"""The health logic on its own, in milliseconds: which member is stalled and which only wait
+for it, which is a straggler and why, and the figures the run state derives (no processes)."""
+
+from __future__ import annotations
+
+from ddptui.health import Seen, Stragglers, judge_stalls, stall_limit
+from ddptui.runstate import RunState
+from ddptui.stacks import innermost
+
+NOW = 1000.0
+
+
+def _seen(slot, since=NOW - 30, beat_t=NOW - 0.2, step=100, phase="compute", **kw) -> Seen:
+    return Seen(slot, since, step_s=0.05, beat_t=beat_t, global_step=step, phase=phase, **kw)
+
+
+def test_a_world_that_steps_has_no_verdicts():
+    assert judge_stalls([_seen(0, since=NOW - 1), _seen(1, since=NOW - 1)], NOW, None) == {}
+
+
+def test_a_stopped_process_is_the_stalled_one_and_the_others_wait_for_it():
+    v = judge_stalls([_seen(0), _seen(1, beat_t=NOW - 20, status="stopped")], NOW, None)
+    assert v[1].state == "stalled" and v[0].state == "waiting"
+    assert v[1].fields["process"] == "stopped" and "no step for 30 s" in v[1].reason
+    assert v[0].fields["waiting_for"] == [1]
+
+
+def test_a_rank_stuck_in_its_own_input_is_stalled_while_its_peer_waits_in_the_collective():
+    v = judge_stalls([_seen(0, phase="compute"), _seen(1, phase="input")], NOW, None)
+    assert (v[0].state, v[1].state) == ("waiting", "stalled")
+    assert v[1].fields["phase"] == "input"
+
+
+def test_the_rank_behind_the_others_is_stalled():
+    v = judge_stalls([_seen(0, step=105), _seen(1, step=100), _seen(2, step=105)], NOW, None)
+    assert [v[s].state for s in (0, 1, 2)] == ["waiting", "stalled", "waiting"]
+
+
+def test_when_nothing_singles_a_rank_out_every_stuck_member_is_stalled():
+    v = judge_stalls([_seen(0), _seen(1)], NOW, None)
+    assert {s.state for s in v.values()} == {"stalled"}
+
+
+def test_the_limit_follows_the_step_time_and_spares_a_first_step():
+    assert stall_limit(None, None) == 10.0
+    assert stall_limit(2.0, None) == 40.0  # 20 median steps
+    assert stall_limit(0.01, 3.0) == 3.0  # --stall-after wins
+    assert stall_limit(0.01, 3.0, started=False) == 60.0  # autotuning, compiling
+    fresh = _seen(1, since=NOW - 30, beat_t=NOW - 20, status="stopped", started=False)
+    assert judge_stalls([_seen(0, since=NOW - 1), fresh], NOW, None) == {}
+
+
+def test_a_gpu_figure_says_busy_or_idle():
+    v = judge_stalls([_seen(0, gpu_util=0.0, status="sleeping", phase="input")], NOW, None)
+    assert v[0].fields["gpu_activity"] == "idle" and "host is stuck" in v[0].reason
+
+
+def _fill(stragglers, slot, step_ms, wait, events=12, steps=2):
+    for _ in range(events):
+        stragglers.add(slot, steps, step_ms, wait)
+
+
+def test_a_rank_waiting_on_its_input_is_slow_with_cause_data_wait():
+    s = Stragglers()
+    _fill(s, 0, 100.0, 0.02)
+    _fill(s, 1, 100.0, 0.40)  # lockstep: the same step time, but 40 ms of it waiting for input
+    _fill(s, 2, 100.0, 0.01)
+    verdict = s.judge([0, 1, 2], {})
+    assert list(verdict) == [1] and verdict[1].startswith("data-wait")
+
+
+def test_slow_names_the_gpu_cause_or_plain_compute():
+    s = Stragglers()
+    _fill(s, 0, 100.0, 0.0)
+    _fill(s, 1, 130.0, 0.0)
+    assert s.judge([0, 1], {1: {"held_down": ["thermal"]}})[1] == \
+        "GPU clocks held down: thermal"
+    assert s.judge([0, 1], {1: {"others": [[4242, 900]]}})[1].startswith("another process")
+    assert s.judge([0, 1], {})[1].startswith("compute")
+
+
+def test_no_straggler_without_a_full_window_or_among_equals():
+    s = Stragglers()
+    _fill(s, 0, 100.0, 0.0, events=3)
+    _fill(s, 1, 200.0, 0.0, events=3)
+    assert s.judge([0, 1], {}) == {}  # 6 steps each: under the 20-step window
+    s = Stragglers()
+    _fill(s, 0, 100.0, 0.1)
+    _fill(s, 1, 104.0, 0.1)
+    assert s.judge([0, 1], {}) == {}
+
+
+def test_innermost_frames_of_the_main_thread():
+    dump = ('Thread 0x00007f01 (most recent call first):\n'
+            '  File "/x/threading.py", line 320 in wait\n\n'
+            'Current thread 0x00007f00 (most recent call first):\n'
+            '  File "/x/userpkg.py", line 12 in block_forever_here\n'
+            '  File "/x/userpkg.py", line 40 in __getitem__\n'
+            '  File "/x/data.py", line 60 in _load\n'
+            '  File "/x/worker.py", line 9 in main\n')
+    assert innermost(dump) == ("block_forever_here (userpkg.py:12) < __getitem__ "
+                               "(userpkg.py:40) < _load (data.py:60)")
+
+
+def _step(t, rank, gs, progress, step_ms=1400.0, bs=32):
+    return {"t": t, "kind": "step", "rank": rank, "epoch": 0, "step": gs, "global_step": gs,
+            "loss": 1.0, "samples_per_s": bs * 1000 / step_ms, "step_ms": step_ms,
+            "data_wait": 0.0, "progress": progress, "steps": 1}
+
+
+def test_slow_steps_still_count_in_throughput_and_progress_never_passes_100():
+    state = RunState({"epochs": 1, "steps_per_epoch": 10}, live=False)
+    state.apply({"t": 0.0, "kind": "run", "rank": -1, "status": "started"})
+    for r in range(4):
+        state.apply({"t": 0.0, "kind": "rank", "rank": r, "state": "running"})
+    for i in range(1, 6):  # 4 ranks at 1.4 s a step
+        for r in range(4):
+            state.apply(_step(1.4 * i, r, i, i / 10))
+    view = state.view()
+    assert round(view["throughput"]) == round(4 * 32 / 1.4)
+    # A world of 1 takes more steps in the epoch than the 10 planned for a world of 4.
+    state.apply(_step(20.0, 0, 30, 0.97))
+    assert 0.96 < state.view()["progress"][-1] <= 1.0

@@ -1,0 +1,180 @@
+"""Hung ranks and stragglers on real 2-rank gloo runs: a stalled rank is flagged with what can be
+seen from outside and its stacks, the other shows waiting, k (or --on-stall recover) takes the
+run on without it, a quit does not wait for it; a slow input pipeline is named; corrupt samples
+are skipped and counted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from PIL import Image
+
+from ddptui.app import DashboardApp
+from ddptui.supervisor import Supervisor
+from tests.conftest import ROOT, TINY, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
+from trainer.config import Parser, add_training_options, config_from_args
+
+HANG = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:hang_once",
+        "--batch-size", "8", "--workers", "0", "--cpus", "2"]
+
+
+def _rank_state(log, rank: int, state: str):
+    return lambda e: e["kind"] == "rank" and e["rank"] == rank and e.get("state") == state
+
+
+def _worlds(log) -> list[int]:
+    return [e["size"] for e in events(log, "world") if e["rank"] >= 0]
+
+
+def _config(*args: str, **launch):
+    parser = Parser()
+    add_training_options(parser)
+    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=False, **launch)
+
+
+async def _until(pilot, predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        await pilot.pause(0.1)
+
+
+@pytest.mark.timeout(240)
+async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without_it(tmp_path):
+    log = tmp_path / "live.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64",
+                             stall_after=2.0), str(log))
+    app = DashboardApp(sup)
+
+    def state(rank: int) -> str:
+        return next(r.state for r in app.view["ranks"] if r.rank == rank)
+
+    async with app.run_test(size=(140, 40)) as pilot:
+        await _until(pilot, lambda: app.view and app.view["status"] == "running"
+                     and len(app.view["ranks"]) == 2, "a running world of 2")
+        victim = sup.slots[1].process.pid
+        os.kill(victim, signal.SIGSTOP)
+        await _until(pilot, lambda: state(1) == "stalled" and state(0) == "waiting",
+                     "rank 1 stalled, rank 0 waiting")
+        stalled = wait_for_event(log, _rank_state(log, 1, "stalled"), timeout=10)
+        assert stalled["process"] == "stopped" and stalled["seconds"] >= 2.0
+        waiting = wait_for_event(log, _rank_state(log, 0, "waiting"), timeout=10)
+        assert waiting["waiting_for"] == [1]
+        assert app.rank_table.get_row_at(1)[1].plain.startswith("stalled")
+        await pilot.press("down", "k")
+        await _until(pilot, lambda: app.view["meta"]["world_size"] == 1, "the world of 1")
+        step = max(e["global_step"] for e in events(log, "step") if e["rank"] == 0)
+        await _until(pilot, lambda: any(e["global_step"] > step + 5 for e in events(log, "step")
+                                        if e["rank"] == 0), "steps on 1 rank")
+        assert state(0) == "running"
+        assert next(r for r in app.view["ranks"] if r.rank == 1).state == "crashed"
+        pids = sup.pids()
+        await pilot.press("q")
+        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
+    assert sup.exit_code == 130
+    crashed = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "crashed"]
+    assert "killed by ddptui (k: stalled)" in crashed[0]["reason"]
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(240)
+def test_on_stall_recover_shows_where_it_hung_and_goes_on_alone(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    env = dict(env, DDPTUI_TEST_HANG_AT="200", DDPTUI_TEST_HANG_RANK="1",
+               DDPTUI_TEST_HANG_FLAG=str(tmp_path / "hung"))
+    r = ddptui(["run", *HANG, "--epochs", "3", "--stall-after", "2", "--on-stall", "recover",
+                "--log", str(log)], env, ROOT, timeout=200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    stacks = [e for e in events(log, "message") if e.get("stacks_of") == 1]
+    assert stacks and "block_forever_here" in stacks[0]["stacks"]
+    assert "rank 1 is in block_forever_here" in r.stdout  # headless says where it is stuck
+    kinds = [(e["rank"], e.get("state")) for e in events(log, "rank")]
+    assert kinds.index((1, "stalled")) < kinds.index((1, "crashed"))
+    assert (0, "waiting") in kinds
+    assert _worlds(log) == [1]
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(240)
+def test_a_quit_does_not_wait_for_a_stalled_rank_and_checkpoints_from_a_live_one(env, tmp_path):
+    log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
+    p = start_ddptui(["run", *TINY, "--cpus", "2", "--epochs", "500", "--stall-after", "2",
+                      "--checkpoint-dir", str(ck), "--log", str(log)], env, ROOT)
+    wait_for_event(log, lambda e: e["kind"] == "step" and e.get("global_step", 0) >= 10)
+    pids = run_pids(log)
+    victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
+    os.kill(victim, signal.SIGSTOP)
+    wait_for_event(log, _rank_state(log, 1, "stalled"), timeout=60)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 143, err
+    assert "ranks did not stop in time" not in out
+    written = [e for e in events(log, "checkpoint")]
+    assert written and written[-1]["rank"] == 0 and os.listdir(ck)
+    assert events(log, "run")[-1]["status"] == "interrupted"
+    assert_gone(pids | {p.pid})
+
+
+@pytest.mark.timeout(240)
+def test_a_rank_with_a_slow_input_pipeline_is_flagged_slow_with_cause_data_wait(env, tmp_path):
+    log = tmp_path / "x.jsonl"
+    env = dict(env, DDPTUI_TEST_SLOW_S="0.004", DDPTUI_TEST_SLOW_RANK="1")
+    p = start_ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--data",
+                      "tests.helpers.userpkg:slow_on_one_rank", "--batch-size", "16",
+                      "--workers", "0", "--cpus", "2", "--epochs", "50", "--log", str(log)],
+                     env, ROOT)
+    slow = wait_for_event(log, _rank_state(log, 1, "slow"), timeout=120)
+    pids = run_pids(log)
+    p.send_signal(signal.SIGINT)
+    p.communicate(timeout=60)
+    assert slow["cause"] == "data-wait", slow
+    assert not [e for e in events(log, "rank") if e["rank"] == 0 and e["state"] == "slow"]
+    assert_gone(pids)
+
+
+def _jpegs(root, per_class: int = 12) -> None:
+    for cls in ("a", "b"):
+        (root / cls).mkdir(parents=True)
+        for i in range(per_class):
+            Image.new("RGB", (40, 40), (i * 20, 100 if cls == "a" else 0, 0)).save(
+                root / cls / f"{i}.jpg")
+
+
+@pytest.mark.parametrize("decode", ["cpu", "gpu"])
+def test_corrupt_samples_are_skipped_counted_and_named_once(env, tmp_path, decode):
+    _jpegs(tmp_path / "imgs")
+    good = (tmp_path / "imgs" / "a" / "1.jpg").read_bytes()
+    truncated, text = tmp_path / "imgs" / "a" / "2.jpg", tmp_path / "imgs" / "b" / "5.jpg"
+    truncated.write_bytes(good[:len(good) // 3] if decode == "cpu" else b"\xff\xd8\xff")
+    text.write_text("not an image at all\n")
+    log = tmp_path / "x.jsonl"
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
+                f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
+                "--decode", decode, "--epochs", "2", "--max-bad-samples", "5",
+                "--log", str(log)], env, ROOT, timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    named = [e["path"] for e in events(log, "message") if e.get("bad_sample")]
+    assert sorted(set(named)) == sorted([str(truncated), str(text)])
+    assert len(named) == len(set(named))  # each named once, however often it is met
+    per_epoch = {}
+    for e in events(log, "epoch"):
+        per_epoch[e["epoch"]] = per_epoch.get(e["epoch"], 0) + e["bad_samples"]
+    assert per_epoch[0] >= 1 and sum(per_epoch.values()) >= 2
+    assert_gone(run_pids(log))
+
+
+def test_too_many_corrupt_samples_end_the_run_with_exit_2_after_a_checkpoint(env, tmp_path):
+    _jpegs(tmp_path / "imgs")
+    for i in range(3):
+        (tmp_path / "imgs" / "a" / f"{i}.jpg").write_text("junk")
+    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
+                f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
+                "--epochs", "3", "--max-bad-samples", "1", "--checkpoint-dir",
+                str(tmp_path / "ck"), "--log", str(tmp_path / "x.jsonl")], env, ROOT, timeout=150)
+    assert r.returncode == 2, r.stdout + r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert "more than --max-bad-samples 1" in line and "imgs/a/" in line
+    assert os.listdir(tmp_path / "ck")
