@@ -88,7 +88,7 @@ class Control:
         self.active = mailbox is not None
         self._msg = torch.zeros(2, dtype=torch.int64)  # [commands offered, steps to the next]
         self._gap = 1  # agreed steps between offers (every rank has the same)
-        self._countdown = 1
+        self._countdown = self._ran = 1  # steps to the next offer; steps since the last one
         self._last_offer = time.perf_counter()
         self._work = None
         self._offered: list[dict] = []
@@ -103,13 +103,13 @@ class Control:
         agreed = self._complete()
         if self.rank == 0:
             now = time.perf_counter()
-            step_s = (now - self._last_offer) / self._gap
+            step_s = (now - self._last_offer) / self._ran  # the steps since the last offer
             self._last_offer = now
             self._offered = self.mailbox.drain()
             self._msg[0] = len(self._offered)
             self._msg[1] = max(1, min(MAX_GAP, round(self.offer_s / max(step_s, 1e-6))))
         self._work = dist.broadcast(self._msg, src=0, group=self.group, async_op=True)
-        self._countdown = self._gap
+        self._countdown = self._ran = self._gap
         if self._gap == 1:  # slow steps: waiting one more step would double a key's delay
             agreed += self._complete()
         return agreed
