@@ -48,10 +48,10 @@ def _steps_until_agreed(step_s: float, monkeypatch, group, warm: int = 400) -> t
     raise AssertionError("the command was never agreed")
 
 
-def test_fast_steps_offer_about_every_200_ms_without_drifting(monkeypatch, gloo_world):
+def test_fast_steps_offer_about_every_50_ms_without_drifting(monkeypatch, gloo_world):
     gaps, steps = _steps_until_agreed(0.02, monkeypatch, gloo_world)
-    assert set(gaps[-300:]) == {10}  # 10 steps of 20 ms: steady, no oscillation
-    assert steps <= 2 * 10  # offered at the next offer, read one offer later: <= ~0.4 s
+    assert set(gaps[-300:]) <= {2, 3}  # 50 ms is 2.5 steps of 20 ms: steady, no swinging
+    assert steps <= 2 * 3  # offered at the next offer, read one offer later: ~0.1 s
 
 
 def test_slow_steps_agree_a_command_at_the_next_step(monkeypatch, gloo_world):

@@ -1,6 +1,6 @@
 """Commands from the supervisor, agreed by every rank at the same step through a gloo group.
 
-Rank 0 offers what its mailbox holds in a small async broadcast about every 0.2 s and the ranks
+Rank 0 offers what its mailbox holds in a small async broadcast about every 50 ms and the ranks
 read it one interval later, so control costs no device sync and almost no step time.
 """
 
@@ -17,7 +17,7 @@ import torch.distributed as dist
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
 URGENT = ("recover", "join")
-OFFER_S = 0.2  # commands are offered about this often (two offers: a key waits <= ~0.4 s)
+OFFER_S = 0.05  # commands are offered about this often (a key waits about two offers)
 MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
 
 
