@@ -15,6 +15,7 @@ import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
+from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port
 from ddptui.runstate import RunState
 from ddptui.sampler import RunSampler
@@ -51,13 +52,8 @@ class Supervisor:
         })
         self.pool = ProcessPool(config, self.log_path)
         self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
-        self.members: list[int] = []  # the slots in the world (or in the world being formed)
+        self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
         self._out: dict[int, tuple[str, str]] = {}  # slot -> (stopped|crashed, why), until back
-        self._generation = 0
-        self._world_change: dict | None = None  # an order the ranks have not confirmed yet
-        self._deferred: list[tuple[str, int]] = []  # stop/restart asked during a world change
-        self._leaving: set[int] = set()
-        self._wanted: set[int] = set()  # slots to bring back as soon as their standby is ready
         self._killed: dict[int, str] = {}  # pid -> why ddptui killed it
         self._bad: set[str] = set()  # distinct corrupt samples skipped, over every rank
         self._restarts = 0
@@ -136,8 +132,13 @@ class Supervisor:
         """A message of the supervisor's own, in the log and the event pane (its thread only)."""
         self._emit("message", level=level, text=text, **fields)
 
+    @property
+    def members(self) -> list[int]:
+        """The slots in the world (the one being formed, while a change is unconfirmed)."""
+        return self.world.members
+
     def world_changing(self) -> bool:
-        return self._world_change is not None
+        return not self.world.idle()
 
     def autotune_done(self, best: dict, rate: float, results: list) -> None:
         from ddptui.autotune import describe_settings
@@ -162,11 +163,10 @@ class Supervisor:
             self._writer.write(ev)
         if kind == "message":
             self._on_message(ev)
-        elif kind == "world" and ev["rank"] != PARENT and self._world_change is not None \
-                and ev.get("generation") == self._world_change["gen"]:
-            self._world_change = None
-            self.watchdog.restart_clock(self.members, ev["t"])
-            self._next_change()
+        elif kind == "world" and ev["rank"] != PARENT and ev.get("generation"):
+            if not self.world.idle() and ev["generation"] == self.world.change["gen"]:
+                self.watchdog.restart_clock(self.members, ev["t"])
+            self._act(self.world.world_confirmed(ev["generation"], time.time()))
         elif kind == "run" and ev.get("status") == "resumed":
             self.watchdog.restart_clock(self.members, ev["t"])
 
@@ -193,11 +193,13 @@ class Supervisor:
             if state == "running" and rp.state not in FINAL:
                 rp.state = RankState.RUNNING
                 self._out.pop(slot, None)
+                self.world.entered(slot)
                 self.watchdog.restart_clock([slot], ev["t"])
             elif state == "standby" and rp.state == RankState.STARTING:
                 rp.state = RankState.STANDBY
                 self._handle(self._as_out(ev, "ready"))
-                self._next_change()
+                if self._running():
+                    self._act(self.world.standby_ready(slot, time.time()))
                 return
         self._handle(ev)
 
@@ -268,7 +270,7 @@ class Supervisor:
         self.say(f"starting {_count(world, 'rank')}")
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)
-        self.members = list(range(world))
+        self.world = Membership(list(range(world)), self.world.new_address)
         self._emit("world", size=world, ranks=list(self.members), generation=0)
         self.watchdog.restart_clock(self.members, time.time())
         if self.config.autotune:
@@ -300,6 +302,8 @@ class Supervisor:
                 self._sample()
                 next_sample = now + SAMPLE_EVERY_S
             self.watchdog.check(time.time(), self._members(), self.state.paused)
+            if self._running():
+                self._act(self.world.tick(time.time()))
             if self._autotuner is not None:
                 self._autotuner.tick(now)
             if self._stop_deadline and now > self._stop_deadline:
@@ -312,7 +316,7 @@ class Supervisor:
         found = []
         for s in self.members:
             rp = self.slots[s]
-            if rp.alive and rp.state == RankState.RUNNING and s not in self._leaving:
+            if rp.alive and rp.state == RankState.RUNNING and s not in self.world.leaving:
                 found.append(Member(s, rp.process.pid, rp.gpu, rp.stacks_path))
         return found
 
@@ -326,7 +330,7 @@ class Supervisor:
 
     def _world_alive(self) -> bool:
         """Training goes on while a process of the world lives (standbys alone do not count)."""
-        return any(self.slots[s].alive for s in self.members)
+        return any(self.slots[s].alive for s in set(self.members) | set(self.world.confirmed))
 
     def _drain_telemetry(self) -> None:
         for r in self.pool.procs:
@@ -342,28 +346,39 @@ class Supervisor:
             if code is None or r.state in FINAL:
                 continue
             self._drain_telemetry()
-            member = r.slot in self.members and self.slots[r.slot] is r
-            if code == 0 and r.slot in self._leaving and not member:
-                self._leaving.discard(r.slot)
+            current = self.slots[r.slot] is r
+            if code == 0 and r.slot in self.world.leaving and r.slot not in self.members:
                 self._out[r.slot] = ("stopped", "left the world on request")
                 self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
-                self._bring_up_standby(r.slot)
+                self._act(self.world.left(r.slot))
             elif code == 0:
-                ours = self._stop_requested or not member
+                ours = self._stop_requested or r.slot not in self.members
                 self._set_state(r, RankState.STOPPED if ours else RankState.DONE, "")
             elif code == EXIT_USAGE:
                 self._set_state(r, RankState.STOPPED, self._usage_error or "bad input")
                 self._fail(EXIT_USAGE, self._usage_error or "bad input")
-            elif self._failure or self._stop_requested or r.state == RankState.STOPPED:
+            elif self._failure or self._stop_requested or not current or \
+                    r.state == RankState.STOPPED:
                 self._set_state(r, RankState.STOPPED, "ended by ddptui")
             else:
-                reason = self._killed.get(r.process.pid) or self._errors.get(r.slot) \
-                    or r.death()
-                self._set_state(r, RankState.CRASHED, reason)
-                if member:
-                    self._lost(r, reason)
-                else:
-                    self.say(f"standby for rank {r.slot} {reason}; r starts another", "warning")
+                self._crashed(r)
+
+    def _crashed(self, r: RankProcess) -> None:
+        """A process died on its own (or by k): the world goes on without it, if it can."""
+        reason = self._killed.get(r.process.pid) or self._errors.get(r.slot) or r.death()
+        self._set_state(r, RankState.CRASHED, reason)
+        member = r.slot in self.members or r.slot in self.world.confirmed
+        restart = member and self._restarts < self.config.max_restarts
+        alive = {s for s, rp in self.slots.items() if rp.alive}
+        recoverable = bool(self.config.snapshot_every and self.state.first_step_t)
+        actions = self.world.died(r.slot, alive, recoverable, reason, time.time(), restart)
+        if member:
+            self._out[r.slot] = ("crashed", reason)
+        self._act(actions)
+        if restart and not self._failure:
+            self._restarts += 1
+            self.say(f"restarting rank {r.slot} ({self._restarts} of --max-restarts "
+                     f"{self.config.max_restarts})")
 
     def _set_state(self, r: RankProcess, state: RankState, reason: str | None) -> None:
         r.state = state
@@ -372,44 +387,36 @@ class Supervisor:
         self._handle(event("rank", r.slot, state=state.value, pid=r.process.pid, gpu=r.gpu,
                            reason=reason, exit_code=r.process.exitcode))
 
-    def _lost(self, r: RankProcess, reason: str) -> None:
-        """A rank of the world died: the survivors re-form without it, or the run fails."""
-        survivors = [s for s in self.members if s != r.slot and self.slots[s].alive]
-        if not (self.config.snapshot_every and self.state.first_step_t and survivors):
-            self._fail(EXIT_FAILED, f"rank {r.slot} {reason}")
-            return
-        self._out[r.slot] = ("crashed", reason)
-        order = self._order("recover", survivors)
-        for s in survivors:
-            self.slots[s].tell(order)
-        self.say(f"rank {r.slot} {reason}: going on with {_count(len(survivors), 'rank')} "
-                 "from their last common step", "warning")
-        if self._restarts < self.config.max_restarts:
-            self._restarts += 1
-            self._wanted.add(r.slot)
-            self.say(f"restarting rank {r.slot} ({self._restarts} of --max-restarts "
-                     f"{self.config.max_restarts})")
-        self._bring_up_standby(r.slot)
-
-    def _order(self, op: str, members: list[int], **extra) -> dict:
-        """A world-change order: the new members, where they meet, and its generation."""
-        self._generation += 1
-        order = {"op": op, "members": sorted(members), "gen": self._generation,
-                 "init": f"tcp://127.0.0.1:{free_port()}", **extra}
-        self.members = order["members"]
-        self._world_change = order
-        self.watchdog.restart_clock(self.members, time.time())
-        return order
-
     def _fail(self, code: int, reason: str) -> None:
         """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
         if self._failure is None and self._stop_requested is None:
             self._failure = (code, reason)
             self._end_all()
 
-    def _kill(self, slot: int, why: str) -> None:
+    def _act(self, actions: list) -> None:
+        """Carry out what the membership decided."""
+        for a in actions:
+            if isinstance(a, Tell):
+                self.slots[a.slot].tell(a.order)
+                if a.order.get("op") in ("recover", "reform"):
+                    self.watchdog.restart_clock(self.members, time.time())
+            elif isinstance(a, Say):
+                self.say(a.text, a.level)
+            elif isinstance(a, Kill):
+                self._kill(a.slot, a.why, check=False)
+            elif isinstance(a, Fail):
+                self._fail(EXIT_FAILED, a.reason)
+            elif isinstance(a, Standby):
+                self._bring_up_standby(a.slot)
+            elif isinstance(a, Joining):
+                self._set_state(self.slots[a.slot], RankState.RESTARTING, "joining the world")
+
+    def _running(self) -> bool:
+        return not (self._stop_requested or self._failure)
+
+    def _kill(self, slot: int, why: str, check: bool = True) -> None:
         rp = self.slots.get(slot)
-        if rp is None or not rp.alive or slot not in self.members:
+        if rp is None or not rp.alive or (check and slot not in self.members):
             self.say(f"rank {slot} is not running", "warning")
             return
         self._killed[rp.process.pid] = f"killed by ddptui ({why})"
@@ -427,8 +434,11 @@ class Supervisor:
             op = cmd["op"]
             if op == "stop":
                 self._begin_stop(cmd["status"], cmd["code"], cmd["reason"])
-            elif op in ("stop_rank", "restart_rank"):
-                self._rank_command(op, cmd["slot"])
+            elif op in ("stop_rank", "restart_rank") and self._running() \
+                    and cmd["slot"] in self.slots:
+                now, slot = time.time(), cmd["slot"]
+                self._act(self.world.stop(slot, now) if op == "stop_rank" else
+                          self.world.restart(slot, self.slots[slot].alive, now))
             elif op == "kill_rank":
                 flagged = self.watchdog.flags.get(cmd["slot"])
                 self._kill(cmd["slot"], f"k: {flagged}" if flagged else "k")
@@ -445,71 +455,12 @@ class Supervisor:
         self.watchdog.ask_stacks(Member(slot, rp.process.pid, rp.gpu, rp.stacks_path),
                                  time.time())
 
-    def _rank_command(self, op: str, slot: int) -> None:
-        if self._stop_requested or self._failure or slot not in self.slots:
-            return
-        if self._world_change is not None:  # one change at a time: this one waits its turn
-            self._deferred.append((op, slot))
-        elif op == "restart_rank":
-            self._restart(slot)
-        else:
-            self._leave(slot)
-
-    def _restart(self, slot: int) -> None:
-        """The slot joins from its warm standby: now if it is ready, else once it is; a running
-        rank leaves first."""
-        running = slot in self.members
-        self._wanted.add(slot)
-        warming = not running and self.slots[slot].state == RankState.STARTING
-        self.say(f"restarting rank {slot}: it joins again from a warm standby"
-                 + (" after leaving" if running else "")
-                 + (" as soon as the standby is warm" if warming else ""))
-        if running:
-            self._leave(slot)
-            return
-        if not self.slots[slot].alive:  # its standby died too
-            self._bring_up_standby(slot)
-        self._next_change()
-
-    def _leave(self, slot: int) -> None:
-        if slot not in self.members:
-            self.say(f"rank {slot} is not running", "warning")
-        elif len(self.members) == 1:
-            self._wanted.discard(slot)
-            self.say(f"rank {slot} is the last rank: q ends the run instead", "warning")
-        else:
-            leader = self.slots[self.members[0]]
-            order = self._order("reform", [s for s in self.members if s != slot])
-            self._leaving.add(slot)
-            self.watchdog.forget(slot)
-            leader.tell(order)
-            self.say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
-                     f"{_count(len(self.members), 'rank')} go on")
-
-    def _next_change(self) -> None:
-        """After a world change: the next asked-for stop/restart, or a wanted rank's join."""
-        while self._world_change is None and self._deferred:
-            self._rank_command(*self._deferred.pop(0))
-        if self._world_change is not None or self._stop_requested or self._failure:
-            return
-        ready = [s for s in sorted(self._wanted) if self.slots[s].state == RankState.STANDBY]
-        if not ready or not self.members:
-            return
-        slot = ready[0]
-        self._wanted.discard(slot)
-        leader = self.slots[self.members[0]]
-        order = self._order("reform", self.members + [slot], joiner=slot)
-        joiner = self.slots[slot]
-        leader.tell(order)
-        joiner.tell({**order, "op": "join"})
-        self._set_state(joiner, RankState.RESTARTING, "joining the world")
-
     def _bring_up_standby(self, slot: int) -> None:
         """Keep a warm process for a rank that is out of the world (once the run goes on)."""
-        if self._stop_requested or self._failure:
+        if not self._running():
             return
         current = self.slots[slot]
-        if current.alive and current.standby:
+        if current.alive and current.standby and current.process.pid not in self._killed:
             return
         self._start_process(slot, current.gpu, "", standby=True)
 
@@ -545,14 +496,14 @@ class Supervisor:
         for s in stalled:
             self._killed[self.slots[s].process.pid] = "killed by ddptui (stalled at the stop)"
             os.kill(self.slots[s].process.pid, signal.SIGKILL)
-        survivors = [s for s in self.members if s not in stalled and self.slots[s].alive]
-        if not (survivors and self.config.snapshot_every and self.state.first_step_t):
+        alive = {s for s, rp in self.slots.items() if rp.alive} - set(stalled)
+        told = self.world.halt_without(stalled, alive, time.time()) \
+            if self.config.snapshot_every and self.state.first_step_t else []
+        if not told:
             self.say("stopping: the stalled ranks are ended, nothing is waited for")
             self._end_all()
             return
-        order = self._order("recover", survivors, stop=True)
-        for s in survivors:
-            self.slots[s].tell(order)
+        self._act(told)
         self.say(f"stopping without rank {', '.join(map(str, stalled))} (stalled): the others "
                  "go back to their last common step"
                  + (", checkpoint" if self.config.checkpoint_dir else "") + " and end")

@@ -58,6 +58,9 @@ def wait_for_event(path, predicate, timeout: float = 60) -> dict:
     raise AssertionError(f"no matching event in {path} within {timeout} s")
 
 
+_BORN: dict[int, float] = {}  # pid -> its process's start time when a test collected it
+
+
 def run_pids(path) -> set[int]:
     """Every pid a run reported: ranks (rank events) and whatever they started since."""
     pids = {e["pid"] for e in read_events(str(path)) if e.get("pid")}
@@ -66,10 +69,16 @@ def run_pids(path) -> set[int]:
             pids |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
         except psutil.Error:
             pass
+    for pid in pids:
+        try:
+            _BORN.setdefault(pid, psutil.Process(pid).create_time())
+        except psutil.Error:
+            pass
     return pids
 
 
-def assert_gone(pids: set[int], timeout: float = 10) -> None:
+def assert_gone(pids: set[int], timeout: float = 30) -> None:
+    """Every process ends; the timeout only keeps a leak from hanging the suite."""
     deadline = time.monotonic() + timeout
     alive = set(pids)
     while alive and time.monotonic() < deadline:
@@ -80,7 +89,10 @@ def assert_gone(pids: set[int], timeout: float = 10) -> None:
 
 def _alive(pid: int) -> bool:
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        p = psutil.Process(pid)
+        if pid in _BORN and p.create_time() != _BORN[pid]:
+            return False  # the pid was reused by a process that is not ours
+        return p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

@@ -90,19 +90,19 @@ def _flood(ranks: int = 8, rate: float = 20.0, seconds: float = 6.0) -> list[dic
     return evs
 
 
-async def test_keys_stay_responsive_under_8_ranks_at_20_events_per_second():
-    app = DashboardApp(Replay("flood", speed=1.0, events=_flood()), refresh_s=0.1)
+async def test_keys_are_served_while_8_ranks_send_20_events_per_second():
+    """Order and outcome only (how fast is bench/ territory): each key moves the selection while
+    the flood is still coming, and the app quits on q in the middle of it."""
+    app = DashboardApp(Replay("flood", speed=1.0, events=_flood(seconds=600.0)), refresh_s=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
-        await pilot.pause(1.0)
-        assert app.query_one(RankTable).row_count == 8
+        await _until(pilot, lambda: app.query_one(RankTable).row_count == 8, "8 rank rows")
         for expected in (1, 2, 3):
-            t0 = time.monotonic()
             await pilot.press("down")
-            while app.query_one(RankTable).cursor_row != expected:
-                assert time.monotonic() - t0 < 0.5, "a key press took more than a few frames"
-                await pilot.pause(0.02)
-        assert not app.source.done.is_set()  # measured while the flood was still coming
+            await _until(pilot, lambda e=expected: app.query_one(RankTable).cursor_row == e,
+                         f"row {expected} selected")
+        assert not app.source.done.is_set()  # served while the flood was still coming
         await pilot.press("q")
+    assert app.return_code == 0
 
 
 def _config(*args: str):

@@ -1,0 +1,227 @@
+"""Who is in the world and which change is under way: a pure state machine. It takes requests
+(stop, restart) and facts (a standby is warm, a rank died, a change was confirmed, time passed)
+and returns the actions the supervisor carries out; it starts, kills and reads nothing itself.
+
+One change at a time: a leave or a join is ordered, then confirmed by the new world's `world`
+event; requests that arrive meanwhile wait their turn. A member that does not confirm within
+`timeout` seconds is killed, and its death is handled like any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+CHANGE_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Tell:
+    """Send `order` to the slot's current process (a reform to the leader, urgent ones direct)."""
+
+    slot: int
+    order: dict
+
+
+@dataclass(frozen=True)
+class Say:
+    text: str
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class Kill:
+    slot: int
+    why: str
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Standby:
+    """Start a warm standby for the slot (it is out of the world)."""
+
+    slot: int
+
+
+@dataclass(frozen=True)
+class Joining:
+    """The slot's standby was told to join: it is restarting."""
+
+    slot: int
+
+
+@dataclass
+class Membership:
+    """`members`: the world as ordered (the future one while a change is unconfirmed);
+    `confirmed`: the last world the ranks confirmed."""
+
+    members: list[int]
+    new_address: Callable[[], str]
+    timeout: float = CHANGE_TIMEOUT_S
+    confirmed: list[int] = field(default_factory=list)
+    change: dict | None = None  # the order not confirmed yet
+    deadline: float = 0.0
+    announced: set[int] = field(default_factory=set)  # members that entered the new world
+    deferred: list[tuple[str, int]] = field(default_factory=list)
+    leaving: set[int] = field(default_factory=set)
+    wanted: set[int] = field(default_factory=set)  # join as soon as their standby is ready
+    ready: set[int] = field(default_factory=set)  # slots with a warm standby
+    generation: int = 0
+
+    def __post_init__(self):
+        self.members = sorted(self.members)
+        self.confirmed = list(self.members)
+
+    # -- requests --------------------------------------------------------------------------
+    def stop(self, slot: int, now: float) -> list:
+        if self.change is not None:  # one change at a time: this one waits its turn
+            self.deferred.append(("stop", slot))
+            return []
+        if slot not in self.members:
+            return [Say(f"rank {slot} is not running", "warning")]
+        if len(self.members) == 1:
+            self.wanted.discard(slot)
+            return [Say(f"rank {slot} is the last rank: q ends the run instead", "warning")]
+        leader = self.members[0]  # the current world's rank 0 offers it to every rank
+        order = self._order("reform", [s for s in self.members if s != slot], now)
+        self.leaving.add(slot)
+        return [Tell(leader, order),
+                Say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
+                    f"{_count(len(order['members']), 'rank')} go on")]
+
+    def restart(self, slot: int, standby_alive: bool, now: float) -> list:
+        """A stopped or crashed slot joins from its standby (now if warm, else once it is);
+        a running one leaves first."""
+        if self.change is not None:
+            self.deferred.append(("restart", slot))
+            return []
+        running = slot in self.members
+        self.wanted.add(slot)
+        warming = not running and slot not in self.ready
+        actions = [Say(f"restarting rank {slot}: it joins again from a warm standby"
+                       + (" after leaving" if running else "")
+                       + (" as soon as the standby is warm" if warming else ""))]
+        if running:
+            return actions + self.stop(slot, now)
+        if not standby_alive:
+            self.ready.discard(slot)
+            actions.append(Standby(slot))
+        return actions + self._next(now)
+
+    # -- facts -----------------------------------------------------------------------------
+    def standby_ready(self, slot: int, now: float) -> list:
+        self.ready.add(slot)
+        return self._next(now)
+
+    def entered(self, slot: int) -> None:
+        """The slot announced itself running in the world being formed."""
+        if self.change is not None:
+            self.announced.add(slot)
+
+    def world_confirmed(self, generation: int, now: float) -> list:
+        if self.change is None or generation != self.change["gen"]:
+            return []
+        self.change = None
+        self.confirmed = list(self.members)
+        return self._next(now)
+
+    def left(self, slot: int) -> list:
+        """A leaving rank ended cleanly after the agreed step: its slot gets a standby."""
+        self.leaving.discard(slot)
+        return [Standby(slot)]
+
+    def died(self, slot: int, alive: set[int], recoverable: bool, why: str, now: float,
+             restart: bool = False) -> list:
+        """A process of the slot died. A member's death re-forms the world from the members
+        still alive (the joiner and a leaver of an unconfirmed change are not among them: they
+        are ended and go back to standing by); a standby's death is only reported."""
+        joiner = self.change.get("joiner") if self.change else None
+        in_world = slot in self.members or slot in self.confirmed or slot in self.leaving
+        if not in_world:
+            self.ready.discard(slot)
+            return [Say(f"standby for rank {slot} {why}; r starts another", "warning")]
+        actions: list = []
+        dropped = ({joiner} if joiner is not None else set()) | self.leaving
+        for s in sorted(dropped - {slot}):
+            if s in alive:
+                actions.append(Kill(s, f"the world broke while rank {s} was "
+                                       + ("joining" if s == joiner else "leaving")))
+            if s == joiner:
+                self.wanted.add(s)  # it joins again once a new standby is warm
+            self.ready.discard(s)
+            actions.append(Standby(s))
+        self.leaving.clear()
+        base = set(self.members) | set(self.confirmed)
+        survivors = sorted((base & alive) - dropped - {slot})
+        if not (recoverable and survivors):
+            return [Fail(f"rank {slot} {why}")]
+        self.ready.discard(slot)
+        order = self._order("recover", survivors, now)
+        actions += [Tell(s, order) for s in survivors]
+        actions.append(Say(f"rank {slot} {why}: going on with {_count(len(survivors), 'rank')} "
+                           "from their last common step", "warning"))
+        if restart:
+            self.wanted.add(slot)
+        actions.append(Standby(slot))
+        return actions
+
+    def halt_without(self, slots: list[int], alive: set[int], now: float) -> list:
+        """A stop that cannot wait for `slots` (stalled, being killed): the other members
+        re-form without them, go back to their last common point and stop there."""
+        base = set(self.members) | set(self.confirmed)
+        survivors = sorted((base & alive) - set(slots) - self.leaving
+                           - {self.change.get("joiner") if self.change else None})
+        if not survivors:
+            return []
+        order = self._order("recover", survivors, now, stop=True)
+        return [Tell(s, order) for s in survivors]
+
+    def tick(self, now: float) -> list:
+        """A change not confirmed in time: the members that did not enter are killed."""
+        if self.change is None or now < self.deadline:
+            return []
+        late = [s for s in self.members if s not in self.announced]
+        self.deadline = now + self.timeout  # their deaths re-form the world; no repeat meanwhile
+        return [Kill(s, f"did not enter the new world within {self.timeout:.0f} s")
+                for s in late]
+
+    def idle(self) -> bool:
+        return self.change is None
+
+    # -- inside ----------------------------------------------------------------------------
+    def _order(self, op: str, members: list[int], now: float, **extra) -> dict:
+        self.generation += 1
+        order = {"op": op, "members": sorted(members), "gen": self.generation,
+                 "init": self.new_address(), **extra}
+        self.members = order["members"]
+        self.change = order
+        self.deadline = now + self.timeout
+        self.announced = set()
+        return order
+
+    def _next(self, now: float) -> list:
+        """After a change: the next asked-for stop or restart, or a wanted slot's join."""
+        actions: list = []
+        while self.change is None and self.deferred:
+            op, slot = self.deferred.pop(0)
+            actions += self.stop(slot, now) if op == "stop" else self.restart(slot, True, now)
+        if self.change is not None or not self.members:
+            return actions
+        ready = [s for s in sorted(self.wanted) if s in self.ready and s not in self.members]
+        if not ready:
+            return actions
+        slot, leader = ready[0], self.members[0]
+        self.wanted.discard(slot)
+        self.ready.discard(slot)
+        order = self._order("reform", self.members + [slot], now, joiner=slot)
+        return actions + [Tell(leader, order), Tell(slot, {**order, "op": "join"}),
+                          Joining(slot)]
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 rank', '2 ranks'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -1,0 +1,138 @@
+"""The membership state machine on its own, without a process: every transition, and the races
+that end-to-end tests cannot reach (deaths during a change, requests behind a change that never
+confirms, a stop and a join asked together)."""
+
+from __future__ import annotations
+
+import itertools
+
+from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
+
+
+def _world(*members: int, timeout: float = 60.0) -> Membership:
+    ports = itertools.count(1000)
+    return Membership(list(members), lambda: f"tcp://127.0.0.1:{next(ports)}", timeout)
+
+
+def _tells(actions) -> dict[int, dict]:
+    return {a.slot: a.order for a in actions if isinstance(a, Tell)}
+
+
+def test_a_stop_is_offered_by_the_current_rank_0_and_confirmed_by_the_new_world():
+    m = _world(0, 1, 2)
+    actions = m.stop(0, now=0)
+    (leader, order), = _tells(actions).items()
+    assert leader == 0 and order["op"] == "reform" and order["members"] == [1, 2]
+    assert m.members == [1, 2] and m.confirmed == [0, 1, 2] and m.leaving == {0}
+    assert m.world_confirmed(order["gen"], now=1) == [] and m.idle()
+    assert m.left(0) == [Standby(0)] and m.leaving == set()
+
+
+def test_the_last_rank_and_a_rank_out_of_the_world_cannot_be_stopped():
+    m = _world(0)
+    assert isinstance(m.stop(0, 0)[0], Say) and m.idle()
+    assert m.stop(5, 0) == [Say("rank 5 is not running", "warning")]
+
+
+def test_restart_of_a_stopped_rank_waits_for_its_standby_then_joins():
+    m = _world(0, 1)
+    order = _tells(m.stop(1, 0))[0]
+    m.world_confirmed(order["gen"], 1)
+    m.left(1)
+    actions = m.restart(1, standby_alive=True, now=2)  # still warming: queued
+    assert not _tells(actions) and m.wanted == {1}
+    actions = m.standby_ready(1, now=3)
+    tells = _tells(actions)
+    assert tells[0]["members"] == [0, 1] and tells[0]["joiner"] == 1
+    assert tells[1]["op"] == "join" and Joining(1) in actions
+
+
+def test_requests_during_a_change_wait_their_turn():
+    m = _world(0, 1, 2)
+    first = _tells(m.stop(2, 0))[0]
+    assert m.stop(1, 0.5) == [] and m.deferred == [("stop", 1)]
+    actions = m.world_confirmed(first["gen"], 1)
+    assert _tells(actions)[0]["members"] == [0]
+
+
+def test_a_stop_and_a_restart_asked_together_both_happen_in_order():
+    m = _world(0, 1)
+    leave = _tells(m.stop(1, 0))[0]
+    assert m.restart(1, standby_alive=False, now=0.1) == []  # behind the leave
+    actions = m.world_confirmed(leave["gen"], 1)
+    assert not _tells(actions) and m.wanted == {1}  # no standby yet: the leaver is still out
+    assert m.left(1) == [Standby(1)]
+    join = _tells(m.standby_ready(1, 2))[0]
+    assert join["members"] == [0, 1]
+
+
+def test_a_change_never_confirmed_kills_the_members_that_did_not_enter():
+    m = _world(0, 1, 2, timeout=10)
+    order = _tells(m.stop(2, 0))[0]
+    m.entered(0)
+    assert m.tick(5) == []
+    assert m.tick(11) == [Kill(1, "did not enter the new world within 10 s")]
+    assert m.tick(12) == []  # not again while its death is handled
+    # Its death re-forms the world from the member still alive, and what waited goes on.
+    m.stop(0, 12)  # deferred
+    actions = m.died(1, alive={0}, recoverable=True, why="killed by ddptui", now=13)
+    recover = _tells(actions)
+    assert list(recover) == [0] and recover[0]["op"] == "recover"
+    assert recover[0]["gen"] > order["gen"]
+
+
+def test_a_joiner_dying_in_its_rendezvous_is_not_counted_as_a_survivor():
+    m = _world(0, 1)
+    m.stop(1, 0)
+    m.world_confirmed(1, 1)
+    m.left(1)
+    m.restart(1, True, 2)
+    join = _tells(m.standby_ready(1, 3))
+    assert join[1]["op"] == "join"
+    actions = m.died(1, alive={0}, recoverable=True, why="killed by SIGKILL", now=4)
+    recover = _tells(actions)
+    assert list(recover) == [0] and recover[0]["members"] == [0]
+    assert Standby(1) in actions
+
+
+def test_a_survivor_dying_during_a_join_drops_the_joiner_too():
+    m = _world(0, 1, 2)
+    m.stop(2, 0)
+    m.world_confirmed(1, 1)
+    m.left(2)
+    m.restart(2, True, 2)
+    m.standby_ready(2, 3)  # joining: members [0, 1, 2], confirmed [0, 1]
+    actions = m.died(1, alive={0, 2}, recoverable=True, why="killed by SIGKILL", now=4)
+    assert Kill(2, "the world broke while rank 2 was joining") in actions
+    assert _tells(actions)[0]["members"] == [0]
+    assert m.wanted == {2}  # it joins again once a new standby is warm
+
+
+def test_a_leaver_dying_before_its_leave_is_agreed_does_not_hang_the_others():
+    m = _world(0, 1, 2)
+    m.stop(2, 0)  # ordered, not agreed yet
+    actions = m.died(2, alive={0, 1}, recoverable=True, why="killed by SIGKILL", now=1)
+    recover = _tells(actions)
+    assert sorted(recover) == [0, 1] and recover[0]["members"] == [0, 1]
+
+
+def test_a_death_with_no_rollback_or_no_survivor_fails_the_run():
+    m = _world(0, 1)
+    assert m.died(1, {0}, recoverable=False, why="killed by SIGKILL", now=0) == \
+        [Fail("rank 1 killed by SIGKILL")]
+    m = _world(0)
+    assert isinstance(m.died(0, set(), True, "exited with code 1", 0)[0], Fail)
+
+
+def test_a_standby_dying_is_only_reported():
+    m = _world(0, 1)
+    actions = m.died(3, {0, 1}, True, "killed by SIGKILL", 0)
+    assert len(actions) == 1 and actions[0].level == "warning" and m.idle()
+
+
+def test_a_stop_past_a_stalled_rank_recovers_the_others_with_stop():
+    m = _world(0, 1, 2)
+    actions = m.halt_without([1], alive={0, 2}, now=0)
+    orders = _tells(actions)
+    assert sorted(orders) == [0, 2] and orders[0]["stop"] is True
+    assert m.halt_without([0, 1, 2], alive=set(), now=1) == []
