@@ -83,6 +83,11 @@ class DashboardApp(App[int]):
         self._seq = 0
         self._stacks_asked_t = 0.0
 
+    @property
+    def crash(self) -> Exception | None:
+        """The exception that ended the app, if one did (Textual keeps it to itself)."""
+        return self._exception
+
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.
         self.header, self.devices = RunHeader(), DevicePanel()

@@ -21,6 +21,7 @@ from trainer.config import (
 )
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
+STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
 ATTACH_PORT = 29600
 
 EXAMPLES = """examples:
@@ -148,12 +149,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         threading.Thread(target=_exit_when_done, args=(supervisor, code), daemon=True).start()
 
     _stop_on_signals(on_signal)
-    app.run()
-    code = supervisor.wait()
+    try:
+        app.run()
+    finally:
+        code = _end_after_dashboard(supervisor)
+    if app.crash is not None:  # the dashboard broke: the run was stopped, say why
+        error = app.crash
+        print(f"ddptui: the dashboard failed ({type(error).__name__}: {error}); the run was "
+              f"stopped, log: {supervisor.log_path}", file=sys.stderr)
+        return 1 if code in (0, 130, None) else code
     view = supervisor.state.view()
     if code not in (0, None) and view["reason"]:
         print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
     return 1 if code is None else code
+
+
+def _end_after_dashboard(supervisor) -> int | None:
+    """Whatever the app did (quit, crash, never mounted), the run ends within a bounded time:
+    an orderly stop first, then every process at once."""
+    if not supervisor.started:
+        return None
+    if not supervisor.done.is_set():
+        supervisor.stop()
+        if not supervisor.done.wait(STOP_GRACE_S + 5):
+            supervisor.stop()  # a second stop ends every process at once
+    return supervisor.wait(60)
 
 
 def _exit_when_done(supervisor, code: int) -> None:

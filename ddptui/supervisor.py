@@ -75,6 +75,10 @@ class Supervisor:
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
 
     # -- the API the app, the headless console and tests use ---------------------------------
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
         self._thread.start()

@@ -229,3 +229,25 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
             assert f"{node} GPU {gpu}" in svg
     assert "654W 55C" in svg and "657W 55C" in svg
     assert "12,937" in svg and "12,940" in svg and "0.0008" in svg
+
+
+async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp_path,
+                                                                             monkeypatch):
+    from ddptui.cli import _end_after_dashboard
+
+    sup = Supervisor(_config(*TINY, "--epochs", "500"), str(tmp_path / "live.jsonl"))
+    app = DashboardApp(sup)
+
+    def broken_show(view, selected):
+        if any(r.step for r in view["ranks"]):
+            raise RuntimeError("a widget bug")
+
+    with pytest.raises(RuntimeError, match="a widget bug"):
+        async with app.run_test(size=(120, 40)) as pilot:
+            monkeypatch.setattr(app.rank_table, "show", broken_show)
+            await _until(pilot, lambda: sup.done.is_set() or app.crash is not None,
+                         "the crash", timeout=90)
+    assert app.crash is not None and sup.started and not sup.done.is_set()
+    pids = sup.pids()
+    assert _end_after_dashboard(sup) == 130
+    assert_gone(pids)
