@@ -1,0 +1,231 @@
+"""The training loop of one rank, top to bottom: epochs, cut into segments by world and settings
+changes; one step with no host/device sync; commands agreed at the same step on every rank;
+validation and the epoch's end; recovery when a peer dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer import world
+from trainer.parts import Parts, State
+from trainer.prefetch import plain_batches
+from trainer.protocol.events import describe
+from trainer.reports import count, report_bad, report_change, report_kept, report_segment, save
+from trainer.snapshot import WorldLost
+
+RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
+
+
+def on_urgent(order: dict, p: Parts) -> None:
+    """On the mailbox thread, as soon as the supervisor says a peer died."""
+    if order.get("op") == "recover":
+        if p.snapshots is not None:
+            p.snapshots.mark_lost()
+        if p.me.device.type == "cuda":
+            world.abort(lambda text: p.me.say(text, "warning"))
+
+
+def run_epochs(p: Parts) -> bool:
+    """Epochs until done (True), stopped or left (False); world changes happen in between."""
+    while p.sampler.epoch < p.config.epochs:
+        order = None
+        try:
+            outcome = run_segment(p)
+        except Exception as e:
+            p.state.changed_at = time.time()
+            order = await_recover(p, e)
+        if order is not None:
+            # Out of the except block: the error's traceback held the broken world's sockets
+            # open, and a peer still blocked on them would never see this rank leave.
+            epoch, old_world = p.sampler.epoch, p.me.world_size
+            redone = world.recover(p, order)
+            report_kept(p, epoch, old_world, redone)
+            p.me.say(f"recovered on {count(p.me.world_size, 'rank')}: back to global step "
+                     f"{p.state.global_step}, {redone} steps to redo",
+                     redone=redone, global_step=p.state.global_step)
+            if order.get("stop"):  # a stop that could not wait for a stalled rank
+                p.state.stop = True
+            continue
+        if outcome != "next":
+            return False
+    return True
+
+
+def await_recover(p: Parts, error: Exception) -> dict:
+    """A collective failed: if a peer died, the supervisor's recover order arrives; otherwise
+    (or without a supervisor) the error is ours and is raised again."""
+    # Collective failures (DistError, WorldLost) are RuntimeErrors; an OOM is this rank's own.
+    if p.snapshots is None or isinstance(error, torch.OutOfMemoryError) or \
+            not (isinstance(error, RuntimeError) or p.mailbox.has_urgent):
+        raise error
+    order = p.mailbox.wait_urgent(RECOVER_WAIT_S)
+    if order is None or order.get("op") != "recover":
+        raise error
+    return order
+
+
+def run_segment(p: Parts) -> str:
+    """Train from the current position until the epoch ends or something changes the world
+    or the settings: 'next' (carry on), 'stopped' or 'left'."""
+    epoch = p.sampler.epoch
+    p.meter.reset_epoch()
+    p.state.segment_start = p.sampler.steps_done
+    p.state.segment_global = p.state.global_step
+    if p.snapshots is not None and p.sampler.steps_done == 0:
+        p.snapshots.take(p.state.global_step, world.host_state(p))
+    train_one_epoch(p, epoch)
+    if p.state.stop:
+        if p.sampler.steps_done > p.state.segment_start:  # the partial epoch keeps its row
+            report_segment(p, epoch, partial=True, at_quit=True)
+        save(p)
+        p.me.say(f"stopped at epoch {epoch} step {p.sampler.steps_done}")
+        return "stopped"
+    order, p.state.reform = p.state.reform, None
+    if len(p.sampler) == 0:  # the epoch is done: a change asked for now lands at its boundary
+        p.state.apply_now = False
+        end_epoch(p, epoch)
+    elif p.state.apply_now or order:
+        report_segment(p, epoch, partial=True)
+        if p.state.apply_now:
+            p.state.apply_now = False
+            apply_pending(p, epoch, step=p.sampler.steps_done)
+    if order:
+        p.state.changed_at = time.time()
+        if not world.reform(p, order):
+            p.me.announce("stopped",
+                          reason=f"left the world at global step {p.state.global_step}")
+            return "left"
+    return "next"
+
+
+def train_one_epoch(p: Parts, epoch: int) -> None:
+    """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
+    p.ddp.train()
+    every, snap_every = p.config.checkpoint_every, p.config.snapshot_every
+    pulse = p.me.pulse  # where the loop is, for the heartbeat: plain attribute writes
+    # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
+    # thread must be gone before the loader is iterated again.
+    with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"])) as batches:
+        while True:
+            while p.state.paused and not _interrupted(p.state):
+                pulse.phase = "paused"
+                handle_commands(p, p.control.tick_paused())
+            if _interrupted(p.state):
+                break
+            pulse.phase = "input"
+            waited = time.perf_counter()
+            try:
+                images, labels = next(batches)
+            except StopIteration:
+                break
+            p.meter.waited(time.perf_counter() - waited)
+            pulse.phase = "compute"
+            with p.autocast():
+                loss = F.cross_entropy(p.ddp(images), labels)
+            p.optimizer.zero_grad(set_to_none=True)
+            p.scaler.scale(loss).backward()
+            p.scaler.step(p.optimizer)
+            p.scaler.update()
+            p.scheduler.step()
+            p.sampler.step_done()
+            p.state.global_step += 1
+            step = pulse.step = p.state.global_step
+            if p.meter.step(loss, epoch, p.sampler.steps_done, step):
+                report_bad(p)
+            if p.snapshots is not None:
+                if p.mailbox.has_urgent:
+                    raise WorldLost("a peer died")
+                p.snapshots.step_done(step)
+            if p.state.changed_at is not None:
+                report_change(p)
+            if every and step % every == 0:
+                pulse.phase = "checkpoint"
+                save(p)
+            pulse.phase = "control"
+            handle_commands(p, p.control.poll())
+            if p.snapshots is not None and step % snap_every == 0:
+                p.snapshots.take(step, world.host_state(p))
+
+
+def _interrupted(state: State) -> bool:
+    return state.stop or state.apply_now or state.reform is not None
+
+
+def handle_commands(p: Parts, commands: list[dict]) -> None:
+    """Apply agreed commands; every rank runs this with the same list at the same step."""
+    for cmd in commands:
+        op = cmd.get("op")
+        if op == "pause" and not p.state.paused:
+            p.state.paused = True
+            p.me.reporter.emit("run", status="paused", global_step=p.state.global_step)
+        elif op == "resume" and p.state.paused:
+            p.state.paused = False
+            p.me.reporter.emit("run", status="resumed", global_step=p.state.global_step)
+        elif op == "checkpoint":
+            save(p)
+        elif op == "stop":
+            p.state.stop = True
+        elif op == "apply" and p.state.pending:
+            p.state.apply_now = True
+        elif op == "reform":
+            p.state.reform = cmd
+        elif op == "settings":
+            p.state.pending.update(cmd["settings"])
+            if p.me.is_main:
+                p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
+                                   epoch=p.sampler.epoch + 1, status="pending")
+
+
+@torch.no_grad()
+def validate(p: Parts) -> tuple[float, float] | None:
+    """Loss and accuracy over the whole validation set, all-reduced (each sample once)."""
+    if p.loaders.val is None:
+        return None
+    p.model.eval()  # the unwrapped module: no DDP collectives inside an uneven shard
+    totals = torch.zeros(3, device=p.me.device, dtype=torch.float64)
+    for images, labels in plain_batches(p.loaders.val, p.loaders.prepare):
+        with p.autocast():
+            logits = p.model(images)
+        totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
+        totals[1] += (logits.argmax(1) == labels).sum()
+        totals[2] += labels.numel()
+    p.model.train()
+    dist.all_reduce(totals)
+    loss_sum, correct, count = totals.tolist()
+    return (loss_sum / count, correct / count) if count else None
+
+
+def end_epoch(p: Parts, epoch: int) -> None:
+    p.me.pulse.phase = "validate"
+    val = validate(p)
+    extra = {}
+    if val:
+        extra = {"val_loss": round(val[0], 5), "val_acc": round(val[1], 5)}
+        p.state.best_val_acc = max(p.state.best_val_acc, val[1])
+    ev = report_segment(p, epoch, **extra)
+    if p.me.echo and p.me.is_main:
+        print(describe({"kind": "epoch", "rank": 0, **ev}), flush=True)
+    p.sampler.set_epoch(epoch + 1)
+    if epoch + 1 < p.config.epochs:
+        apply_pending(p, epoch + 1)
+    save(p)
+
+
+def apply_pending(p: Parts, epoch: int, step: int = 0) -> None:
+    """Settings agreed during the epoch take effect on every rank from the next epoch, or
+    from an agreed step when `a` asked for them now."""
+    if not p.state.pending:
+        return
+    p.state.settings.update(p.state.pending)
+    p.state.pending.clear()
+    torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
+    p.loaders.apply(p.state.settings)
+    if p.me.is_main:
+        p.me.reporter.emit("settings", settings=dict(p.state.settings), epoch=epoch, step=step,
+                           status="applied")
