@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing import resource_tracker
 
@@ -142,6 +143,22 @@ def _join_all(processes, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for p in processes:
         p.join(max(0.0, deadline - time.monotonic()))
+
+
+def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
+    """Generate the built-in dataset here, once, with progress, before ranks race for it."""
+    if config.data_kind != "shapes":
+        return
+    from trainer.shapes import ensure_shapes
+
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.time() - last[0] > 0.5 or done == total:
+            last[0] = time.time()
+            say(f"generating shapes dataset {done}/{total}")
+
+    ensure_shapes(progress)
 
 
 def free_port() -> int:

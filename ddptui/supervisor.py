@@ -16,7 +16,8 @@ import time
 from multiprocessing.connection import wait as wait_any
 
 from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
-from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port
+from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, Outcome
+from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.runstate import RunState
 from ddptui.sampler import RunSampler
 from ddptui.watchdog import Member, Watchdog
@@ -26,7 +27,6 @@ from trainer.protocol.events import PARENT, JsonlWriter, RankState, event
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
 SAMPLE_EVERY_S = 0.5  # GPU and process readings
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def default_log_path() -> str:
@@ -55,18 +55,14 @@ class Supervisor:
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
         self._out: dict[int, tuple[str, str]] = {}  # slot -> (stopped|crashed, why), until back
         self._killed: dict[int, str] = {}  # pid -> why ddptui killed it
-        self._bad: set[str] = set()  # distinct corrupt samples skipped, over every rank
         self._restarts = 0
         self._autotuner = None
         self.exit_code: int | None = None
         self.done = threading.Event()
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._stop_requested: tuple[str, int, str] | None = None  # status, code, reason
+        self.outcome = Outcome()
         self._stop_deadline: float | None = None
-        self._failure: tuple[int, str] | None = None
-        self._usage_error: str | None = None
-        self._errors: dict[int, str] = {}  # rank -> its last error message
         self._writer: JsonlWriter | None = None
         self.sampler: RunSampler | None = None
         self.watchdog = Watchdog(config.stall_after, config.on_stall == "recover",
@@ -175,22 +171,15 @@ class Supervisor:
             self.watchdog.restart_clock(self.members, ev["t"])
 
     def _on_message(self, ev: dict) -> None:
-        if ev.get("level") == "error":
-            self._errors[ev["rank"]] = ev.get("text", "")
-            if ev.get("usage") and self._usage_error is None:
-                self._usage_error = ev.get("text", "bad input")
-        if ev.get("bad_sample") is not None:
-            self._bad.add(ev.get("path", ""))
-            limit = ev.get("limit", 0)
-            if len(self._bad) > limit and self._stop_requested is None:
-                self.stop("failed", EXIT_USAGE, f"{len(self._bad)} corrupt samples, more than "
-                          f"--max-bad-samples {limit}; the last: {ev.get('path')}")
+        why = self.outcome.message(ev)
+        if why:
+            self.stop("failed", EXIT_USAGE, why)
 
     def _from_rank(self, ev: dict) -> None:
         """A rank's own event: its state moves the slot's process on; while the slot is out of
         the world, its standby's states are shown as a detail of why it is out."""
         slot = ev["rank"]
-        if ev.get("bad_sample") is not None and ev.get("path") in self._bad:
+        if self.outcome.known_bad(ev):
             return  # another rank met it too: each file is named once in the run
         if ev["kind"] == "rank" and slot in self.slots:
             rp, state = self.slots[slot], ev.get("state")
@@ -225,11 +214,13 @@ class Supervisor:
             self.sampler = RunSampler(self.config.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
             self._emit("run", status="started", pid=os.getpid(), **self.state.meta)
-            self._prepare_data()
-            if self._stop_requested is None:
+            prepare_data(self.config, self.say)
+            if self.outcome.stop is None:
                 self._spawn()
                 self._loop()
-            code, status, reason = self._outcome()
+            done = bool(self.members) and all(self.slots[s].state == RankState.DONE
+                                              for s in self.members)
+            code, status, reason = self.outcome.result(done)
             self._emit("run", status=status, exit_code=code, reason=reason,
                        seconds=round(time.time() - (self.state.started_t or time.time()), 2),
                        best_val_acc=self.state.best_val_acc)
@@ -249,21 +240,6 @@ class Supervisor:
                 if self._writer:
                     self._writer.close()
                 self.done.set()
-
-    def _prepare_data(self) -> None:
-        """Generate the built-in dataset here, once, with progress, before ranks race for it."""
-        if self.config.data_kind != "shapes":
-            return
-        from trainer.shapes import ensure_shapes
-
-        last = [0.0]
-
-        def progress(done: int, total: int) -> None:
-            if time.time() - last[0] > 0.5 or done == total:
-                last[0] = time.time()
-                self.say(f"generating shapes dataset {done}/{total}")
-
-        ensure_shapes(progress)
 
     def _spawn(self) -> None:
         world = self.config.world_size
@@ -286,7 +262,7 @@ class Supervisor:
     def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
         rp = self.pool.start(slot, gpu, init, standby)
         self.slots[slot] = rp
-        self._errors.pop(slot, None)
+        self.outcome.errors.pop(slot, None)
         self.watchdog.forget(slot)
         ev = event("rank", slot, state="starting", pid=rp.process.pid, gpu=gpu,
                    device=f"GPU {gpu}" if gpu is not None else "cpu")
@@ -356,12 +332,12 @@ class Supervisor:
                 self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
                 self._act(self.world.left(r.slot))
             elif code == 0:
-                ours = self._stop_requested or r.slot not in self.members
+                ours = self.outcome.stop or r.slot not in self.members
                 self._set_state(r, RankState.STOPPED if ours else RankState.DONE, "")
             elif code == EXIT_USAGE:
-                self._set_state(r, RankState.STOPPED, self._usage_error or "bad input")
-                self._fail(EXIT_USAGE, self._usage_error or "bad input")
-            elif self._failure or self._stop_requested or not current or \
+                self._set_state(r, RankState.STOPPED, self.outcome.usage_error or "bad input")
+                self._fail(EXIT_USAGE, self.outcome.usage_error or "bad input")
+            elif self.outcome.ending or not current or \
                     r.state == RankState.STOPPED:
                 self._set_state(r, RankState.STOPPED, "ended by ddptui")
             else:
@@ -369,7 +345,7 @@ class Supervisor:
 
     def _crashed(self, r: RankProcess) -> None:
         """A process died on its own (or by k): the world goes on without it, if it can."""
-        reason = self._killed.get(r.process.pid) or self._errors.get(r.slot) or r.death()
+        reason = self._killed.get(r.process.pid) or self.outcome.errors.get(r.slot) or r.death()
         self._set_state(r, RankState.CRASHED, reason)
         member = r.slot in self.members or r.slot in self.world.confirmed
         restart = member and self._restarts < self.config.max_restarts
@@ -379,7 +355,7 @@ class Supervisor:
         if member:
             self._out[r.slot] = ("crashed", reason)
         self._act(actions)
-        if restart and not self._failure:
+        if restart and not self.outcome.failure:
             self._restarts += 1
             self.say(f"restarting rank {r.slot} ({self._restarts} of --max-restarts "
                      f"{self.config.max_restarts})")
@@ -393,8 +369,7 @@ class Supervisor:
 
     def _fail(self, code: int, reason: str) -> None:
         """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
-        if self._failure is None and self._stop_requested is None:
-            self._failure = (code, reason)
+        if self.outcome.fail(code, reason):
             self._end_all()
 
     def _act(self, actions: list) -> None:
@@ -416,7 +391,7 @@ class Supervisor:
                 self._set_state(self.slots[a.slot], RankState.RESTARTING, "joining the world")
 
     def _running(self) -> bool:
-        return not (self._stop_requested or self._failure)
+        return not self.outcome.ending
 
     def _kill(self, slot: int, why: str, check: bool = True) -> None:
         rp = self.slots.get(slot)
@@ -474,10 +449,10 @@ class Supervisor:
             self.slots[self.members[0]].tell(cmd)
 
     def _begin_stop(self, status: str, code: int, reason: str) -> None:
-        if self._stop_requested is not None:  # asked twice: no more waiting
+        if self.outcome.stop is not None:  # asked twice: no more waiting
             self._end_all()
             return
-        self._stop_requested = (status, code, reason)
+        self.outcome.stop = (status, code, reason)
         for r in self.slots.values():  # standbys hold no state worth waiting for
             if r.slot not in self.members and r.alive:
                 self._set_state(r, RankState.STOPPED, "the run is ending")
@@ -512,16 +487,6 @@ class Supervisor:
                  "go back to their last common step"
                  + (", checkpoint" if self.config.checkpoint_dir else "") + " and end")
         self._stop_deadline = time.monotonic() + STALLED_STOP_S
-
-    def _outcome(self) -> tuple[int, str, str]:
-        if self._failure:
-            code, reason = self._failure
-            return code, "failed", reason
-        if self._stop_requested:
-            return self._stop_requested[1], self._stop_requested[0], self._stop_requested[2]
-        if self.members and all(self.slots[s].state == RankState.DONE for s in self.members):
-            return EXIT_OK, "done", ""
-        return EXIT_FAILED, "failed", "ranks ended unexpectedly"
 
     def _end_all(self) -> None:
         self.pool.end_all()

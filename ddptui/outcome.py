@@ -1,0 +1,59 @@
+"""How a run is ending and why: the first failure, a stop asked for, the ranks' own last errors
+(a crash is reported with them) and the corrupt samples skipped over every rank.
+"""
+
+from __future__ import annotations
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class Outcome:
+    """Written by the supervisor's thread only."""
+
+    def __init__(self):
+        self.failure: tuple[int, str] | None = None  # exit code, reason
+        self.stop: tuple[str, int, str] | None = None  # status, exit code, reason
+        self.errors: dict[int, str] = {}  # rank -> its last error message
+        self.usage_error: str | None = None
+        self.bad: set[str] = set()  # distinct corrupt samples skipped, over every rank
+
+    @property
+    def ending(self) -> bool:
+        return bool(self.stop or self.failure)
+
+    def message(self, ev: dict) -> str | None:
+        """Note a rank's message; returns why the run must stop, if it must (bad samples)."""
+        if ev.get("level") == "error":
+            self.errors[ev["rank"]] = ev.get("text", "")
+            if ev.get("usage") and self.usage_error is None:
+                self.usage_error = ev.get("text", "bad input")
+        if ev.get("bad_sample") is not None:
+            self.bad.add(ev.get("path", ""))
+            limit = ev.get("limit", 0)
+            if len(self.bad) > limit and self.stop is None:
+                return (f"{len(self.bad)} corrupt samples, more than --max-bad-samples {limit}; "
+                        f"the last: {ev.get('path')}")
+        return None
+
+    def known_bad(self, ev: dict) -> bool:
+        """Another rank already named this corrupt sample."""
+        return ev.get("bad_sample") is not None and ev.get("path") in self.bad
+
+    def fail(self, code: int, reason: str) -> bool:
+        """The first failure wins (and none after a stop was asked for)."""
+        if self.failure is None and self.stop is None:
+            self.failure = (code, reason)
+            return True
+        return False
+
+    def result(self, all_done: bool) -> tuple[int, str, str]:
+        """(exit code, run status, reason) for the `run` event and the process."""
+        if self.failure:
+            code, reason = self.failure
+            return code, "failed", reason
+        if self.stop:
+            status, code, reason = self.stop
+            return code, status, reason
+        if all_done:
+            return EXIT_OK, "done", ""
+        return EXIT_FAILED, "failed", "ranks ended unexpectedly"
