@@ -1,0 +1,83 @@
+"""Pieces of the rank side on their own, without processes: rollback-point agreement and
+restore, the sampler's re-sharding (every sample once across a change of world size), and the
+event buffer's bound and restore."""
+
+from __future__ import annotations
+
+import torch
+
+from trainer.reporter import EventBuffer
+from trainer.sampler import ShardedBatchSampler
+from trainer.snapshot import Snapshots, agree
+
+
+def test_agreement_takes_the_newest_point_all_hold_and_one_knows_good():
+    assert agree([{"held": [8, 16], "confirmed": 16}, {"held": [8, 16], "confirmed": 8}]) == 16
+    # A survivor that never took 16 (it was behind): back to 8.
+    assert agree([{"held": [8, 16], "confirmed": 16}, {"held": [0, 8], "confirmed": 8}]) == 8
+    # 16 is held everywhere but nobody saw it confirmed: not safe.
+    assert agree([{"held": [8, 16], "confirmed": 8}, {"held": [8, 16], "confirmed": 8}]) == 8
+    assert agree([{"held": [16], "confirmed": -1}, {"held": [8], "confirmed": 8}]) is None
+
+
+def test_a_restore_brings_the_tensors_back_and_abandons_the_newer_timeline():
+    w = torch.zeros(3)
+    snaps = Snapshots([w], cuda=False)
+    snaps.take(8, {"global_step": 8})
+    w += 1
+    snaps.take(16, {"global_step": 16})
+    w += 1
+    assert snaps.summary() == {"held": [8, 16], "confirmed": 16}
+    assert snaps.restore(8) == {"global_step": 8}
+    assert torch.equal(w, torch.zeros(3))
+    assert snaps.summary()["held"] == [8]
+
+
+def _served(sampler: ShardedBatchSampler, steps: int | None = None) -> list[int]:
+    out = []
+    for i, batch in enumerate(sampler):
+        if steps is not None and i == steps:
+            break
+        out += [index for _epoch, index in batch]
+    return out
+
+
+def test_resharding_mid_epoch_serves_every_sample_once():
+    n, bs = 300, 4  # 25 steps of 12 on 3 ranks; the 240 left are 30 steps of 8 on 2
+    ranks = [ShardedBatchSampler(n, bs, r, 3, seed=1) for r in range(3)]
+    seen = []
+    for s in ranks:
+        seen += _served(s, steps=5)
+    for s in ranks:  # five global steps done on every rank
+        for _ in range(5):
+            s.step_done()
+    state = ranks[0].state_dict()
+    survivors = [ShardedBatchSampler(n, bs, r, 2, seed=1) for r in range(2)]  # a world of 2
+    for s in survivors:
+        s.load_state_dict(state)
+        seen += _served(s)
+    assert sorted(seen) == list(range(n))
+    assert ranks[0].progress() < 1.0
+
+
+def test_progress_is_the_fraction_of_the_epoch_in_any_world():
+    s = ShardedBatchSampler(100, 5, 0, 2, max_steps=6)
+    for _ in range(3):
+        s.step_done()
+    assert s.progress() == 0.5  # 3 of the 6 capped steps
+    s.set_world(0, 1)  # the cap counts steps, whatever the world size
+    assert s.progress() == 0.5
+
+
+def test_the_event_buffer_drops_the_oldest_and_a_failed_send_goes_back_in_front():
+    buf = EventBuffer(limit=3)
+    for i in range(5):
+        buf.put({"i": i})
+    batch, dropped = buf.take()
+    assert [e["i"] for e in batch] == [2, 3, 4] and dropped == 2
+    buf.put({"i": 5})
+    buf.restore(batch, dropped)  # the send failed: they go first, still bounded
+    again, dropped_again = buf.take()
+    assert [e["i"] for e in again] == [3, 4, 5] and dropped_again == 3
+    buf.close()
+    assert buf.take() is None
