@@ -16,10 +16,11 @@ import time
 from multiprocessing.connection import wait as wait_any
 
 from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
-from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, Outcome
+from ddptui.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.runstate import RunState
 from ddptui.sampler import RunSampler
+from ddptui.steering import Steering
 from ddptui.watchdog import Member, Watchdog
 from trainer.config import RunConfig
 from trainer.protocol.events import PARENT, JsonlWriter, RankState, event
@@ -33,10 +34,9 @@ def default_log_path() -> str:
     return os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S") + ".jsonl")
 
 
-class Supervisor:
-    """Start with start(); steer with pause()/resume()/checkpoint()/change_settings()/
-    apply_now()/stop_rank()/restart_rank()/kill_rank()/stacks()/stop(); wait() returns the exit
-    code. Only this class (through its ProcessPool) starts or kills processes."""
+class Supervisor(Steering):
+    """Start with start(); steer with the Steering calls; wait() returns the exit code. Only
+    this class (through its ProcessPool) starts or kills processes."""
 
     live = True  # there are ranks to steer (a Replay has none)
     owns_ranks = True  # q stops them (an Attach only detaches)
@@ -59,8 +59,7 @@ class Supervisor:
         self._autotuner = None
         self.exit_code: int | None = None
         self.done = threading.Event()
-        # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        Steering.__init__(self)
         self.outcome = Outcome()
         self._stop_deadline: float | None = None
         self._writer: JsonlWriter | None = None
@@ -82,47 +81,6 @@ class Supervisor:
     def wait(self, timeout: float | None = None) -> int | None:
         self.done.wait(timeout)
         return self.exit_code
-
-    def pause(self) -> None:
-        self._commands.put({"op": "pause"})
-
-    def resume(self) -> None:
-        self._commands.put({"op": "resume"})
-
-    def checkpoint(self) -> None:
-        self._commands.put({"op": "checkpoint"})
-
-    def change_settings(self, **settings) -> None:
-        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
-        self.state.apply(event("settings", PARENT, settings=settings, status="requested"))
-        self._commands.put({"op": "settings", "settings": settings})
-
-    def apply_now(self) -> None:
-        """Pending settings take effect at the next agreed step instead of the next epoch."""
-        self._commands.put({"op": "apply"})
-
-    def stop_rank(self, rank: int) -> None:
-        """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
-        self._commands.put({"op": "stop_rank", "slot": rank})
-
-    def restart_rank(self, rank: int) -> None:
-        """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
-        leaves and joins again."""
-        self._commands.put({"op": "restart_rank", "slot": rank})
-
-    def kill_rank(self, rank: int) -> None:
-        """SIGKILL the rank (a stalled one above all): crash recovery follows."""
-        self._commands.put({"op": "kill_rank", "slot": rank})
-
-    def stacks(self, rank: int) -> None:
-        """Ask the rank for every thread's Python stack; they arrive as a message event."""
-        self._commands.put({"op": "stacks", "slot": rank})
-
-    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
-             reason: str = "") -> None:
-        """Orderly end: ranks agree on a step, checkpoint if a directory is set, and exit.
-        With a stalled rank nothing waits for it. A second call ends every process at once."""
-        self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
 
     def pids(self) -> set[int]:
         """Every process of the run seen so far: ranks and their workers."""

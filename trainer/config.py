@@ -194,7 +194,12 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                    help="CUDA side-stream prefetcher with on-GPU normalisation")
     g.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
                    default=d.cudnn_benchmark, help="let cuDNN autotune convolutions")
-    g = parser.add_argument_group("schedule")
+    _schedule_and_numerics(parser.add_argument_group("schedule"), parser, d)
+    _state_and_output(parser.add_argument_group("state and output"), d)
+
+
+def _schedule_and_numerics(g, parser: argparse.ArgumentParser, d: RunConfig) -> None:
+    """How long and how the run trains."""
     g.add_argument("--epochs", type=_positive_int, default=d.epochs, metavar="N")
     g.add_argument("--steps-per-epoch", type=_positive_int, default=None, metavar="N",
                    help="cap on optimizer steps per epoch")
@@ -210,7 +215,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=_non_negative_int, default=d.seed)
     g.add_argument("--deterministic", action="store_true",
                    help="cudnn.deterministic, no benchmark, per-sample seeded augmentation")
-    g = parser.add_argument_group("state and output")
+
+
+def _state_and_output(g, d: RunConfig) -> None:
+    """Checkpoints, logs and where telemetry goes."""
     g.add_argument("--checkpoint-dir", default=None, metavar="DIR")
     g.add_argument("--checkpoint-every", type=_non_negative_int, default=0, metavar="STEPS",
                    help="also checkpoint every N steps (default: each epoch only)")

@@ -94,43 +94,13 @@ def threaded_batches(loader: Iterable, device: torch.device, prepare,
     `depth` ahead of the step. For --decode gpu: decode_jpeg on the device returns only once the
     batch is decoded (about 8 ms for 128 images), time the training thread would otherwise spend
     not launching the step's kernels. The thread has ended when this generator is closed."""
-    cuda = device.type == "cuda"
-    stream = torch.cuda.Stream(device) if cuda else None
-    ready: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-
-    def offer(item) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
-    def produce(batches: Iterator) -> None:
-        try:
-            if cuda:
-                torch.cuda.set_device(device)  # the current device is per thread
-            with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-                for batch in batches:
-                    images, labels = prepare(batch)
-                    done = torch.cuda.Event() if cuda else None
-                    if done is not None:
-                        done.record(stream)
-                    if not offer((images, labels, done)):
-                        return
-            offer(None)
-        except BaseException as e:  # raised again on the training thread
-            offer(e)
-
     # Workers start here, on this thread: forked from one that ends, they would get the
     # parent-death signal they ask for (trainer/lifeline.py) with it.
-    thread = threading.Thread(target=produce, args=(iter(loader),), name="prepare", daemon=True)
-    thread.start()
-    compute = torch.cuda.current_stream(device) if cuda else None
+    preparer = _Preparer(iter(loader), device, prepare, depth)
+    preparer.start()
+    compute = torch.cuda.current_stream(device) if device.type == "cuda" else None
     try:
-        while (item := ready.get()) is not None:
+        while (item := preparer.ready.get()) is not None:
             if isinstance(item, BaseException):
                 raise item
             images, labels, done = item
@@ -140,8 +110,50 @@ def threaded_batches(loader: Iterable, device: torch.device, prepare,
                 labels.record_stream(compute)
             yield images, labels
     finally:
-        stop.set()
-        while thread.is_alive():  # it may be waiting to hand over a batch: take it
+        preparer.stop()
+
+
+class _Preparer(threading.Thread):
+    """Prepares batches on a side stream and hands them over through a bounded queue: the
+    batch, then None at the end, or the exception that ended it (raised on the training
+    thread)."""
+
+    def __init__(self, batches: Iterator, device: torch.device, prepare, depth: int):
+        super().__init__(name="prepare", daemon=True)
+        self.batches, self.device, self.prepare = batches, device, prepare
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.ready: queue.Queue = queue.Queue(depth)
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.device)  # the current device is per thread
+            with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+                for batch in self.batches:
+                    images, labels = self.prepare(batch)
+                    done = torch.cuda.Event() if self.cuda else None
+                    if done is not None:
+                        done.record(self.stream)
+                    if not self._offer((images, labels, done)):
+                        return
+            self._offer(None)
+        except BaseException as e:  # raised again on the training thread
+            self._offer(e)
+
+    def _offer(self, item) -> bool:
+        while not self.halt.is_set():
+            try:
+                self.ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def stop(self) -> None:
+        self.halt.set()
+        while self.is_alive():  # it may be waiting to hand over a batch: take it
             with contextlib.suppress(queue.Empty):
-                ready.get(timeout=0.1)
-        thread.join()
+                self.ready.get(timeout=0.1)
+        self.join()
