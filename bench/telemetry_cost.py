@@ -23,8 +23,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.gpu import DeviceSampler
-from trainer.reporter import Reporter, StepMeter
+from trainer.telemetry.gpu import DeviceSampler
+from trainer.telemetry.reporter import Reporter, StepMeter
 
 
 def main() -> None:

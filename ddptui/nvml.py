@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.gpu import memory_info
+from trainer.telemetry.gpu import memory_info
 
 # NVML clock-event reasons that mean "held down", by the names a user would look up.
 HELD_DOWN = {

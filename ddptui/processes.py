@@ -149,7 +149,7 @@ def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
     """Generate the built-in dataset here, once, with progress, before ranks race for it."""
     if config.data_kind != "shapes":
         return
-    from trainer.shapes import ensure_shapes
+    from trainer.pipeline.shapes import ensure_shapes
 
     last = [0.0]
 

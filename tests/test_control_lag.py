@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from trainer import control
-from trainer.control import Control
+from trainer.elastic import control
+from trainer.elastic.control import Control
 
 
 class ListMailbox:

@@ -8,7 +8,7 @@ import sys
 
 from tests.conftest import ROOT
 
-TRAINER_MODULES = ["trainer.worker", "trainer.bootstrap", "trainer.remote", "trainer.world",
+TRAINER_MODULES = ["trainer.worker", "trainer.bootstrap", "trainer.telemetry.remote", "trainer.elastic.world",
                    "trainer.config", "trainer.protocol.events", "trainer.protocol.channel"]
 
 

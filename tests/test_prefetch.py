@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.config import DataError
-from trainer.prefetch import threaded_batches
+from trainer.pipeline.prefetch import threaded_batches
 
 CPU = torch.device("cpu")
 

@@ -203,9 +203,9 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
     from trainer.config import RunConfig
-    from trainer.data import build_datasets
-    from trainer.gpudecode import Decoder, collate
-    from trainer.prefetch import Normalize
+    from trainer.pipeline.datasets import build_datasets
+    from trainer.pipeline.gpudecode import Decoder, collate
+    from trainer.pipeline.prefetch import Normalize
 
     gpu, cpu = (build_datasets(RunConfig(data="shapes", decode=d), progress=lambda _: None)
                 for d in ("gpu", "cpu"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.reporter import EventBuffer
-from trainer.sampler import ShardedBatchSampler
-from trainer.snapshot import Snapshots, agree
+from trainer.elastic.snapshot import Snapshots, agree
+from trainer.pipeline.sampler import ShardedBatchSampler
+from trainer.telemetry.reporter import EventBuffer
 
 
 def test_agreement_takes_the_newest_point_all_hold_and_one_knows_good():

@@ -13,8 +13,8 @@ import sys
 from dataclasses import dataclass
 
 from trainer.config import RunConfig
-from trainer.forkserver import start_worker_server
-from trainer.lifeline import die_with_parent, watch_parent
+from trainer.elastic.lifeline import die_with_parent, watch_parent
+from trainer.pipeline.forkserver import start_worker_server
 from trainer.protocol.events import event
 
 
@@ -54,7 +54,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         dp = spec.config.strategy == "dp"
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.gpus)) if dp \
             else str(spec.physical_gpu)
-        # A dead peer is handled by aborting the communicators ourselves (trainer/world.py);
+        # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         if spec.config.data_kind != "synthetic" and spec.config.resolved_workers(spec.world_size):

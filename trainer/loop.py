@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer import world
+from trainer.elastic import world
+from trainer.elastic.snapshot import WorldLost
 from trainer.parts import Parts, State
-from trainer.prefetch import plain_batches
+from trainer.pipeline.prefetch import plain_batches
 from trainer.protocol.events import describe
 from trainer.reports import count, report_bad, report_change, report_kept, report_segment, save
-from trainer.snapshot import WorldLost
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
 

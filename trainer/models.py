@@ -12,7 +12,7 @@ from torch import nn
 from torchvision import models
 
 from trainer.config import UsageError, check_model_name
-from trainer.data import load_callable
+from trainer.pipeline.datasets import load_callable
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:

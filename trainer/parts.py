@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer.config import RunConfig
-from trainer.control import Control, Mailbox
-from trainer.loaders import Loaders
+from trainer.elastic.control import Control, Mailbox
+from trainer.elastic.snapshot import Snapshots
+from trainer.pipeline.loaders import Loaders
+from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
-from trainer.reporter import StepMeter
-from trainer.sampler import ShardedBatchSampler
-from trainer.snapshot import Snapshots
+from trainer.telemetry.reporter import StepMeter
 
 
 @dataclass

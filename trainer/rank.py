@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.heartbeat import Pulse
-from trainer.reporter import Reporter
+from trainer.telemetry.heartbeat import Pulse
+from trainer.telemetry.reporter import Reporter
 
 
 @dataclass

@@ -14,15 +14,15 @@ import torch.nn.functional as F
 
 from trainer.checkpoint import find_resume_state, load_checkpoint
 from trainer.config import RunConfig, UsageError
-from trainer.control import Mailbox
-from trainer.data import DataBundle, build_datasets
-from trainer.loaders import Loaders
+from trainer.elastic.control import Mailbox
+from trainer.elastic.snapshot import Snapshots, state_tensors
 from trainer.models import build_model
 from trainer.parts import Parts, State
+from trainer.pipeline.datasets import DataBundle, build_datasets
+from trainer.pipeline.loaders import Loaders
+from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
-from trainer.reporter import StepMeter
-from trainer.sampler import ShardedBatchSampler
-from trainer.snapshot import Snapshots, state_tensors
+from trainer.telemetry.reporter import StepMeter
 
 
 def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,

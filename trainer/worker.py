@@ -14,21 +14,21 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from trainer import world
 from trainer.config import DataError, RunConfig, UsageError
-from trainer.control import Control
-from trainer.gpu import DeviceSampler
-from trainer.heartbeat import Heartbeat
+from trainer.elastic import world
+from trainer.elastic.control import Control
 from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
 from trainer.parts import Parts
 from trainer.protocol.channel import load_key, parse_address
 from trainer.rank import Rank
-from trainer.remote import RemoteLink, node_name
-from trainer.reporter import Reporter
 from trainer.reports import count
 from trainer.setup import build_parts, warm_up
-from trainer.tensorboard import TensorBoardSink
+from trainer.telemetry.gpu import DeviceSampler
+from trainer.telemetry.heartbeat import Heartbeat
+from trainer.telemetry.remote import RemoteLink, node_name
+from trainer.telemetry.reporter import Reporter
+from trainer.telemetry.tensorboard import TensorBoardSink
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,

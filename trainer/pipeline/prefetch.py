@@ -95,7 +95,7 @@ def threaded_batches(loader: Iterable, device: torch.device, prepare,
     batch is decoded (about 8 ms for 128 images), time the training thread would otherwise spend
     not launching the step's kernels. The thread has ended when this generator is closed."""
     # Workers start here, on this thread: forked from one that ends, they would get the
-    # parent-death signal they ask for (trainer/lifeline.py) with it.
+    # parent-death signal they ask for (trainer/elastic/lifeline.py) with it.
     preparer = _Preparer(iter(loader), device, prepare, depth)
     preparer.start()
     compute = torch.cuda.current_stream(device) if device.type == "cuda" else None

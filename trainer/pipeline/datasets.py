@@ -17,13 +17,13 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import datasets, transforms
 
-from trainer.badsamples import BadSample, first_readable
 from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
-from trainer.forkserver import worker_context
-from trainer.gpudecode import JpegFiles, collate
-from trainer.lifeline import die_with_parent
-from trainer.sampler import ShardedBatchSampler, seed_sample, shard_indices
-from trainer.shapes import ensure_shapes
+from trainer.elastic.lifeline import die_with_parent
+from trainer.pipeline.badsamples import BadSample, first_readable
+from trainer.pipeline.forkserver import worker_context
+from trainer.pipeline.gpudecode import JpegFiles, collate
+from trainer.pipeline.sampler import ShardedBatchSampler, seed_sample, shard_indices
+from trainer.pipeline.shapes import ensure_shapes
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000

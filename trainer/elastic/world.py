@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.control import Control
-from trainer.snapshot import agree, state_tensors
+from trainer.elastic.control import Control
+from trainer.elastic.snapshot import agree, state_tensors
 
 if TYPE_CHECKING:
     from trainer.parts import Parts

@@ -4,13 +4,13 @@
 
 from __future__ import annotations
 
-from trainer.badsamples import BadSamples
 from trainer.config import RunConfig
-from trainer.data import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.gpudecode import Decoder
-from trainer.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
+from trainer.pipeline.badsamples import BadSamples
+from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
+from trainer.pipeline.gpudecode import Decoder
+from trainer.pipeline.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
+from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
-from trainer.sampler import ShardedBatchSampler
 
 
 class Loaders:
