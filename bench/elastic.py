@@ -81,24 +81,32 @@ class Bench:
                 and e["t"] >= t0]
 
 
-def main() -> int:
-    parser = Parser(description=__doc__)
+def start(doc: str, name: str) -> tuple[Supervisor, Bench, object]:
+    """Parse the run's options, start a long run and wait until it is past cudnn autotuning
+    and worker start-up (and has a median step time)."""
+    parser = Parser(description=doc)
     add_training_options(parser)
     parser.add_argument("--gpus", default=None)
     parser.add_argument("--cpus", type=int, default=None)
-    parser.add_argument("--out", default="elastic.json")
+    parser.add_argument("--out", default=f"{name}.json")
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
     config = config.replace(epochs=max(config.epochs, 1000))
-    log = config.log or "elastic.jsonl"
+    log = config.log or f"{name}.jsonl"
     if os.path.exists(log):
         os.remove(log)
     sup = Supervisor(config, log)
     b = Bench(sup, log)
     sup.start()
     b.wait(lambda: sup.state.first_step_t, "first step", 300)
-    time.sleep(12)  # past cudnn autotuning and worker start-up
+    time.sleep(12)
+    return sup, b, args
+
+
+def main() -> int:
+    sup, b, args = start(__doc__, "elastic")
+    config = sup.config
     last = max(sup.members)
     rows = []
 

@@ -17,10 +17,7 @@ import subprocess
 import sys
 import time
 
-from bench.elastic import Bench
-from ddptui.cli import resolve_devices
-from ddptui.supervisor import Supervisor
-from trainer.config import Parser, add_training_options, config_from_args
+from bench.elastic import Bench, start
 
 
 def smi_memory() -> dict[int, int]:
@@ -44,24 +41,7 @@ def memory_rows(b: Bench, samples: int = 5) -> list[dict]:
 
 
 def main() -> int:
-    parser = Parser(description=__doc__)
-    add_training_options(parser)
-    parser.add_argument("--gpus", default=None)
-    parser.add_argument("--cpus", type=int, default=None)
-    parser.add_argument("--stall-after", type=float, default=None)
-    parser.add_argument("--out", default="stall.json")
-    args = parser.parse_args()
-    gpus, cpus = resolve_devices(args.gpus, args.cpus)
-    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
-    config = config.replace(epochs=max(config.epochs, 1000))
-    log = config.log or "stall.jsonl"
-    if os.path.exists(log):
-        os.remove(log)
-    sup = Supervisor(config, log)
-    b = Bench(sup, log)
-    sup.start()
-    b.wait(lambda: sup.state.first_step_t, "first step", 300)
-    time.sleep(12)  # past cudnn autotuning: a median step time to judge by
+    sup, b, args = start(__doc__, "stall")
     memory = memory_rows(b)
     last = max(sup.members)
     b.stayers = set(sup.members) - {last}

@@ -43,7 +43,6 @@ class Watchdog:
         self.stepped: set[int] = set()  # slots whose current process has finished a step
         self.stragglers = Stragglers()
         self.stacks = StackRequests()
-        self.wanted_stacks: set[int] = set()  # asked for by the user (the stacks key)
         self._kill_pending: dict[int, str] = {}  # on-stall recover: once its stacks are in
         self._next = 0.0
 
@@ -78,8 +77,7 @@ class Watchdog:
         return [s for s, state in self.flags.items() if state == "stalled"]
 
     def ask_stacks(self, m: Member, now: float) -> None:
-        if self.stacks.ask(m.slot, m.pid, m.stacks_path, now):
-            self.wanted_stacks.add(m.slot)
+        self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
 
     def check(self, now: float, members: list[Member], paused: bool) -> None:
         for slot, text in self.stacks.collect(now):
@@ -127,7 +125,6 @@ class Watchdog:
                 self._kill_pending[m.slot] = reason
 
     def _stacks_in(self, slot: int, text: str | None) -> None:
-        self.wanted_stacks.discard(slot)
         if text is None:
             why = "its process is stopped (SIGSTOP?)" if self.flags.get(slot) == "stalled" \
                 else "no answer"

@@ -63,7 +63,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         channel.send(event("message", 0, level="info", text="importing torch"))
     import torch
 
-    from trainer import world
+    from trainer.elastic import world
 
     forming = None
     if not spec.standby:  # the rest of the imports overlap forming the world

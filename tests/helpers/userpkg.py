@@ -68,17 +68,19 @@ def recorded():
     return Recorder(int(os.environ.get("DDPTUI_TEST_SAMPLES", "3000"))), Blobs(64, 1)
 
 
-class CrashOnce(Dataset):
-    """Blobs; rank $DDPTUI_TEST_CRASH_RANK kills itself with SIGKILL when it fetches item number
-    $DDPTUI_TEST_CRASH_AT (counted per process), once per run (a flag file says it happened)."""
+class OnceOnRank(Dataset):
+    """Blobs; rank $DDPTUI_TEST_<NAME>_RANK does `act()` when it fetches item number
+    $DDPTUI_TEST_<NAME>_AT (counted per process), once per run (a flag file says it did)."""
 
     classes = Blobs.classes
+    name = ""
 
     def __init__(self):
         self.inner = Blobs(512, 0)
-        self.at = int(os.environ["DDPTUI_TEST_CRASH_AT"])
-        self.flag = os.environ["DDPTUI_TEST_CRASH_FLAG"]
-        self.rank = int(os.environ["DDPTUI_TEST_CRASH_RANK"])
+        env = f"DDPTUI_TEST_{self.name}_"
+        self.at = int(os.environ[env + "AT"])
+        self.flag = os.environ[env + "FLAG"]
+        self.rank = int(os.environ[env + "RANK"])
         self.count = 0
 
     def __len__(self) -> int:
@@ -89,41 +91,35 @@ class CrashOnce(Dataset):
         if self.count == self.at and torch.distributed.get_rank() == self.rank:
             try:
                 os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                os.kill(os.getpid(), signal.SIGKILL)
+                self.act()
             except FileExistsError:
                 pass
         return self.inner[i]
+
+    def act(self) -> None:
+        raise NotImplementedError
+
+
+class CrashOnce(OnceOnRank):
+    """Kills itself with SIGKILL ($DDPTUI_TEST_CRASH_*)."""
+
+    name = "CRASH"
+
+    def act(self) -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def crash_once():
     return CrashOnce(), Blobs(128, 1)
 
 
-class HangOnce(Dataset):
-    """Blobs; on rank $DDPTUI_TEST_HANG_RANK the item number $DDPTUI_TEST_HANG_AT (counted per
-    process) blocks forever in block_forever_here(), once per run (a flag file says it did)."""
+class HangOnce(OnceOnRank):
+    """Blocks forever in block_forever_here() ($DDPTUI_TEST_HANG_*)."""
 
-    classes = Blobs.classes
+    name = "HANG"
 
-    def __init__(self):
-        self.inner = Blobs(512, 0)
-        self.at = int(os.environ["DDPTUI_TEST_HANG_AT"])
-        self.flag = os.environ["DDPTUI_TEST_HANG_FLAG"]
-        self.rank = int(os.environ["DDPTUI_TEST_HANG_RANK"])
-        self.count = 0
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __getitem__(self, i):
-        self.count += 1
-        if self.count == self.at and torch.distributed.get_rank() == self.rank:
-            try:
-                os.close(os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-                block_forever_here()
-            except FileExistsError:
-                pass
-        return self.inner[i]
+    def act(self) -> None:
+        block_forever_here()
 
 
 def block_forever_here() -> None:

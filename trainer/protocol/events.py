@@ -39,8 +39,6 @@ class RankState(str, enum.Enum):
     SLOW = "slow"  # a straggler: 15% slower than the others
     DONE = "done"
 
-
-RANK_STATES = tuple(s.value for s in RankState)
 PARENT = -1
 
 
