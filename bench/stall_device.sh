@@ -40,3 +40,9 @@ left >> "$OUT/elastic.md"
 timeout 200 python3 bench/compare.py --models resnet18 --gpus 2 --out "$OUT/compare.json" \
     > "$OUT/compare.md" 2>&1
 grep -h -B2 -A12 -E 'Traceback' /tmp/*.rank*.out 2>/dev/null | head -60 > "$OUT/tracebacks.txt"
+# The JPEG path after the trainer/ regrouping: workers from the fork server, GPU decode.
+python3 bench/make_jpegs.py /tmp/jpeg --classes 4 --per-class 500 > /dev/null 2>&1
+( cd /tmp && timeout 150 python3 -m ddptui run resnet18 --gpus 0,1 --data imagefolder:/tmp/jpeg \
+    --decode gpu --epochs 2 --amp bf16 --channels-last --batch-size 128 --headless \
+    --log /tmp/jpeg.jsonl ) > "$OUT/jpeg-decode-gpu.txt" 2>&1
+echo "exit $?" >> "$OUT/jpeg-decode-gpu.txt"; left >> "$OUT/jpeg-decode-gpu.txt"
