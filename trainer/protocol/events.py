@@ -101,7 +101,8 @@ def describe(ev: dict) -> str | None:
         val = (f"  val_loss {ev['val_loss']:.4f}  val_acc {100 * ev['val_acc']:.1f}%"
                if ev.get("val_acc") is not None else "")
         # A rank's own event is per rank; the run state's merged row sums its `ranks`.
-        rate = f"img/s ({ev['ranks']} ranks)" if ev.get("ranks") else "img/s/rank"
+        n = ev.get("ranks")
+        rate = f"img/s ({n} rank{'' if n == 1 else 's'})" if n else "img/s/rank"
         return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
