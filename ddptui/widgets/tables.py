@@ -65,7 +65,9 @@ def state_cell(r, now: float) -> Text:
     if r.state in TIMED and r.state_t:
         text += f" {now - r.state_t:.0f}s"
     if r.state == "crashed" and r.reason:
-        text += f" ({r.reason.removeprefix('killed by ')})"
+        why = "killed by ddptui" if r.reason.startswith("killed by ddptui") else \
+            r.reason.removeprefix("killed by ")  # "SIGKILL", or the exception's line
+        text += f" ({why})"
     if r.standby:
         text += f" · standby {r.standby}"
         if r.standby == "warming" and r.standby_t:
