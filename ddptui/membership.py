@@ -70,6 +70,7 @@ class Membership:
     leaving: set[int] = field(default_factory=set)
     wanted: set[int] = field(default_factory=set)  # join as soon as their standby is ready
     ready: set[int] = field(default_factory=set)  # slots with a warm standby
+    out: dict[int, tuple[str, str]] = field(default_factory=dict)  # (stopped|crashed, why)
     generation: int = 0
 
     def __post_init__(self):
@@ -118,7 +119,8 @@ class Membership:
         return self._next(now)
 
     def entered(self, slot: int) -> None:
-        """The slot announced itself running in the world being formed."""
+        """The slot announced itself running in the world (being formed)."""
+        self.out.pop(slot, None)
         if self.change is not None:
             self.announced.add(slot)
 
@@ -132,6 +134,7 @@ class Membership:
     def left(self, slot: int) -> list:
         """A leaving rank ended cleanly after the agreed step: its slot gets a standby."""
         self.leaving.discard(slot)
+        self.out[slot] = ("stopped", "left the world on request")
         return [Standby(slot)]
 
     def died(self, slot: int, alive: set[int], recoverable: bool, why: str, now: float,
@@ -160,6 +163,7 @@ class Membership:
         if not (recoverable and survivors):
             return [Fail(f"rank {slot} {why}")]
         self.ready.discard(slot)
+        self.out[slot] = ("crashed", why)
         order = self._order("recover", survivors, now)
         actions += [Tell(s, order) for s in survivors]
         actions.append(Say(f"rank {slot} {why}: going on with {_count(len(survivors), 'rank')} "

@@ -66,6 +66,8 @@ class ProcessPool:
         self.config = config
         self.stem = os.path.splitext(log_path)[0]
         self.procs: list[RankProcess] = []  # every process started, in order
+        self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
+        self.killed: dict[int, str] = {}  # pid -> why ddptui killed it
         # Plain pipes, no multiprocessing Queue: a Queue's semaphores need the resource tracker
         # (which trips over Textual's stderr and warns about "leaked" locks of killed ranks) and
         # a shared Queue's lock, held by a rank killed mid-send, would silence every rank.
@@ -87,7 +89,32 @@ class ProcessPool:
         inbox_end.close()
         rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, standby=standby)
         self.procs.append(rp)
+        self.slots[slot] = rp
         return rp
+
+    def alive(self) -> set[int]:
+        """The slots whose current process lives."""
+        return {s for s, rp in self.slots.items() if rp.alive}
+
+    def kill(self, slot: int, why: str) -> None:
+        """SIGKILL the slot's current process, remembering why (its crash is reported so)."""
+        rp = self.slots[slot]
+        self.killed[rp.process.pid] = f"killed by ddptui ({why})"
+        os.kill(rp.process.pid, signal.SIGKILL)
+
+    def warm_standby(self, slot: int) -> bool:
+        """The slot's current process is a standby that is not being killed."""
+        rp = self.slots[slot]
+        return rp.alive and rp.standby and rp.process.pid not in self.killed
+
+    def drain(self, handle) -> None:
+        """Every event the ranks have sent so far, to `handle`; a closed pipe is a gone rank."""
+        for r in self.procs:
+            try:
+                while not r.telemetry.closed and r.telemetry.poll():
+                    handle(r.telemetry.recv())
+            except (EOFError, OSError):
+                r.telemetry.close()
 
     def pids(self) -> set[int]:
         found = set()

@@ -1,5 +1,6 @@
-"""How a run is steered: every call queues a command for the supervisor's thread and returns at
-once, so the dashboard's key handlers, the headless console and signal handlers may call it.
+"""The supervisor's public face: the calls that steer a run (each queues a command for the
+supervisor's thread and returns at once, so key handlers and signal handlers may call it) and
+what the run says about itself (its processes, its world, how it ended).
 """
 
 from __future__ import annotations
@@ -7,11 +8,13 @@ from __future__ import annotations
 import queue
 
 from ddptui.outcome import EXIT_INTERRUPTED
-from trainer.protocol.events import PARENT, event
+from ddptui.processes import RankProcess
+from trainer.protocol.events import PARENT, JsonlWriter, event
 
 
 class Steering:
-    """The supervisor's public controls; `state` is the RunState the subclass keeps."""
+    """Base of the Supervisor, which keeps `state` (the RunState), `pool`, `world` (the
+    Membership), `done`, `exit_code` and the thread these calls talk to."""
 
     def __init__(self):
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
@@ -57,4 +60,45 @@ class Steering:
         """Orderly end: ranks agree on a step, checkpoint if a directory is set, and exit.
         With a stalled rank nothing waits for it. A second call ends every process at once."""
         self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        self._writer = JsonlWriter(self.log_path)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.done.wait(timeout)
+        return self.exit_code
+
+    def pids(self) -> set[int]:
+        """Every process of the run seen so far: ranks and their workers."""
+        return self.pool.pids()
+
+    def say(self, text: str, level: str = "info", **fields) -> None:
+        """A message of the supervisor's own, in the log and the event pane (its thread only)."""
+        self._emit("message", level=level, text=text, **fields)
+
+    @property
+    def slots(self) -> dict[int, RankProcess]:
+        """Each rank slot's current process."""
+        return self.pool.slots
+
+    @property
+    def members(self) -> list[int]:
+        """The slots in the world (the one being formed, while a change is unconfirmed)."""
+        return self.world.members
+
+    def world_changing(self) -> bool:
+        """A leave or join is under way (the autotuner waits for it)."""
+        return not self.world.idle()
+
+    def autotune_done(self, best: dict, rate: float, results: list) -> None:
+        from ddptui.autotune import describe_settings
+
+        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
+        self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
+                 autotune=best)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import threading
 import time
 from multiprocessing.connection import wait as wait_any
@@ -51,10 +50,7 @@ class Supervisor(Steering):
             "log": self.log_path, "checkpoint_dir": config.checkpoint_dir,
         })
         self.pool = ProcessPool(config, self.log_path)
-        self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
-        self._out: dict[int, tuple[str, str]] = {}  # slot -> (stopped|crashed, why), until back
-        self._killed: dict[int, str] = {}  # pid -> why ddptui killed it
         self._restarts = 0
         self._autotuner = None
         self.exit_code: int | None = None
@@ -68,42 +64,6 @@ class Supervisor(Steering):
                                  config.telemetry_hz > 0, self._emit_health, self.say,
                                  self._kill, lambda pid: self.sampler.process(pid))
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
-
-    # -- the API the app, the headless console and tests use ---------------------------------
-    @property
-    def started(self) -> bool:
-        return self._thread.ident is not None
-
-    def start(self) -> None:
-        self._writer = JsonlWriter(self.log_path)
-        self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
-
-    def pids(self) -> set[int]:
-        """Every process of the run seen so far: ranks and their workers."""
-        return self.pool.pids()
-
-    def say(self, text: str, level: str = "info", **fields) -> None:
-        """A message of the supervisor's own, in the log and the event pane (its thread only)."""
-        self._emit("message", level=level, text=text, **fields)
-
-    @property
-    def members(self) -> list[int]:
-        """The slots in the world (the one being formed, while a change is unconfirmed)."""
-        return self.world.members
-
-    def world_changing(self) -> bool:
-        return not self.world.idle()
-
-    def autotune_done(self, best: dict, rate: float, results: list) -> None:
-        from ddptui.autotune import describe_settings
-
-        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
-        self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
-                 autotune=best)
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, kind: str, **fields) -> None:
@@ -143,7 +103,6 @@ class Supervisor(Steering):
             rp, state = self.slots[slot], ev.get("state")
             if state == "running" and rp.state not in FINAL:
                 rp.state = RankState.RUNNING
-                self._out.pop(slot, None)
                 self.world.entered(slot)
                 self.watchdog.restart_clock([slot], ev["t"])
             elif state == "standby" and rp.state == RankState.STARTING:
@@ -155,7 +114,7 @@ class Supervisor(Steering):
         self._handle(ev)
 
     def _as_out(self, ev: dict, standby: str) -> dict:
-        out = self._out.get(ev["rank"])
+        out = self.world.out.get(ev["rank"])
         if out is None:
             return {**ev, "standby": standby}
         return {**ev, "state": out[0], "reason": out[1], "standby": standby}
@@ -219,7 +178,6 @@ class Supervisor(Steering):
 
     def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
         rp = self.pool.start(slot, gpu, init, standby)
-        self.slots[slot] = rp
         self.outcome.errors.pop(slot, None)
         self.watchdog.forget(slot)
         ev = event("rank", slot, state="starting", pid=rp.process.pid, gpu=gpu,
@@ -239,7 +197,10 @@ class Supervisor(Steering):
             if now >= next_sample:
                 self._sample()
                 next_sample = now + SAMPLE_EVERY_S
-            self.watchdog.check(time.time(), self._members(), self.state.paused)
+            running = [s for s in self.members if self.slots[s].state == RankState.RUNNING
+                       and s not in self.world.leaving]
+            self.watchdog.check(time.time(), [_member(self.slots[s]) for s in running
+                                              if self.slots[s].alive], self.state.paused)
             if self._running():
                 self._act(self.world.tick(time.time()))
             if self._autotuner is not None:
@@ -248,15 +209,6 @@ class Supervisor(Steering):
                 self.say("ranks did not stop in time: terminating them", "warning")
                 self._end_all()
         self._reap()
-
-    def _members(self) -> list[Member]:
-        """The members of the world that are running (not joining, not leaving)."""
-        found = []
-        for s in self.members:
-            rp = self.slots[s]
-            if rp.alive and rp.state == RankState.RUNNING and s not in self.world.leaving:
-                found.append(Member(s, rp.process.pid, rp.gpu, rp.stacks_path))
-        return found
 
     def _sample(self) -> None:
         self.pool.scan_children()
@@ -271,12 +223,7 @@ class Supervisor(Steering):
         return any(self.slots[s].alive for s in set(self.members) | set(self.world.confirmed))
 
     def _drain_telemetry(self) -> None:
-        for r in self.pool.procs:
-            try:
-                while not r.telemetry.closed and r.telemetry.poll():
-                    self._from_rank(r.telemetry.recv())
-            except (EOFError, OSError):
-                r.telemetry.close()
+        self.pool.drain(self._from_rank)
 
     def _reap(self) -> None:
         for r in self.pool.procs:
@@ -286,7 +233,6 @@ class Supervisor(Steering):
             self._drain_telemetry()
             current = self.slots[r.slot] is r
             if code == 0 and r.slot in self.world.leaving and r.slot not in self.members:
-                self._out[r.slot] = ("stopped", "left the world on request")
                 self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
                 self._act(self.world.left(r.slot))
             elif code == 0:
@@ -303,15 +249,14 @@ class Supervisor(Steering):
 
     def _crashed(self, r: RankProcess) -> None:
         """A process died on its own (or by k): the world goes on without it, if it can."""
-        reason = self._killed.get(r.process.pid) or self.outcome.errors.get(r.slot) or r.death()
+        reason = self.pool.killed.get(r.process.pid) or self.outcome.errors.get(r.slot) \
+            or r.death()
         self._set_state(r, RankState.CRASHED, reason)
         member = r.slot in self.members or r.slot in self.world.confirmed
         restart = member and self._restarts < self.config.max_restarts
-        alive = {s for s, rp in self.slots.items() if rp.alive}
+        alive = self.pool.alive()
         recoverable = bool(self.config.snapshot_every and self.state.first_step_t)
         actions = self.world.died(r.slot, alive, recoverable, reason, time.time(), restart)
-        if member:
-            self._out[r.slot] = ("crashed", reason)
         self._act(actions)
         if restart and not self.outcome.failure:
             self._restarts += 1
@@ -356,10 +301,9 @@ class Supervisor(Steering):
         if rp is None or not rp.alive or (check and slot not in self.members):
             self.say(f"rank {slot} is not running", "warning")
             return
-        self._killed[rp.process.pid] = f"killed by ddptui ({why})"
         self.say(f"killing rank {slot} ({why}): the others go on through crash recovery",
                  "warning")
-        os.kill(rp.process.pid, signal.SIGKILL)
+        self.pool.kill(slot, why)
 
     # -- commands ------------------------------------------------------------------------------
     def _run_commands(self) -> None:
@@ -389,17 +333,14 @@ class Supervisor(Steering):
         if rp is None or not rp.alive:
             self.say(f"rank {slot} has no live process to ask for its stacks", "warning")
             return
-        self.watchdog.ask_stacks(Member(slot, rp.process.pid, rp.gpu, rp.stacks_path),
-                                 time.time())
+        self.watchdog.ask_stacks(_member(rp), time.time())
 
     def _bring_up_standby(self, slot: int) -> None:
         """Keep a warm process for a rank that is out of the world (once the run goes on)."""
         if not self._running():
             return
-        current = self.slots[slot]
-        if current.alive and current.standby and current.process.pid not in self._killed:
-            return
-        self._start_process(slot, current.gpu, "", standby=True)
+        if not self.pool.warm_standby(slot):
+            self._start_process(slot, self.slots[slot].gpu, "", standby=True)
 
     def _send(self, cmd: dict) -> None:
         # The world's rank 0 is the authority: it offers commands to every rank at an agreed step.
@@ -431,9 +372,8 @@ class Supervisor(Steering):
         """A stalled rank never reaches an agreed step: kill it; the others roll back to their
         newest common point, checkpoint from there and exit."""
         for s in stalled:
-            self._killed[self.slots[s].process.pid] = "killed by ddptui (stalled at the stop)"
-            os.kill(self.slots[s].process.pid, signal.SIGKILL)
-        alive = {s for s, rp in self.slots.items() if rp.alive} - set(stalled)
+            self.pool.kill(s, "stalled at the stop")
+        alive = self.pool.alive() - set(stalled)
         told = self.world.halt_without(stalled, alive, time.time()) \
             if self.config.snapshot_every and self.state.first_step_t else []
         if not told:
@@ -454,3 +394,7 @@ class Supervisor(Steering):
 def _count(n: int, noun: str) -> str:
     """'1 rank', '2 ranks'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _member(rp: RankProcess) -> Member:
+    return Member(rp.slot, rp.process.pid, rp.gpu, rp.stacks_path)
