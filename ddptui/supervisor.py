@@ -241,8 +241,7 @@ class Supervisor(Steering):
             elif code == EXIT_USAGE:
                 self._set_state(r, RankState.STOPPED, self.outcome.usage_error or "bad input")
                 self._fail(EXIT_USAGE, self.outcome.usage_error or "bad input")
-            elif self.outcome.ending or not current or \
-                    r.state == RankState.STOPPED:
+            elif self.outcome.ending or not current:
                 self._set_state(r, RankState.STOPPED, "ended by ddptui")
             else:
                 self._crashed(r)
