@@ -32,6 +32,9 @@ from trainer.config import UsageError
     (["run", "resnet18", "--max-restarts", "-1"], "--max-restarts must be 0 or more"),
     (["attach", "--listen", "nohost"], "bad --listen 'nohost': expected HOST:PORT"),
     (["run", "resnet18", "--strategy", "dp"], "--strategy dp needs GPUs"),
+    (["run", "resnet18", "--stall-after", "0"], "--stall-after: must be above 0"),
+    (["run", "resnet18", "--on-stall", "kill"], "invalid choice: 'kill'"),
+    (["run", "resnet18", "--max-bad-samples", "-1"], "--max-bad-samples: must be 0 or more"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
     r = ddptui(args, env, tmp_path, timeout=60)
