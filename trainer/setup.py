@@ -92,6 +92,7 @@ def configure_torch(config: RunConfig, me: Rank) -> None:
 
 def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
                     total_steps: int):
+    """SGD with Nesterov momentum (no decay on norms and biases) and a warm-up + cosine schedule."""
     lr = config.lr * (world_size if config.lr_scaling == "linear" else 1)
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]  # norms and biases
@@ -117,6 +118,7 @@ def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
 
 
 def build_autocast(config: RunConfig, device: torch.device):
+    """A context factory: autocast to --amp's dtype, or a no-op with --amp off."""
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.amp)
     return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
