@@ -85,8 +85,9 @@ class Supervisor(Steering):
             if not self.world.idle() and ev["generation"] == self.world.change["gen"]:
                 self.watchdog.restart_clock(self.members, ev["t"])
             self._act(self.world.world_confirmed(ev["generation"], time.time()))
-        elif kind == "run" and ev.get("status") == "resumed":
-            self.watchdog.restart_clock(self.members, ev["t"])
+        elif kind == "run" and ev.get("status") == "resumed" or \
+                kind == "settings" and ev.get("status") == "applied":
+            self.watchdog.restart_clock(self.members, ev["t"], first_step=kind == "settings")
 
     def _on_message(self, ev: dict) -> None:
         why = self.outcome.message(ev)

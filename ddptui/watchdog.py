@@ -14,6 +14,7 @@ from ddptui.health import Seen, Stragglers, judge_stalls
 from ddptui.stacks import StackRequests, innermost
 
 CHECK_EVERY_S = 0.5
+SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Watchdog:
         self.stragglers = Stragglers()
         self.stacks = StackRequests()
         self._kill_pending: dict[int, str] = {}  # on-stall recover: once its stacks are in
+        self._streak: dict[int, tuple[bool, int]] = {}  # slot -> (slow?, checks in a row)
         self._next = 0.0
 
     def observe(self, ev: dict) -> None:
@@ -59,17 +61,20 @@ class Watchdog:
         elif kind == "gpu":
             self.gpus[slot] = ev
 
-    def restart_clock(self, slots, now: float) -> None:
-        """The world changed or the run resumed: silence until now says nothing."""
+    def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
+        """The world changed, the run resumed, or (`first_step`) the input pipeline was rebuilt
+        and its workers start again: silence until now says nothing."""
         for slot in slots:
             self.since[slot] = now
             self.stragglers.forget(slot)
+            if first_step:
+                self.stepped.discard(slot)
 
     def forget(self, slot: int) -> None:
         """The slot left the world (stopped, crashed): no verdicts about it any more."""
         self.stepped.discard(slot)
         for table in (self.last_step, self.step_ms, self.beats, self.since, self.flags,
-                      self._kill_pending):
+                      self._kill_pending, self._streak):
             table.pop(slot, None)
         self.stragglers.forget(slot)
 
@@ -109,6 +114,8 @@ class Watchdog:
 
     def _update(self, m: Member, verdict: tuple | None, now: float) -> None:
         old = self.flags.get(m.slot)
+        if not self._held(m.slot, verdict, old):
+            return
         if verdict is None:
             if old is not None:
                 del self.flags[m.slot]
@@ -123,6 +130,18 @@ class Watchdog:
             self.ask_stacks(m, now)
             if self.recover:
                 self._kill_pending[m.slot] = reason
+
+    def _held(self, slot: int, verdict: tuple | None, old: str | None) -> bool:
+        """A straggler verdict (or its end) counts once it has held SLOW_HOLD checks in a row:
+        step figures of small steps on a shared host swing 15% from one reading to the next."""
+        slow_now = verdict is not None and verdict[0] == "slow"
+        if not (slow_now or old == "slow") or (verdict is not None and not slow_now):
+            self._streak.pop(slot, None)
+            return True
+        count = self._streak.get(slot, (slow_now, 0))
+        count = (slow_now, count[1] + 1 if count[0] == slow_now else 1)
+        self._streak[slot] = count
+        return count[1] >= SLOW_HOLD
 
     def _stacks_in(self, slot: int, text: str | None) -> None:
         if text is None:

@@ -102,3 +102,37 @@ def _describe(pid: int) -> str:
         return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:100]}"
     except psutil.Error:
         return str(pid)
+
+
+@pytest.fixture(autouse=True)
+def _end_what_a_failed_test_left(monkeypatch):
+    """A test that fails half-way leaves its run going (a Supervisor's thread and ranks, a
+    ddptui subprocess): end them so that they do not load the tests after it. Tests that check
+    for leftovers do so themselves, with assert_gone."""
+    from ddptui.supervisor import Supervisor
+
+    started = []
+    start = Supervisor.start
+    monkeypatch.setattr(Supervisor, "start", lambda sup: (started.append(sup), start(sup))[1])
+    yield
+    for sup in started:
+        if not sup.done.is_set():
+            sup.stop()
+            sup.stop()  # the second stop ends every process at once
+            sup.wait(30)
+    me = psutil.Process()
+    left = [p for p in me.children(recursive=True)
+            if "resource_tracker" not in " ".join(_cmdline(p))]
+    for p in left:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(left, timeout=10)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []

@@ -35,7 +35,7 @@ def _config(*args: str, **launch):
     return config_from_args(parser.parse_args(list(args)), cpus=2, headless=False, **launch)
 
 
-async def _until(pilot, predicate, what: str, timeout: float = 60) -> None:
+async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
@@ -73,7 +73,7 @@ async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without
         assert next(r for r in app.view["ranks"] if r.rank == 1).state == "crashed"
         pids = sup.pids()
         await pilot.press("q")
-        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=30)
+        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
     assert sup.exit_code == 130
     crashed = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "crashed"]
     assert "killed by ddptui (k: stalled)" in crashed[0]["reason"]
