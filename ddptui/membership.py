@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from trainer.protocol.events import count
+
 CHANGE_TIMEOUT_S = 60.0
 
 
@@ -92,7 +94,7 @@ class Membership:
         self.leaving.add(slot)
         return [Tell(leader, order),
                 Say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
-                    f"{_count(len(order['members']), 'rank')} go on")]
+                    f"{count(len(order['members']), 'rank')} go on")]
 
     def restart(self, slot: int, standby_alive: bool, now: float) -> list:
         """A stopped or crashed slot joins from its standby (now if warm, else once it is);
@@ -166,7 +168,7 @@ class Membership:
         self.out[slot] = ("crashed", why)
         order = self._order("recover", survivors, now)
         actions += [Tell(s, order) for s in survivors]
-        actions.append(Say(f"rank {slot} {why}: going on with {_count(len(survivors), 'rank')} "
+        actions.append(Say(f"rank {slot} {why}: going on with {count(len(survivors), 'rank')} "
                            "from their last common step", "warning"))
         if restart:
             self.wanted.add(slot)
@@ -224,8 +226,3 @@ class Membership:
         order = self._order("reform", self.members + [slot], now, joiner=slot)
         return actions + [Tell(leader, order), Tell(slot, {**order, "op": "join"}),
                           Joining(slot)]
-
-
-def _count(n: int, noun: str) -> str:
-    """'1 rank', '2 ranks'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"

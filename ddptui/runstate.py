@@ -11,7 +11,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from trainer.protocol.events import PARENT, describe
+from trainer.protocol.events import PARENT, count, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz
@@ -238,7 +238,7 @@ class RunState:
         if ev.get("generation"):  # a change (generation 0 is the launch)
             where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
             size = ev.get("size")
-            self._line(t, "info", f"world: {size} rank{'' if size == 1 else 's'} "
+            self._line(t, "info", f"world: {count(size, 'rank')} "
                        f"{ev.get('ranks')}{where}")
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:

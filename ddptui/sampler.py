@@ -12,6 +12,7 @@ import psutil
 
 from ddptui.nvml import open_nvml
 from trainer.protocol.events import event
+from trainer.telemetry.gpu import ProcessTree
 
 
 class RunSampler:
@@ -26,7 +27,7 @@ class RunSampler:
         if self.gpus and self.nvml is None:
             warn("NVML is not available: no GPU figures (training is not affected)")
         self.util: dict[int, float] = {}  # GPU -> its latest utilisation
-        self._known: dict[int, psutil.Process] = {}  # cpu_percent measures per object
+        self._tree = ProcessTree()
 
     def sample(self, slots: dict[int, tuple[int | None, int | None]], run_pids: set[int]) -> None:
         """`slots`: rank slot -> (pid, GPU) of its current process; `run_pids`: every process of
@@ -36,7 +37,7 @@ class RunSampler:
         elif not self.gpus:
             for slot, (pid, _gpu) in slots.items():
                 if pid:
-                    cpu, rss = self._tree(pid)
+                    cpu, rss = self._tree.read(pid)
                     self.emit(event("gpu", slot, gpu=None, cpu_percent=cpu, rss=rss))
 
     def _sample_gpus(self, slots, run_pids: set[int]) -> None:
@@ -63,7 +64,7 @@ class RunSampler:
     def process(self, pid: int | None) -> tuple[str, float]:
         """(psutil status: running, sleeping, stopped, disk-sleep, zombie...; CPU% of the
         process alone) for a rank's main process."""
-        p = self._process(pid)
+        p = self._tree.process(pid) if pid else None
         if p is None:
             return "gone", 0.0
         try:
@@ -71,37 +72,8 @@ class RunSampler:
         except psutil.Error:
             return "gone", 0.0
 
-    def _process(self, pid: int | None) -> psutil.Process | None:
-        if not pid:
-            return None
-        if pid not in self._known:
-            try:
-                self._known[pid] = psutil.Process(pid)
-                self._known[pid].cpu_percent()  # the first reading only primes it
-            except psutil.Error:
-                return None
-        return self._known[pid]
-
-    def _tree(self, pid: int) -> tuple[float, int]:
-        root = self._process(pid)
-        if root is None:
-            return 0.0, 0
-        try:
-            members = [root] + [self._process(c.pid) for c in root.children(recursive=True)]
-        except psutil.Error:
-            members = [root]
-        cpu, rss = 0.0, 0
-        for p in members:
-            try:
-                cpu += p.cpu_percent()
-                rss += p.memory_info().rss
-            except (psutil.Error, AttributeError):  # ended between the listing and the read
-                pass
-        return round(cpu, 1), rss >> 20
-
     def forget(self, live_pids: set[int]) -> None:
-        """Drop cached processes that are gone (pids are reused)."""
-        self._known = {pid: p for pid, p in self._known.items() if pid in live_pids}
+        self._tree.forget(live_pids)
 
     def close(self) -> None:
         if self.nvml is not None:

@@ -22,7 +22,7 @@ from ddptui.sampler import RunSampler
 from ddptui.steering import Steering
 from ddptui.watchdog import Member, Watchdog
 from trainer.config import RunConfig
-from trainer.protocol.events import PARENT, JsonlWriter, RankState, event
+from trainer.protocol.events import PARENT, JsonlWriter, RankState, count, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
@@ -165,7 +165,7 @@ class Supervisor(Steering):
         gpus = list(self.config.gpus) if self.config.gpus else [None] * world
         if self.config.strategy == "dp":  # one process holds every GPU
             gpus = gpus[:1]
-        self.say(f"starting {_count(world, 'rank')}")
+        self.say(f"starting {count(world, 'rank')}")
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)
         self.world = Membership(list(range(world)), self.world.new_address)
@@ -389,11 +389,6 @@ class Supervisor(Steering):
     def _end_all(self) -> None:
         self.pool.end_all()
         self._stop_deadline = None
-
-
-def _count(n: int, noun: str) -> str:
-    """'1 rank', '2 ranks'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _member(rp: RankProcess) -> Member:

@@ -16,8 +16,8 @@ from trainer.elastic import world
 from trainer.elastic.snapshot import WorldLost
 from trainer.parts import Parts, State
 from trainer.pipeline.prefetch import plain_batches
-from trainer.protocol.events import describe
-from trainer.reports import count, report_bad, report_change, report_kept, report_segment, save
+from trainer.protocol.events import count, describe
+from trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
 

@@ -11,6 +11,7 @@ import torch
 from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import DataError
 from trainer.parts import Parts
+from trainer.protocol.events import count
 
 
 def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int | None = None,
@@ -83,8 +84,3 @@ def save(p: Parts) -> None:
     prune_checkpoints(p.config.checkpoint_dir, p.state.written)
     p.me.reporter.emit("checkpoint", path=path, epoch=p.sampler.epoch,
                        step=p.sampler.steps_done, global_step=p.state.global_step)
-
-
-def count(n: int, noun: str) -> str:
-    """'1 rank', '2 ranks'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -21,8 +21,8 @@ from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
 from trainer.parts import Parts
 from trainer.protocol.channel import load_key, parse_address
+from trainer.protocol.events import count
 from trainer.rank import Rank
-from trainer.reports import count
 from trainer.setup import build_parts, warm_up
 from trainer.telemetry.gpu import DeviceSampler
 from trainer.telemetry.heartbeat import Heartbeat

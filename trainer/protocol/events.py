@@ -102,7 +102,7 @@ def describe(ev: dict) -> str | None:
                if ev.get("val_acc") is not None else "")
         # A rank's own event is per rank; the run state's merged row sums its `ranks`.
         n = ev.get("ranks")
-        rate = f"img/s ({n} rank{'' if n == 1 else 's'})" if n else "img/s/rank"
+        rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
         return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
@@ -125,6 +125,11 @@ def describe(ev: dict) -> str | None:
     if kind == "run" and ev.get("status") in ("paused", "resumed"):
         return f"run {ev['status']} at step {ev.get('global_step')}"
     return None
+
+
+def count(n: int, noun: str) -> str:
+    """'1 rank', '2 ranks': every message that counts something says it this way."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def epoch_label(ev: dict) -> str:

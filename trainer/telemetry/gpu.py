@@ -8,6 +8,7 @@ and RSS from psutil. A failure is said once and the run goes on.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -24,15 +25,14 @@ class DeviceSampler(threading.Thread):
         self.physical_gpu = physical_gpu
         self.interval = interval
         self._halt = threading.Event()
-        self._process = psutil.Process()
-        self._known: dict[int, psutil.Process] = {}
+        self._tree = ProcessTree()
 
     def stop(self) -> None:
         self._halt.set()
 
     def run(self) -> None:
         nvml = self._open_nvml() if self.physical_gpu is not None else None
-        self._cpu_percent()  # psutil's first reading is meaningless; prime it
+        self._tree.read(os.getpid())  # psutil's first reading is meaningless; prime it
         while not self._halt.wait(self.interval):
             if nvml is not None:
                 try:
@@ -41,8 +41,8 @@ class DeviceSampler(threading.Thread):
                 except Exception as e:  # a GPU fallen off the bus must not stop training
                     self.warn(f"NVML reading failed, reporting CPU figures instead: {e}")
                     nvml = None
-            self.emit("gpu", gpu=self.physical_gpu, cpu_percent=self._cpu_percent(),
-                      rss=self._rss())
+            cpu, rss = self._tree.read(os.getpid())
+            self.emit("gpu", gpu=self.physical_gpu, cpu_percent=cpu, rss=rss)
 
     def _open_nvml(self) -> Callable[[], dict] | None:
         try:
@@ -68,33 +68,44 @@ class DeviceSampler(threading.Thread):
 
         return read
 
-    def _tree(self) -> list[psutil.Process]:
-        # Keep the Process objects: cpu_percent() measures since the same object's last call.
+
+class ProcessTree:
+    """CPU% and RSS of a process with its children (DataLoader workers). It keeps the Process
+    objects between readings: psutil's cpu_percent() measures since the same object's last call,
+    so the first reading of a process is 0."""
+
+    def __init__(self):
+        self._known: dict[int, psutil.Process] = {}
+
+    def process(self, pid: int) -> psutil.Process | None:
+        if pid not in self._known:
+            try:
+                self._known[pid] = psutil.Process(pid)
+            except psutil.Error:
+                return None
+        return self._known[pid]
+
+    def read(self, pid: int) -> tuple[float, int]:
+        """(CPU% summed over the tree, RSS in MiB)."""
+        root = self.process(pid)
+        if root is None:
+            return 0.0, 0
         try:
-            children = self._process.children(recursive=True)
+            members = [root] + [self.process(c.pid) for c in root.children(recursive=True)]
         except psutil.Error:
-            children = []
-        alive = {p.pid: self._known.get(p.pid, p) for p in children}
-        self._known = alive
-        return [self._process, *alive.values()]
-
-    def _cpu_percent(self) -> float:
-        total = 0.0
-        for p in self._tree():
+            members = [root]
+        cpu, rss = 0.0, 0
+        for p in members:
             try:
-                total += p.cpu_percent()
-            except psutil.Error:
+                cpu += p.cpu_percent()
+                rss += p.memory_info().rss
+            except (psutil.Error, AttributeError):  # ended between the listing and the read
                 pass
-        return round(total, 1)
+        return round(cpu, 1), rss >> 20
 
-    def _rss(self) -> int:
-        total = 0
-        for p in self._tree():
-            try:
-                total += p.memory_info().rss
-            except psutil.Error:
-                pass
-        return total >> 20
+    def forget(self, live_pids: set[int]) -> None:
+        """Drop processes that are gone (pids are reused)."""
+        self._known = {pid: p for pid, p in self._known.items() if pid in live_pids}
 
 
 def memory_info(pynvml, handle):
