@@ -20,17 +20,17 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def plain(model: str, gpus: int, steps: int, warmup: int) -> dict:
+def plain(model: str, gpus: int, steps: int, warmup: int, extra: tuple[str, ...] = ()) -> dict:
     env = dict(os.environ, BENCH_T0=str(time.time()))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", str(gpus), os.path.join(ROOT, "bench/plain_ddp.py"),
-                          "--model", model, "--steps", str(steps), "--warmup", str(warmup)],
-                         env=env, capture_output=True, text=True, check=True).stdout
+                          "--model", model, "--steps", str(steps), "--warmup", str(warmup),
+                          *extra], env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def ours(model: str, gpus: int, steps: int, warmup: int, extra: list[str],
-         tmux: bool = False) -> dict:
+         tmux: bool = False, env: dict | None = None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "run.jsonl")
         cmd = [sys.executable, "-m", "ddptui", "run", model, "--gpus",
@@ -41,7 +41,8 @@ def ours(model: str, gpus: int, steps: int, warmup: int, extra: list[str],
         if tmux:
             in_tmux(cmd, log, tmp)
         else:
-            subprocess.run([*cmd, "--headless"], check=True, capture_output=True, cwd=tmp)
+            subprocess.run([*cmd, "--headless"], check=True, capture_output=True, cwd=tmp,
+                           env=env)
         evs = [json.loads(line) for line in open(log)]
     steps_ev = [e for e in evs if e["kind"] == "step" and e["rank"] == 0]
     window = [e for e in steps_ev if e["global_step"] >= warmup]

@@ -1,7 +1,8 @@
 """The baseline: a hand-written torchrun DDP script with no ddptui code, as a user would write it.
 
 torchrun --standalone --nproc-per-node 2 bench/plain_ddp.py --model resnet18 --steps 300
-Synthetic data on the device, bf16 autocast, channels_last, SGD; prints one JSON line (rank 0).
+Synthetic data on the device, bf16 autocast, channels_last, SGD (or fused AdamW); prints one JSON
+line (rank 0).
 """
 
 import argparse
@@ -23,6 +24,7 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     args = ap.parse_args()
     t_launch = float(os.environ.get("BENCH_T0", time.time()))
     local = int(os.environ["LOCAL_RANK"])
@@ -31,7 +33,10 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     model = torchvision.models.get_model(args.model, num_classes=1000).cuda()
     model = DDP(model.to(memory_format=torch.channels_last), device_ids=[local])
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    if args.optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device="cuda")
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch_size,), device="cuda")

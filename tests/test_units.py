@@ -1,13 +1,19 @@
 """Pieces of the rank side on their own, without processes: rollback-point agreement and
-restore, the sampler's re-sharding (every sample once across a change of world size), and the
-event buffer's bound and restore."""
+restore (AdamW's state included), the checkpoint writer, the sampler's re-sharding (every sample
+once across a change of world size), and the event buffer's bound and restore."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
-from trainer.elastic.snapshot import Snapshots, agree
+from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
+from trainer.config import RunConfig
+from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tensors
 from trainer.pipeline.sampler import ShardedBatchSampler
+from trainer.setup import build_optimizer
 from trainer.telemetry.reporter import EventBuffer
 
 
@@ -81,3 +87,51 @@ def test_the_event_buffer_drops_the_oldest_and_a_failed_send_goes_back_in_front(
     assert [e["i"] for e in again] == [3, 4, 5] and dropped_again == 3
     buf.close()
     assert buf.take() is None
+
+
+def _adamw_parts():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    optimizer, _ = build_optimizer(RunConfig(model="m", optimizer="adamw"), model, 1, 10)
+    return model, optimizer, torch.amp.GradScaler("cpu", enabled=False)
+
+
+def test_adamw_state_exists_from_the_start_and_rolls_back_with_the_buffers_first():
+    model, optimizer, scaler = _adamw_parts()
+    tensors = state_tensors(model, optimizer, scaler)
+    buffers = buffer_count(model)
+    assert buffers == 3  # running mean, var, batches tracked: a forward writes them
+    assert tensors[0].data_ptr() == model[1].running_mean.data_ptr()
+    # Step count, first and second moments for each of the 4 parameters.
+    assert len(tensors) == buffers + 4 + 3 * 4
+    snaps = Snapshots(tensors, cuda=False, buffers=buffers)
+    snaps.take(0, {"global_step": 0})
+    before = [t.clone() for t in tensors]
+    model.train()
+    model(torch.randn(8, 4)).sum().backward()
+    optimizer.step()
+    assert not all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
+    snaps.restore(0)
+    assert all(torch.equal(a, b) for a, b in zip(before, tensors, strict=True))
+
+
+def test_the_writer_announces_a_durable_file_and_reports_a_failed_write(tmp_path):
+    announced = []
+    writer = Writer(str(tmp_path), lambda path, state: announced.append((path, state["global_step"])))
+    state = {"model_name": "m", "optimizer_name": "adamw", "model": {"w": torch.ones(2)},
+             "sampler": {"epoch": 1, "steps_done": 3}, "global_step": 13}
+    writer.put(state)
+    state["model"]["w"] += 1  # the loop goes on: the file keeps the state as it was put
+    writer.wait()
+    (path,) = list_checkpoints(str(tmp_path))
+    assert announced == [(path, 13)] and os.path.basename(path) == "ckpt-e0001-s000003.pt"
+    assert torch.equal(load_checkpoint(path, "m", "adamw")["model"]["w"], torch.ones(2))
+    with pytest.raises(ValueError, match="made with --optimizer adamw, not sgd"):
+        load_checkpoint(path, "m", "sgd")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    failing = Writer(str(blocked), lambda path, state: announced.append(path))
+    failing.put(state)
+    with pytest.raises(OSError):
+        failing.wait()
+    failing.wait()  # reported once
+    assert len(announced) == 1

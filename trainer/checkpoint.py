@@ -1,6 +1,7 @@
 """Checkpoints: atomic writes by rank 0, and finding the newest good one to resume from.
 
-A file is written to a temporary name, fsynced and renamed, so a crash never leaves a torn
+The training state is copied to host memory in stream order (the loop does not wait) and a
+thread writes it to a temporary name, fsyncs and renames it, so a crash never leaves a torn
 checkpoint under a real name; a truncated or foreign file found later is reported and skipped.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import threading
 from collections.abc import Callable
 
 import torch
@@ -46,6 +48,62 @@ def save_checkpoint(directory: str, state: dict) -> str:
     return path
 
 
+class Writer:
+    """Writes one checkpoint at a time on a thread; `put` returns once the state is copied out
+    (queued on the device), `wait` once the last file is durable. A write's error comes back
+    from the next `put` or `wait`."""
+
+    def __init__(self, directory: str, done: Callable[[str, dict], None]):
+        self.directory = directory
+        self.done = done  # called on the writing thread with the path and the state's position
+        self.written: list[str] = []  # this run's files, oldest first
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def put(self, state: dict) -> None:
+        self.wait()
+        copied = _to_host(state)
+        ready = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            ready = torch.cuda.Event()
+            ready.record()
+        self._thread = threading.Thread(target=self._write, args=(copied, ready),
+                                        name="checkpoint-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def _write(self, state: dict, ready) -> None:
+        try:
+            if ready is not None:
+                ready.synchronize()  # the copies to host memory are done
+            path = save_checkpoint(self.directory, state)
+            self.written.append(path)
+            prune_checkpoints(self.directory, self.written)
+            self.done(path, state)
+        except BaseException as e:
+            self._error = e
+
+
+def _to_host(value):
+    """Tensors copied to (pinned) host memory, queued on the current stream; the rest as is."""
+    if torch.is_tensor(value):
+        if value.is_cuda:
+            return value.detach().to("cpu", non_blocking=True)
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _to_host(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host(v) for v in value)
+    return value
+
+
 def prune_checkpoints(directory: str, written: list[str]) -> None:
     """Delete this run's older checkpoints beyond the newest KEEP; never touch others' files."""
     for path in written[:-KEEP]:
@@ -65,7 +123,7 @@ def list_checkpoints(directory: str) -> list[str]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def load_checkpoint(path: str, model_name: str) -> dict:
+def load_checkpoint(path: str, model_name: str, optimizer: str = "sgd") -> dict:
     """Load and check one file; raises ValueError saying why it cannot be used."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -75,15 +133,18 @@ def load_checkpoint(path: str, model_name: str) -> dict:
         raise ValueError("not a ddptui checkpoint")
     if state.get("model_name") != model_name:
         raise ValueError(f"made for model {state.get('model_name')!r}, not {model_name!r}")
+    if state.get("optimizer_name", "sgd") != optimizer:
+        raise ValueError(f"made with --optimizer {state.get('optimizer_name', 'sgd')}, "
+                         f"not {optimizer}")
     return state
 
 
-def find_resume_state(directory: str, model_name: str,
+def find_resume_state(directory: str, model_name: str, optimizer: str,
                       warn: Callable[[str], None]) -> tuple[str, dict] | None:
     """The newest usable checkpoint in `directory`; unusable ones are reported and skipped."""
     for path in list_checkpoints(directory):
         try:
-            return path, load_checkpoint(path, model_name)
+            return path, load_checkpoint(path, model_name, optimizer)
         except ValueError as e:
             warn(f"skipping checkpoint {path}: {e}")
     return None

@@ -53,7 +53,8 @@ class RunConfig:
     epochs: int = 5
     steps_per_epoch: int | None = None
     batch_size: int = 32
-    lr: float = 0.05
+    lr: float | None = None  # None: 0.05 for SGD, 1e-3 for AdamW
+    optimizer: str = "sgd"
     lr_scaling: str = "none"
     momentum: float = 0.9
     weight_decay: float = 5e-5
@@ -72,7 +73,7 @@ class RunConfig:
     resume: str | None = None  # None: fresh start; "auto": newest good checkpoint; else a file
     log: str | None = None
     telemetry_hz: float = 4.0
-    snapshot_every: int = 8  # steps between on-device rollback points (crash recovery)
+    snapshot_every: int = 8  # steps between rollback points (crash recovery)
     tensorboard: str | None = None
     report: str | None = None  # HOST:PORT of a `ddptui attach` (ranks started by torchrun/srun)
     # Launch options (ddptui run only); a torchrun launch takes its devices from the environment.
@@ -205,7 +206,10 @@ def _schedule_and_numerics(g, parser: argparse.ArgumentParser, d: RunConfig) -> 
                    help="cap on optimizer steps per epoch")
     g.add_argument("--batch-size", type=_positive_int, default=d.batch_size, metavar="N",
                    help="per rank")
-    g.add_argument("--lr", type=positive_float, default=d.lr)
+    g.add_argument("--optimizer", choices=("sgd", "adamw"), default=d.optimizer,
+                   help="sgd: Nesterov momentum; adamw: fused AdamW on CUDA")
+    g.add_argument("--lr", type=positive_float, default=d.lr,
+                   help="default 0.05 with sgd, 1e-3 with adamw")
     g.add_argument("--lr-scaling", choices=("none", "linear"), default=d.lr_scaling,
                    help="linear: lr x world size (Goyal et al.)")
     g = parser.add_argument_group("numerics")
@@ -239,7 +243,7 @@ def _state_and_output(g, d: RunConfig) -> None:
                    "ones the run ends with exit 2 (default: 0.1%% of the training set; 0: fail "
                    "at the first)")
     g.add_argument("--snapshot-every", type=_non_negative_int, default=d.snapshot_every,
-                   metavar="STEPS", help="under ddptui run: steps between on-device rollback "
+                   metavar="STEPS", help="under ddptui run: steps between host-memory rollback "
                    "points; after a rank dies the others go back at most this far and carry on "
                    "(0: a dead rank ends the run)")
 

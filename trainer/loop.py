@@ -126,13 +126,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
                 break
             p.meter.waited(time.perf_counter() - waited)
             pulse.phase = "compute"
-            with p.autocast():
-                loss = F.cross_entropy(p.ddp(images), labels)
-            p.optimizer.zero_grad(set_to_none=True)
-            p.scaler.scale(loss).backward()
-            p.scaler.step(p.optimizer)
-            p.scaler.update()
-            p.scheduler.step()
+            loss = train_step(p, images, labels)
             p.sampler.step_done()
             p.state.global_step += 1
             step = pulse.step = p.state.global_step
@@ -151,6 +145,23 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             handle_commands(p, p.control.poll())
             if p.snapshots is not None and step % snap_every == 0:
                 p.snapshots.take(step, world.host_state(p))
+
+
+def train_step(p: Parts, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Forward, backward, update; a rollback point still being copied out is waited for on the
+    device, just before the tensors it reads are written."""
+    if p.snapshots is not None:
+        p.snapshots.before_forward()
+    with p.autocast():
+        loss = F.cross_entropy(p.ddp(images), labels)
+    p.optimizer.zero_grad(set_to_none=True)
+    p.scaler.scale(loss).backward()
+    if p.snapshots is not None:
+        p.snapshots.before_update()
+    p.scaler.step(p.optimizer)
+    p.scaler.update()
+    p.scheduler.step()
+    return loss
 
 
 def _interrupted(state: State) -> bool:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer.checkpoint import Writer
 from trainer.config import RunConfig
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import Snapshots
@@ -32,7 +33,6 @@ class State:
     segment_global: int = 0  # the global step it began at
     changed_at: float | None = None  # when the world last started to change, until a step ends
     pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
-    written: list = field(default_factory=list)  # this run's checkpoint files, oldest first
 
 
 @dataclass
@@ -54,3 +54,4 @@ class Parts:
     control: Control | None = None  # commands agreed in the current world
     mailbox: Mailbox | None = None  # the supervisor's (or attach's) orders
     snapshots: Snapshots | None = None  # rollback points (crash recovery under ddptui run)
+    checkpoints: Writer | None = None  # rank 0's, when a checkpoint directory is set

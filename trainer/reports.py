@@ -8,10 +8,10 @@ import time
 
 import torch
 
-from trainer.checkpoint import prune_checkpoints, save_checkpoint
 from trainer.config import DataError
 from trainer.parts import Parts
 from trainer.protocol.events import count
+from trainer.rank import Rank
 
 
 def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int | None = None,
@@ -65,11 +65,13 @@ def report_change(p: Parts) -> None:
 
 
 def save(p: Parts) -> None:
-    """Rank 0 writes a checkpoint of the current position (when a directory is set)."""
-    if not p.config.checkpoint_dir or not p.me.is_main:
+    """Rank 0 queues a checkpoint of the current position (when a directory is set): the step
+    waits for nothing but the previous write; the file is announced once it is durable."""
+    if p.checkpoints is None:
         return
-    path = save_checkpoint(p.config.checkpoint_dir, {
+    p.checkpoints.put({
         "model_name": p.config.model,
+        "optimizer_name": p.config.optimizer,
         "model": p.model.state_dict(),
         "optimizer": p.optimizer.state_dict(),
         "scheduler": p.scheduler.state_dict(),
@@ -80,7 +82,9 @@ def save(p: Parts) -> None:
         "settings": dict(p.state.settings),
         "world_size": p.me.world_size,
     })
-    p.state.written.append(path)
-    prune_checkpoints(p.config.checkpoint_dir, p.state.written)
-    p.me.reporter.emit("checkpoint", path=path, epoch=p.sampler.epoch,
-                       step=p.sampler.steps_done, global_step=p.state.global_step)
+
+
+def announce_checkpoint(me: Rank, path: str, state: dict) -> None:
+    """On the writing thread, once the file is durable."""
+    me.reporter.emit("checkpoint", path=path, epoch=state["sampler"]["epoch"],
+                     step=state["sampler"]["steps_done"], global_step=state["global_step"])

@@ -12,16 +12,17 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from trainer.checkpoint import find_resume_state, load_checkpoint
+from trainer.checkpoint import Writer, find_resume_state, load_checkpoint
 from trainer.config import RunConfig, UsageError
 from trainer.elastic.control import Mailbox
-from trainer.elastic.snapshot import Snapshots, state_tensors
+from trainer.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from trainer.models import build_model
 from trainer.parts import Parts, State
 from trainer.pipeline.datasets import DataBundle, build_datasets
 from trainer.pipeline.loaders import Loaders
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
+from trainer.reports import announce_checkpoint
 from trainer.telemetry.reporter import StepMeter
 
 
@@ -53,11 +54,14 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
               meter=StepMeter(me.reporter, config.telemetry_hz, config.batch_size, me.device,
                               sampler.progress),
               autocast=build_autocast(config, me.device), state=state)
+    if config.checkpoint_dir and me.is_main:
+        p.checkpoints = Writer(config.checkpoint_dir, lambda path, saved: announce_checkpoint(
+            me, path, saved))
     if inbox is not None:  # live commands (ddptui run or attach)
         p.mailbox = Mailbox(inbox, lambda order: on_urgent(order, p))
         if supervised and config.snapshot_every:  # recovery needs our supervisor's orders
             p.snapshots = Snapshots(state_tensors(model, optimizer, scaler),
-                                    me.device.type == "cuda")
+                                    me.device.type == "cuda", buffers=buffer_count(model))
     return p
 
 
@@ -90,20 +94,34 @@ def configure_torch(config: RunConfig, me: Rank) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def _initial_state(optimizer: str, p: torch.Tensor, cuda: bool) -> dict:
+    if optimizer == "sgd":
+        return {"momentum_buffer": torch.zeros_like(p, memory_format=torch.preserve_format)}
+    # Fused AdamW keeps its step count on the device (a collective can send it), else on the host.
+    step = torch.zeros((), dtype=torch.float32, device=p.device if cuda else "cpu")
+    return {"step": step, "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
+
+
 def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
                     total_steps: int):
-    """SGD with Nesterov momentum (no decay on norms and biases) and a warm-up + cosine schedule."""
-    lr = config.lr * (world_size if config.lr_scaling == "linear" else 1)
+    """SGD with Nesterov momentum or AdamW (no decay on norms and biases either way) and a
+    warm-up + cosine schedule."""
+    lr = config.lr or (1e-3 if config.optimizer == "adamw" else 0.05)
+    lr *= world_size if config.lr_scaling == "linear" else 1
     decay = [p for p in model.parameters() if p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.ndim <= 1]  # norms and biases
-    optimizer = torch.optim.SGD(
-        [{"params": decay, "weight_decay": config.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}],
-        lr=lr, momentum=config.momentum, nesterov=True)
+    groups = [{"params": decay, "weight_decay": config.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    cuda = next(model.parameters()).is_cuda
+    if config.optimizer == "adamw":
+        optimizer = torch.optim.AdamW(groups, lr=lr, fused=cuda)
+    else:
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=config.momentum, nesterov=True)
     for p in model.parameters():
         # Made now rather than at the first step (zeros give the same first update), so the
         # state has one shape from the start: rollback points and joining ranks rely on it.
-        optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        optimizer.state[p].update(_initial_state(config.optimizer, p, cuda))
     warmup = max(1, total_steps // 10)
 
     def factor(step: int) -> float:
@@ -146,7 +164,7 @@ def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
     if not config.resume:
         return
     if config.resume == "auto":
-        found = find_resume_state(config.checkpoint_dir, config.model,
+        found = find_resume_state(config.checkpoint_dir, config.model, config.optimizer,
                                   lambda text: me.say(text, "warning") if me.is_main else None)
         if found is None:
             me.say(f"no usable checkpoint in {config.checkpoint_dir}: starting from scratch")
@@ -155,7 +173,7 @@ def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
     else:
         path = config.resume
         try:
-            ckpt = load_checkpoint(path, config.model)
+            ckpt = load_checkpoint(path, config.model, config.optimizer)
         except ValueError as e:
             raise UsageError(f"cannot resume from {path}: {e}") from None
     model.load_state_dict(ckpt["model"])

@@ -180,6 +180,8 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
             p.control.finish()
         p.loaders.close()
         p.loaders.bad.close()
+        if p.checkpoints is not None:
+            p.checkpoints.wait()  # the last checkpoint is on disk before the rank reports its end
 
 
 def describe_start(p: Parts) -> None:

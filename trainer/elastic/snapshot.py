@@ -1,8 +1,9 @@
-"""Rollback points for crash recovery: copies of the training state kept on the device.
+"""Rollback points for crash recovery: copies of the training state kept in host memory.
 
-Every few steps the model, optimizer and scaler tensors are copied (device to device, on the
-compute stream, no sync) with the host-side position next to them; after a rank dies, the
-survivors agree on a point every one of them holds and known to be good, and restore it.
+Every few steps the model, optimizer and scaler tensors are copied to pinned host memory on a
+side stream (no host sync; the next step's forward waits only for the buffers, its optimizer
+step for the rest), with the host-side position next to them; after a rank dies, the survivors
+agree on a point every one of them holds and known to be good, and restore it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ import torch
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
-    """Every tensor a replica's training state lives in, in an order all ranks share."""
-    tensors = [t for t in model.state_dict(keep_vars=True).values()]
+    """Every tensor a replica's training state lives in, in an order all ranks share: the
+    model's buffers first (a forward writes them), then what only an optimizer step writes."""
+    params = {id(p) for p in model.parameters()}
+    state = list(model.state_dict(keep_vars=True).values())
+    tensors = [t for t in state if id(t) not in params] + [t for t in state if id(t) in params]
     for group in optimizer.param_groups:
         for p in group["params"]:
             tensors += [v for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
@@ -24,6 +28,12 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         # GradScaler keeps its scale and growth tracker in these (created in build_optimizer).
         tensors += [scaler._scale, scaler._growth_tracker]
     return [t.detach() for t in tensors]
+
+
+def buffer_count(model: torch.nn.Module) -> int:
+    """How many of state_tensors' first tensors are buffers (running statistics)."""
+    params = {id(p) for p in model.parameters()}
+    return sum(id(t) not in params for t in model.state_dict(keep_vars=True).values())
 
 
 @dataclass
@@ -45,13 +55,16 @@ class Snapshots:
     CPU a step is done when the host returns from it, so a point is good when taken.
     """
 
-    def __init__(self, tensors: list[torch.Tensor], cuda: bool):
+    def __init__(self, tensors: list[torch.Tensor], cuda: bool, buffers: int = 0):
         self.live = tensors
         self.cuda = cuda
-        self.points = [Point([torch.empty_like(t) for t in tensors]) for _ in range(2)]
+        self.buffers = buffers  # the first `buffers` tensors are written by a forward
+        self.points = [Point([_host_like(t) for t in tensors]) for _ in range(2)]
         self.newest = self.points[0]  # read every step: kept, not searched for
         self.lock = threading.Lock()
         self.lost = False
+        self.side = torch.cuda.Stream() if cuda else None
+        self.copying: list[torch.cuda.Event] = []  # [buffers copied, the rest copied]
 
     def take(self, step: int, host: dict, agreed: bool = False) -> None:
         """A point after `step`. `agreed`: every rank of a new world is known to hold this
@@ -63,10 +76,34 @@ class Snapshots:
             return
         if newer.step >= 0 and not agreed and not self._confirm(newer, block=True):
             raise WorldLost("the world was lost while taking a rollback point")
-        torch._foreach_copy_(older.tensors, self.live)
+        self._copy_out(older.tensors)
         older.step, older.host, older.event = step, host, None
         older.confirmed = agreed or not self.cuda
         self.newest = older
+
+    def _copy_out(self, into: list[torch.Tensor]) -> None:
+        if not self.cuda:
+            torch._foreach_copy_(into, self.live)
+            return
+        self.side.wait_stream(torch.cuda.current_stream())
+        self.copying = []
+        with torch.cuda.stream(self.side):
+            for part in (slice(0, self.buffers), slice(self.buffers, None)):
+                for dst, src in zip(into[part], self.live[part], strict=True):
+                    dst.copy_(src, non_blocking=True)
+                self.copying.append(torch.cuda.Event())
+                self.copying[-1].record()
+
+    def before_forward(self) -> None:
+        """The compute stream waits (on the device) until the buffers are copied out."""
+        if self.copying:
+            torch.cuda.current_stream().wait_event(self.copying[0])
+
+    def before_update(self) -> None:
+        """... and until the parameters and optimizer state are, before an update writes them."""
+        if self.copying:
+            torch.cuda.current_stream().wait_event(self.copying[1])
+            self.copying = []
 
     def step_done(self, step: int) -> None:
         """After each step: the step after the newest point gets the event that confirms it."""
@@ -89,7 +126,9 @@ class Snapshots:
     def restore(self, step: int) -> dict:
         """Copy the point taken after `step` back; return its host-side state."""
         (pt,) = [pt for pt in self.points if pt.step == step]
-        torch._foreach_copy_(self.live, pt.tensors)
+        self.before_update()
+        for dst, src in zip(self.live, pt.tensors, strict=True):
+            dst.copy_(src, non_blocking=True)  # from pinned memory, in stream order
         for other in self.points:
             if other.step > step:  # a timeline that was abandoned
                 other.step, other.event, other.confirmed = -1, None, False
@@ -108,6 +147,13 @@ class Snapshots:
             if not self.lost and pt.event.query():
                 pt.confirmed = True
         return pt.confirmed
+
+
+def _host_like(t: torch.Tensor) -> torch.Tensor:
+    """Pinned host memory with the tensor's own strides (channels_last stays one memcpy)."""
+    if t.device.type != "cuda":
+        return torch.empty_like(t)
+    return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu", pin_memory=True)
 
 
 def agree(summaries: list[dict]) -> int | None:

@@ -198,6 +198,8 @@ def share_state(p: Parts, order: dict) -> int:
                 "settings": dict(p.state.settings), "pending": dict(p.state.pending),
                 "best_val_acc": p.state.best_val_acc}]
     dist.broadcast_object_list(box, src=src)
+    if p.snapshots is not None:  # a rollback point still being copied out reads these
+        p.snapshots.before_update()
     for t in state_tensors(p.model, p.optimizer, p.scaler):
         dist.broadcast(t, src=src)
     meta = box[0]
