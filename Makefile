@@ -19,7 +19,7 @@ run: $(STAMP)
 	$(BIN)/ddptui run resnet18 || test $$? -eq 130  # quitting with q or Ctrl-C is no error
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -1,5 +1,6 @@
-"""The Textual dashboard: header, per-device bars, ranks, history, epochs and events, redrawn a
-few times a second from the run state; keys steer the run through the supervisor, never block.
+"""The Textual dashboard: header, per-device bars, ranks, charts, epochs and events, redrawn a
+few times a second from the run state (the charts once a second); keys steer the run through the
+supervisor, never block.
 """
 
 from __future__ import annotations
@@ -14,14 +15,16 @@ from textual.reactive import reactive
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, RichLog
 
+from ddptui.widgets.charts import RunCharts
 from ddptui.widgets.devices import DevicePanel
+from ddptui.widgets.gpus import GpuScreen
 from ddptui.widgets.header import RunHeader
 from ddptui.widgets.help import HelpScreen
-from ddptui.widgets.history import History
 from ddptui.widgets.stacks import StacksScreen
 from ddptui.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2
+CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows nothing new
 CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
                    "kill_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
@@ -58,6 +61,7 @@ class DashboardApp(App[int]):
         Binding("r", "restart_rank", "Restart rank"),
         Binding("k", "kill_rank", "Kill rank"),
         Binding("t", "stacks", "Stacks"),
+        Binding("g", "gpus", "GPU detail"),
         Binding("space", "pause", "Pause"),
         Binding("p", "toggle('prefetch')", "Prefetch"),
         Binding("w", "workers(-1)", "Workers-"),
@@ -91,7 +95,7 @@ class DashboardApp(App[int]):
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.
         self.header, self.devices = RunHeader(), DevicePanel()
-        self.rank_table, self.history, self.epoch_table = RankTable(), History(), EpochTable()
+        self.rank_table, self.charts, self.epoch_table = RankTable(), RunCharts(), EpochTable()
         self.events = RichLog(id="events", max_lines=500, wrap=False)
         self.events.can_focus = False  # up/down belong to rank selection; the wheel still scrolls
         yield self.header
@@ -99,20 +103,28 @@ class DashboardApp(App[int]):
             yield _boxed(self.devices, "GPUs")
             yield _boxed(self.rank_table, "ranks")
         with Horizontal(id="bottom"):
-            yield _boxed(self.history, "history")
+            yield _boxed(self.charts, "loss · img/s and input wait")
             yield _boxed(self.epoch_table, "epochs")
         yield _boxed(self.events, "events")
         yield Footer()
 
     def on_resize(self) -> None:
-        # Below 100 columns the history pane gives its room to the tables.
+        # Below 100 columns the charts give their room to the tables; with many devices or few
+        # rows, each device gets one line.
         self.set_class(self.size.width < 100, "-narrow")
+        self.call_after_refresh(self.refresh_charts)
 
     def on_mount(self) -> None:
         self.on_resize()
         self.source.start()
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view)
+        self.set_interval(CHARTS_S, self.refresh_charts)
+
+    def refresh_charts(self) -> None:
+        if self.closing or not self.charts.display:
+            return
+        self.charts.show(self.source.state.charts())
 
     def refresh_view(self) -> None:
         """Pull a snapshot of the run state and hand it to the widgets."""
@@ -127,12 +139,14 @@ class DashboardApp(App[int]):
         self.devices.view = view
         self.devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
             "CPU ranks and host"
+        self.devices.compact = len(view["devices"]) > 4 or self.size.height < 30
         self.rank_table.show(view, self.selected_rank)
+        if isinstance(self.screen, GpuScreen):
+            self.screen.view = view
         if isinstance(self.screen, StacksScreen):
             rank = next((r for r in view["ranks"] if r.rank == self.screen.rank), None)
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
                 self.screen.stacks = rank.stacks
-        self.history.show(view)
         self.epoch_table.show(view)
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
         self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
@@ -242,6 +256,11 @@ class DashboardApp(App[int]):
         else:  # a replay, or a rank with no live process: the last stacks taken, if any
             self._stacks_asked_t = 0.0
             screen.stacks = rank.stacks
+        self.push_screen(screen)
+
+    def action_gpus(self) -> None:
+        screen = GpuScreen()
+        screen.view = self.view
         self.push_screen(screen)
 
     def action_apply(self) -> None:

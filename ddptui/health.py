@@ -132,7 +132,7 @@ class Stragglers:
 
     def judge(self, members: list[int], gpus: dict[int, dict]) -> dict[int, str]:
         """slot -> the likely cause, for members slower than SLOW_FACTOR x the others' median.
-        `gpus`: slot -> {"held_down": [...], "others": [[pid, MiB], ...]} from NVML."""
+        `gpus`: slot -> {"held_down": [...], "others": [[pid, MiB, user, name], ...]} from NVML."""
         figures = {s: f for s in members if (f := self.figures(s)) is not None}
         if len(figures) < 2:
             return {}
@@ -162,6 +162,7 @@ def _gpu_cause(gpu: dict) -> str:
     if gpu.get("held_down"):
         return "GPU clocks held down: " + ", ".join(gpu["held_down"])
     if gpu.get("others"):
-        procs = ", ".join(f"pid {pid} ({mib} MiB)" for pid, mib in gpu["others"])
+        procs = ", ".join(f"pid {o[0]}" + (f" {o[3]} of {o[2]}" if len(o) > 3 else "") +
+                          f" ({o[1]} MiB)" for o in gpu["others"])
         return f"another process on its GPU: {procs}"
     return ""

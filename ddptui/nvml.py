@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 
 from trainer.telemetry.gpu import memory_info
 
+# Cumulative byte counters read as NVML field values: (field, scope, unit in bytes). NVLink's are
+# summed over all links (scope 0xFFFFFFFF); a GPU or driver without one simply leaves it out.
+TRAFFIC = {
+    "pcie_tx": ("NVML_FI_DEV_PCIE_COUNT_TX_BYTES", 0, 1),
+    "pcie_rx": ("NVML_FI_DEV_PCIE_COUNT_RX_BYTES", 0, 1),
+    "nvlink_tx": ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", 0xFFFFFFFF, 1024),
+    "nvlink_rx": ("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", 0xFFFFFFFF, 1024),
+}
+
 # NVML clock-event reasons that mean "held down", by the names a user would look up.
 HELD_DOWN = {
     "nvmlClocksEventReasonSwPowerCap": "power cap",
@@ -34,6 +43,7 @@ class GpuInfo:
     mem_clock: int = 0
     held_down: list = field(default_factory=list)  # clock-event reasons in force
     processes: list = field(default_factory=list)  # (pid, name, MiB)
+    traffic: dict = field(default_factory=dict)  # counter name -> bytes so far (see TRAFFIC)
 
     def event_fields(self) -> dict:
         """The fields of a `gpu` event."""
@@ -74,7 +84,21 @@ class Nvml:
                           if reasons & getattr(n, name, 0)]
         if processes:
             info.processes = [(pid, "", mib) for pid, mib in self._processes(h)]
+        info.traffic = self._traffic(h)
         return info
+
+    def _traffic(self, h) -> dict:
+        n = self.nvml
+        wanted = {name: (getattr(n, field, None), scope, unit)
+                  for name, (field, scope, unit) in TRAFFIC.items()}
+        wanted = {name: w for name, w in wanted.items() if w[0] is not None}
+        try:
+            values = n.nvmlDeviceGetFieldValues(h, [(fid, scope) for fid, scope, _ in
+                                                    wanted.values()])
+        except Exception:  # an old driver: no such call, or none of these fields
+            return {}
+        return {name: v.value.ullVal * unit for (name, (_, _, unit)), v in
+                zip(wanted.items(), values, strict=True) if v.nvmlReturn == n.NVML_SUCCESS}
 
     def _processes(self, h) -> list[tuple[int, int]]:
         try:

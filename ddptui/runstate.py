@@ -11,10 +11,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from ddptui.epochs import EpochRow, LiveEpoch
+from ddptui.timeline import Recent, Timeline
 from trainer.protocol.events import PARENT, count, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
-HISTORY = 600  # points kept per series: ~2.5 minutes at 4 Hz
+GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
+STEP_TIMES = 16  # a rank's recent step times, for its sparkline
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
 FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
 STEPPING = ("running", "slow")  # states whose figures are current
@@ -48,6 +51,7 @@ class RankView:
     standby_t: float = 0.0
     stacks: str | None = None  # its Python stacks, last taken
     stacks_t: float = 0.0
+    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES))  # ms
 
 
 @dataclass
@@ -64,47 +68,18 @@ class DeviceView:
     cpu_percent: float | None = None
     rss: int | None = None
     sm_clock: int | None = None
+    mem_clock: int | None = None
     held_down: list = field(default_factory=list)  # NVML clock-event reasons in force
-    others: list = field(default_factory=list)  # [pid, MiB] of processes not of the run
+    others: list = field(default_factory=list)  # [pid, MiB, user, name] not of the run
+    pcie_tx: float | None = None  # MB/s
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
     seen_t: float = 0.0  # time of the last reading
     age: float = 0.0  # set in views: seconds since that reading
     stale: bool = False  # set in views: no reading for a while, or the run is over
-    util_history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
-
-
-@dataclass
-class EpochRow:
-    """An epoch, or the segment of one between two settings or world changes."""
-
-    epoch: int
-    start_step: int = 0
-    ranks: dict = field(default_factory=dict)  # rank -> its epoch event
-
-    def merged(self) -> dict:
-        evs = list(self.ranks.values())
-        first = self.ranks.get(0, evs[0])
-        world = first.get("world_size", len(evs))
-        rate = sum(e.get("samples_per_s", 0) for e in evs)
-        if len(evs) < world:  # a rank died before it could report: lockstep, so scale
-            rate *= world / len(evs)
-        return {
-            "epoch": self.epoch,
-            "start_step": self.start_step,
-            "end_step": first.get("end_step"),
-            "partial": bool(first.get("partial")),
-            "settings": first.get("settings") or {},
-            "samples_per_s": rate,
-            "bad_samples": sum(e.get("bad_samples") or 0 for e in evs),
-            "at_quit": bool(first.get("at_quit")),
-            "rolled_back": first.get("rolled_back"),
-            "data_wait": sum(e.get("data_wait", 0) for e in evs) / len(evs),
-            "train_loss": first.get("train_loss"),
-            "val_loss": first.get("val_loss"),
-            "val_acc": first.get("val_acc"),
-            "seconds": max(e.get("seconds", 0) for e in evs),
-            "world_size": world,
-            "ranks": len(evs),
-        }
+    # (t, util or CPU%, memory %, power W) over the last minutes; a list in views
+    history: Recent | list = field(default_factory=lambda: Recent(GPU_HISTORY_S))
 
 
 class RunState:
@@ -125,8 +100,11 @@ class RunState:
         self.settings: dict = {}
         self.pending: dict = {}
         self.best_val_acc: float | None = None
-        self.loss_history: deque = deque(maxlen=HISTORY)
-        self.throughput_history: deque = deque(maxlen=HISTORY)
+        self.loss_lines: dict[int, Timeline] = {}  # rank -> its loss over the run
+        self.rate_line = Timeline()  # the members' img/s
+        self.wait_line = Timeline()  # their mean share of a step spent waiting for input, %
+        self.marks: deque = deque(maxlen=200)  # (t, label): world and settings changes
+        self.live_epoch = LiveEpoch()  # the epoch (or part) now running, for its row
         self.lines: deque = deque(maxlen=500)  # (seq, t, level, text) for the event pane
         self.seq = 0
         self.exit_code: int | None = None
@@ -182,11 +160,17 @@ class RunState:
                 self._line(t, "info", f"first step {t - self.started_t:.1f} s after launch")
         if self.status == "starting":
             self.status = "running"
-        running = [k for k, v in self.ranks.items() if v.state == "running"]
+        if r.step_ms:
+            r.step_times.append(r.step_ms)
+        if r.loss is not None:
+            self.loss_lines.setdefault(rank, Timeline()).add(t, r.loss)
+        running = [k for k, v in self.ranks.items() if v.state in STEPPING]
         if rank == min(running, default=rank):  # one point per interval, from the lowest rank
-            if r.loss is not None:
-                self.loss_history.append(r.loss)
-            self.throughput_history.append(self._throughput(t))
+            rate = self._throughput(t)
+            self.rate_line.add(t, rate)
+            stepping = [v for v in self.ranks.values() if v.state in STEPPING]
+            self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) / max(1, len(stepping)))
+            self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate)
 
     def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
         key = f"gpu{ev['gpu']}" if ev.get("util") is not None else f"rank{rank}"
@@ -195,10 +179,12 @@ class RunState:
         d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, rank))
         d.rank, d.seen_t = rank, t
         for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss",
-                     "sm_clock", "held_down", "others"):
+                     "sm_clock", "mem_clock", "held_down", "others", "pcie_tx", "pcie_rx",
+                     "nvlink_tx", "nvlink_rx"):
             if name in ev:
                 setattr(d, name, ev[name])
-        d.util_history.append(ev["util"] if ev.get("util") is not None else ev.get("cpu_percent"))
+        mem = 100 * d.mem_used / d.mem_total if d.mem_used is not None and d.mem_total else None
+        d.history.add(t, d.util if d.util is not None else d.cpu_percent, mem, d.power_w)
 
     def _on_epoch(self, ev: dict, rank: int, t: float) -> None:
         key = (ev["epoch"], ev.get("start_step", 0))
@@ -208,6 +194,7 @@ class RunState:
             self.best_val_acc = max(self.best_val_acc or 0.0, ev["val_acc"])
         if ev.get("settings"):
             self.settings = dict(ev["settings"])
+        self.live_epoch.ended(ev, t)
         live = [r for r in self.ranks.values() if r.state in ("running", "starting")]
         if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
             self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **row.merged()}))
@@ -217,6 +204,9 @@ class RunState:
             wanted = {**self.pending, **ev["settings"]}
             self.pending = {k: v for k, v in wanted.items() if self.settings.get(k) != v}
         else:
+            if self.settings and ev["settings"] != self.settings:
+                changed = [k for k, v in ev["settings"].items() if self.settings.get(k) != v]
+                self.marks.append((t, ", ".join(changed)))
             self.settings, self.pending = dict(ev["settings"]), {}
 
     def _on_rank(self, ev: dict, rank: int, t: float) -> None:
@@ -236,6 +226,7 @@ class RunState:
     def _on_world(self, ev: dict, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
         if ev.get("generation"):  # a change (generation 0 is the launch)
+            self.marks.append((t, f"world {ev.get('size')}"))
             where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
             size = ev.get("size")
             self._line(t, "info", f"world: {count(size, 'rank')} "
@@ -293,13 +284,13 @@ class RunState:
                 **self._pulse(),  # status, paused, settings, pending, throughput
                 "elapsed": (now - self.started_t) if self.started_t else 0.0,
                 "now": now,
-                "ranks": [RankView(**vars(r)) for r in sorted(self.ranks.values(),
-                                                              key=lambda r: r.rank)],
+                "ranks": [_copy_rank(r) for r in sorted(self.ranks.values(),
+                                                        key=lambda r: r.rank)],
                 "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
                                                                       key=_device_order)],
                 "epochs": done_epochs,
-                "loss_history": list(self.loss_history),
-                "throughput_history": list(self.throughput_history),
+                "live_epoch": None if self.ended_t is not None else self.live_epoch.row(
+                    now, self.settings, self.meta.get("world_size")),
                 "best_val_acc": self.best_val_acc,
                 "progress": self._progress(),
                 "exit_code": self.exit_code,
@@ -307,6 +298,20 @@ class RunState:
                 "checkpoint_t": self.checkpoint_t,
                 "host": dict(self.host),
             }
+
+    def charts(self) -> dict:
+        """The run's series for the charts: loss per rank, img/s, input wait, change marks, with
+        times in seconds since launch (copied under the lock; asked for about once a second)."""
+        with self.lock:
+            t0 = self.started_t or self.first_step_t or 0.0
+
+            def rel(points):
+                return [(t - t0, v) for t, v in points]
+
+            return {"loss": {rank: rel(line.copy()) for rank, line in sorted(self.loss_lines.items())},
+                    "rate": rel(self.rate_line.copy()), "wait": rel(self.wait_line.copy()),
+                    "marks": [(t - t0, label) for t, label in self.marks],
+                    "now": self._now() - t0 if t0 else 0.0}
 
     def pulse(self) -> dict:
         """The few live figures a controller polls often (view() copies the histories)."""
@@ -326,8 +331,8 @@ class RunState:
             return [line for line in self.lines if line[0] > seq]
 
     def _copy_device(self, d: DeviceView, now: float) -> DeviceView:
-        copy = DeviceView(**{k: v for k, v in vars(d).items() if k != "util_history"})
-        copy.util_history = deque(d.util_history, maxlen=HISTORY)
+        copy = DeviceView(**{k: v for k, v in vars(d).items() if k != "history"})
+        copy.history = d.history.copy()
         # A finished run's last readings (a GPU at 100%) must not read as the present.
         copy.stale = self.ended_t is not None or now - d.seen_t > STALE_S
         copy.age = max(0.0, now - d.seen_t)
@@ -344,6 +349,12 @@ class RunState:
         if self.status == "done":
             done = 1.0
         return (r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
+
+
+def _copy_rank(r: RankView) -> RankView:
+    copy = RankView(**{k: v for k, v in vars(r).items() if k != "step_times"})
+    copy.step_times = deque(r.step_times)  # the supervisor thread appends to the original
+    return copy
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:

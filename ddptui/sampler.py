@@ -6,6 +6,7 @@ It reads from outside and never touches the ranks: no rank samples NVML under `d
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import psutil
@@ -28,6 +29,8 @@ class RunSampler:
             warn("NVML is not available: no GPU figures (training is not affected)")
         self.util: dict[int, float] = {}  # GPU -> its latest utilisation
         self._tree = ProcessTree()
+        self._traffic: dict[int, tuple[float, dict]] = {}  # GPU -> (time, byte counters)
+        self._owners: dict[int, tuple[str, str]] = {}  # pid -> (user, name)
 
     def sample(self, slots: dict[int, tuple[int | None, int | None]], run_pids: set[int]) -> None:
         """`slots`: rank slot -> (pid, GPU) of its current process; `run_pids`: every process of
@@ -51,9 +54,32 @@ class RunSampler:
                 self.nvml = None
                 return
             self.util[gpu] = info.util
-            others = [[pid, mib] for pid, _name, mib in info.processes if pid not in run_pids]
+            others = [[pid, mib, *self._owner(pid)] for pid, _name, mib in info.processes
+                      if pid not in run_pids]
             self.emit(event("gpu", owner.get(gpu, min(owner.values(), default=0)),
-                            others=others, **info.event_fields()))
+                            others=others, **info.event_fields(), **self._rates(gpu, info)))
+
+    def _rates(self, gpu: int, info) -> dict:
+        """MB/s over PCIe and NVLink since the last reading, from NVML's byte counters."""
+        now, before = time.monotonic(), self._traffic.get(gpu)
+        self._traffic[gpu] = (now, info.traffic)
+        if before is None or now <= before[0]:
+            return {}
+        seconds, old = now - before[0], before[1]
+        return {name: round(max(0, count - old[name]) / seconds / 1e6, 1)
+                for name, count in info.traffic.items() if name in old}
+
+    def _owner(self, pid: int) -> tuple[str, str]:
+        """(user, name) of a process on a GPU that is not ours; asked once per pid."""
+        if pid not in self._owners:
+            if len(self._owners) > 1000:  # a long run on a busy shared machine
+                self._owners.clear()
+            try:
+                p = psutil.Process(pid)
+                self._owners[pid] = (p.username(), p.name())
+            except psutil.Error:  # gone, or in a container NVML sees into and we do not
+                self._owners[pid] = ("?", "?")
+        return self._owners[pid]
 
     def host(self) -> dict:
         mem = psutil.virtual_memory()

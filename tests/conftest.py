@@ -13,6 +13,26 @@ import pytest
 
 from trainer.protocol.events import read_events
 
+# plotext chooses tick labels and colours in str-hash order: a chart's snapshot is the same
+# from run to run only with a fixed hash seed (make test sets PYTHONHASHSEED=0).
+fixed_hash = pytest.mark.skipif(bool(sys.flags.hash_randomization),
+                                reason="needs PYTHONHASHSEED=0 (make test sets it)")
+
+
+async def settle(pilot) -> None:
+    """Play a replayed log to its end, then draw its final state, charts included, with the
+    panels' heights and the events pane's scroll settled (snapshots are taken after this)."""
+    app = pilot.app
+    while not app.source.done.is_set():
+        await pilot.pause(0.05)
+    for _ in range(2):  # rows added change the panels' heights, and so the charts' size
+        app.refresh_view()
+        await pilot.pause(0.2)
+    app.refresh_charts()
+    app.events.scroll_end(animate=False)
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause(0.2)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["--image-size", "32", "--batch-size", "16", "--workers", "1"]
 TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs",

@@ -14,19 +14,11 @@ from ddptui.replay import Replay
 from ddptui.supervisor import Supervisor
 from ddptui.widgets.help import HelpScreen
 from ddptui.widgets.tables import EpochTable, RankTable
-from tests.conftest import TINY, assert_gone, events
+from tests.conftest import TINY, assert_gone, events, fixed_hash, settle
 from trainer.config import Parser, add_training_options, config_from_args
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 RECORDED = os.path.join(DATA, "run-2cpu.jsonl")
-
-
-async def _settle(app: DashboardApp, pilot) -> None:
-    """Wait for a replay to finish, then draw its final state."""
-    while not app.source.done.is_set():
-        await pilot.pause(0.05)
-    app.refresh_view()
-    await pilot.pause()
 
 
 def _cells(table) -> list[list[str]]:
@@ -36,7 +28,7 @@ def _cells(table) -> list[list[str]]:
 async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
     app = DashboardApp(Replay(RECORDED, speed=0))
     async with app.run_test(size=(120, 40)) as pilot:
-        await _settle(app, pilot)
+        await settle(pilot)
         ranks = _cells(app.query_one(RankTable))
         assert [row[0] for row in ranks] == ["0", "1"]
         assert all(row[1] == "done" for row in ranks)
@@ -59,11 +51,9 @@ async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
     assert app.return_code == 0
 
 
+@fixed_hash
 @pytest.mark.parametrize("size", [(80, 24), (160, 50)])
 def test_main_screen_snapshot(snap_compare, size):
-    async def settle(pilot):
-        await _settle(pilot.app, pilot)
-
     assert snap_compare(DashboardApp(Replay(RECORDED, speed=0)), terminal_size=size,
                         run_before=settle)
 
@@ -212,7 +202,7 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
                       "step_ms": 19.8, "data_wait": 0.0})
     app = DashboardApp(Replay("two-nodes.jsonl", speed=0, events=events))
     async with app.run_test(size=(160, 40)) as pilot:
-        await _settle(app, pilot)  # the rows are drawn before any step ("-")
+        await settle(pilot)  # the rows are drawn before any step ("-")
         for ev in steps:
             app.source.state.apply(ev)
         app.refresh_view()

@@ -26,7 +26,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
                     "--epochs", "500", "--log", str(log)])
     environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
-          f"cd {ROOT} && env {environ} {cmd}; sleep 30")
+          f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}; sleep 30")
     try:
         deadline, screen = time.monotonic() + 60, ""
         while time.monotonic() < deadline:
@@ -55,7 +55,7 @@ def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env,
                     "--epochs", "500", "--log", str(log)])
     environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
-          f"cd {ROOT} && env {environ} {cmd}")
+          f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}")
     deadline = time.monotonic() + 60
     while not (log.exists() and events(log, "step")):
         assert time.monotonic() < deadline, "no step within 60 s"

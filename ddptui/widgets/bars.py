@@ -19,6 +19,22 @@ def bar(percent: float | None, width: int, style: str | None = None) -> Text:
     return text
 
 
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def spark(values: list[float | None], width: int, lo: float = 0.0, hi: float = 100.0,
+          style: str = "cyan") -> Text:
+    """The last `width` values as a one-line block sparkline between lo and hi; gaps blank."""
+    out = Text(style=style)
+    for v in list(values)[-width:]:
+        if v is None:
+            out.append(" ")
+            continue
+        frac = 0.0 if hi <= lo else (min(hi, max(lo, v)) - lo) / (hi - lo)
+        out.append(SPARKS[round(frac * (len(SPARKS) - 1))])
+    return out
+
+
 def mib(value: int | None) -> str:
     if value is None:
         return "-"

@@ -18,6 +18,7 @@ HELP = """\
 | r | restart it: a stopped or crashed rank joins again from its warm standby (queued while it warms) |
 | k | kill it (a stalled rank above all): the others go on through crash recovery |
 | t | its Python stacks, every thread (taken by the supervisor when a rank stalls) |
+| g | the GPU screen: every GPU's utilisation, memory and power over five minutes, clocks and why they are held down, PCIe/NVLink traffic, other processes on it |
 | space | pause / resume: every rank waits at the same step (GPUs go idle) |
 | p | prefetcher on/off, from the next epoch on every rank |
 | w / W | DataLoader workers -1 / +1, from the next epoch |
@@ -26,6 +27,11 @@ HELP = """\
 | c | checkpoint now (needs --checkpoint-dir) |
 | ? | this help |
 | q, Ctrl-C | quit: ranks stop at an agreed step, checkpoint (if a directory is set), every process ends |
+
+The charts show each rank's loss and a smoothed line, img/s and the input wait over time since
+launch, with grey lines where the world or the settings changed. The ranks table's *step times*
+are each rank's last steps on one scale (a slow rank stands taller); the epochs table's last
+row is the epoch now running, filled in at its end.
 
 Setting changes show as *pending* in the header of the epochs table until every rank applies
 them; the epochs table then shows img/s and data-wait before and after (a change inside an epoch

@@ -1,11 +1,13 @@
-"""The two tables: ranks (one row per rank, the selected one highlighted) and epochs (one row
-per finished epoch, or part of one, with the settings and world in force, so a change's effect
-is visible)."""
+"""The two tables: ranks (one row per rank, the selected one highlighted, its recent step times
+as a sparkline) and epochs (one row per finished epoch, or part of one, with the settings and
+world in force, so a change's effect is visible, and a live row for the epoch now running)."""
 
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import DataTable
+
+from ddptui.widgets.bars import duration, spark
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
@@ -21,8 +23,9 @@ class RankTable(DataTable):
     """Rank, state, position, loss, speed, input wait, workers, pid, device (most telling
     first, so a narrow terminal cuts the least useful columns)."""
 
-    COLUMNS = ("rank", "state", "epoch/step", "loss", "img/s", "step ms", "wait", "workers",
-               "pid", "device")
+    COLUMNS = ("rank", "state", "epoch/step", "loss", "img/s", "step ms", "step times", "wait",
+               "workers", "pid", "device")
+    SPARK = 12  # cells of the step-time sparkline
     can_focus = False
 
     def on_mount(self) -> None:
@@ -34,6 +37,9 @@ class RankTable(DataTable):
     def show(self, view: dict, selected: int) -> None:
         workers = view["settings"].get("workers", "-")
         several_hosts = len({r.host for r in view["ranks"] if r.host}) > 1  # attach, multi-node
+        # One scale for every rank, so the slow one's bars stand taller than the others'.
+        times = [ms for r in view["ranks"] for ms in list(r.step_times)[-self.SPARK:]]
+        lo, hi = (0.8 * min(times), max(times)) if times else (0.0, 1.0)
         for r in view["ranks"]:
             device = f"{r.host} {r.device}" if several_hosts else r.device
             current = r.state in ("running", "slow", "stalled", "waiting")
@@ -46,6 +52,8 @@ class RankTable(DataTable):
                 _fmt(r.loss, ".4f"),
                 Text(f"{rate} {age:.0f}s ago", style="dim") if stale else rate,
                 _fmt(r.step_ms if current and not stale else None, ".1f"),
+                spark(list(r.step_times), self.SPARK, lo, hi,
+                      style="cyan" if current and not stale else "dim"),
                 f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), device or "-")
             key = str(r.rank)
             if key in self.rows:
@@ -88,23 +96,58 @@ class EpochTable(DataTable):
             self.add_column(name, key=name)
 
     def show(self, view: dict) -> None:
-        for e in view["epochs"]:
-            key = f"{e['epoch']}:{e['start_step']}"
-            if key in self.rows:
-                continue
-            s = e["settings"]
-            label = str(e["epoch"])
-            if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
-                label += f" ·{e['start_step']}-{e['end_step']}"
-            if e["at_quit"]:
-                label += " quit"
-            elif e["rolled_back"]:
-                label += " rolled back"
-            self.add_row(
-                label, "on" if s.get("prefetch") else "off", str(s.get("workers", "-")),
-                "on" if s.get("cudnn_benchmark") else "off", f"{e['samples_per_s']:,.0f}",
+        new = [e for e in view["epochs"] if f"{e['epoch']}:{e['start_step']}" not in self.rows]
+        live = view.get("live_epoch")
+        if "live" in self.rows and (new or live is None):  # the live row stays the last one
+            self.remove_row("live")
+            self._refit()
+        for e in new:
+            self.add_row(*self._cells(e), key=f"{e['epoch']}:{e['start_step']}")
+        if live is not None and "live" in self.rows:
+            for column, value in zip(self.COLUMNS, self._live_cells(live), strict=True):
+                self.update_cell("live", column, value, update_width=True)
+        elif live is not None:
+            self.add_row(*self._live_cells(live), key="live")
+        if new or (live is not None and "live" not in self.rows):
+            self.scroll_end(animate=False)
+
+    def _refit(self) -> None:
+        """Columns as wide as what is left: a removed row's cells no longer count."""
+        if self.row_count:
+            first = self.coordinate_to_cell_key((0, 0)).row_key
+            for column in self.COLUMNS:
+                self.update_cell(first, column, self.get_cell(first, column), update_width=True)
+
+    @staticmethod
+    def _cells(e: dict) -> tuple:
+        s = e["settings"]
+        label = str(e["epoch"])
+        if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
+            label += f" ·{e['start_step']}-{e['end_step']}"
+        if e["at_quit"]:
+            label += " quit"
+        elif e["rolled_back"]:
+            label += " rolled back"
+        return (label, _onoff(s.get("prefetch")), str(s.get("workers", "-")),
+                _onoff(s.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
                 f"{100 * e['data_wait']:.0f}%", _fmt(e["train_loss"], ".4f"),
                 _fmt(e["val_loss"], ".4f"),
                 "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%",
-                str(e["bad_samples"]), str(e["world_size"]), key=key)
-            self.scroll_end(animate=False)
+                str(e["bad_samples"]), str(e["world_size"]))
+
+    @staticmethod
+    def _live_cells(e: dict) -> tuple:
+        """The running epoch so far: its progress and time, the mean img/s and input wait of
+        its steps, the latest loss; validation and bad samples come at its end."""
+        s, style = e["settings"], "italic"
+        label = f"{e['epoch']}" + (f" ·{e['start_step']}-" if e["start_step"] else "") + \
+            f" {100 * min(e['progress'], 1.0):.0f}% {duration(e['seconds'])}"
+        cells = (label, _onoff(s.get("prefetch")), str(s.get("workers", "-")),
+                 _onoff(s.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
+                 f"{100 * e['data_wait']:.0f}%", _fmt(e["loss"], ".4f"), "…", "…", "…",
+                 str(e["world_size"] or "-"))
+        return tuple(Text(c, style=style) for c in cells)
+
+
+def _onoff(value) -> str:
+    return "on" if value else "off"

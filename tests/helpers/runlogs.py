@@ -1,0 +1,87 @@
+"""Made-up run logs with the telemetry schema of a real one, for screens that must not depend on
+a machine: N ranks on N GPUs, steps and GPU readings at a steady rate, epochs, and optionally a
+stopped and a crashed rank. Deterministic: the same arguments give the same events."""
+
+from __future__ import annotations
+
+import math
+
+T0 = 1_800_000_000.0
+
+
+def gpu_run(ranks: int = 8, seconds: float = 120.0, step_hz: float = 4.0, gpu_hz: float = 2.0,
+            epoch_s: float = 50.0, trouble: bool = False, finished: bool = False) -> list[dict]:
+    """A resnet50 run on `ranks` GPUs. `trouble`: rank 1 is stopped at a third of the run (its
+    standby ready), the last rank is killed at half (standby warming), prefetch is switched off
+    at two thirds; the world shrinks accordingly."""
+    evs: list[dict] = [{"t": T0, "kind": "run", "rank": -1, "status": "started",
+                        "model": "resnet50", "data": "synthetic", "epochs": 4,
+                        "world_size": ranks, "device_kind": "cuda", "batch_size": 256}]
+    evs += [{"t": T0 + 0.1, "kind": "rank", "rank": r, "state": "running", "pid": 4000 + r,
+             "device": f"cuda:{r}", "gpu": r} for r in range(ranks)]
+    evs.append({"t": T0 + 0.2, "kind": "message", "rank": 0, "level": "info",
+                "steps_per_epoch": int(epoch_s * step_hz), "text": "resnet50: 25.6M parameters"})
+    settings = {"prefetch": True, "workers": 8, "cudnn_benchmark": True}
+    evs.append({"t": T0 + 0.2, "kind": "settings", "rank": 0, "settings": dict(settings),
+                "status": "applied", "epoch": 0})
+    members = list(range(ranks))
+    n = int(seconds * step_hz)
+    per_epoch = int(epoch_s * step_hz)
+    stop_at, kill_at, switch_at = n // 3, n // 2, 2 * n // 3
+    for i in range(1, n + 1):
+        t = T0 + 5.0 + i / step_hz
+        if trouble and i in (stop_at, kill_at):
+            gone = 1 if i == stop_at else ranks - 1
+            members.remove(gone)
+            evs.append({"t": t, "kind": "rank", "rank": gone,
+                        "state": "stopped" if i == stop_at else "crashed",
+                        "reason": "" if i == stop_at else "killed by SIGKILL",
+                        "standby": "ready" if i == stop_at else "warming"})
+            evs.append({"t": t + 0.01, "kind": "world", "rank": -1, "size": len(members),
+                        "ranks": list(members), "generation": 1 + (i == kill_at),
+                        "epoch": i // per_epoch, "step": i % per_epoch})
+        if trouble and i == switch_at:
+            settings["prefetch"] = False
+            evs.append({"t": t, "kind": "settings", "rank": 0, "settings": dict(settings),
+                        "status": "applied", "epoch": i // per_epoch})
+        epoch, step = divmod(i, per_epoch)
+        for r in members:
+            slow = 1.25 if r == 2 else 1.0  # one rank's steps take longer: its bars stand out
+            evs.append({"t": t + r * 0.001, "kind": "step", "rank": r, "epoch": epoch,
+                        "step": step, "global_step": i,
+                        "loss": 6.9 * math.exp(-i / n * 2.5) + 0.3 + 0.05 * math.sin(i + r),
+                        "samples_per_s": 2900.0 / slow + 30 * math.sin(i / 7 + r),
+                        "step_ms": 88.0 * slow + 4 * math.sin(i / 3 + r),
+                        "data_wait": 0.02 + (0.2 if not settings["prefetch"] else 0.0),
+                        "progress": step / per_epoch})
+        if step == 0:
+            for r in members:
+                evs.append({"t": t + 0.05, "kind": "epoch", "rank": r, "epoch": epoch - 1,
+                            "start_step": 0, "end_step": per_epoch, "partial": False,
+                            "settings": dict(settings), "world_size": len(members),
+                            "samples_per_s": 2880.0, "data_wait": 0.02, "seconds": epoch_s,
+                            "train_loss": 6.9 * math.exp(-i / n * 2.5) + 0.4,
+                            "val_loss": 6.9 * math.exp(-i / n * 2.5) + 0.5,
+                            "val_acc": min(0.9, i / n), "bad_samples": 0})
+        if i % int(step_hz / gpu_hz) == 0:
+            evs += _gpu_readings(t, ranks, members, i)
+    if finished:
+        evs.append({"t": evs[-1]["t"] + 1, "kind": "run", "rank": -1, "status": "done",
+                    "exit_code": 0})
+    return evs
+
+
+def _gpu_readings(t: float, ranks: int, members: list[int], i: int) -> list[dict]:
+    out = []
+    for g in range(ranks):
+        busy = g in members
+        ev = {"t": t + 0.002 * g, "kind": "gpu", "rank": g, "gpu": g,
+              "util": (96 + (i + g) % 4) if busy else 0, "mem_used": 31_200 if busy else 0,
+              "mem_total": 143_771, "power_w": 640.0 + 10 * ((i + g) % 3) if busy else 72.0,
+              "temp_c": 55 + g % 5, "sm_clock": 1980 if busy else 345, "mem_clock": 3201,
+              "held_down": ["power cap"] if g == 5 and busy else [],
+              "others": [[91234, 2_048, "alice", "python3"]] if g == 3 else [],
+              "pcie_rx": 410.0 if busy else 0.0, "pcie_tx": 12.0 if busy else 0.0,
+              "nvlink_rx": 21_000.0 if busy else 0.0, "nvlink_tx": 21_000.0 if busy else 0.0}
+        out.append(ev)
+    return out

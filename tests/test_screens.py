@@ -1,0 +1,152 @@
+"""What the dashboard draws, from made-up logs with a real log's schema: snapshots at 80x24,
+120x40 and 160x50 of a live run, a run with a stopped and a crashed rank, and 8 ranks; the
+charts' axes, the live epoch row, the step-time sparklines, the GPU screen; the charts' axis
+labels read back from a real terminal (tmux)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from ddptui.app import DashboardApp
+from ddptui.replay import Replay
+from ddptui.widgets.bars import SPARKS
+from ddptui.widgets.gpus import GpuScreen
+from tests.conftest import ROOT, fixed_hash, settle
+from tests.helpers.runlogs import gpu_run
+
+SCENES = {
+    "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
+    "stopped-crashed": dict(ranks=4, trouble=True),
+    "eight-ranks": dict(ranks=8, finished=True),
+}
+SIZES = [(80, 24), (120, 40), (160, 50)]
+
+
+def _app(scene: str) -> DashboardApp:
+    return DashboardApp(Replay(scene, speed=0, events=gpu_run(**SCENES[scene])))
+
+
+def _text(app: DashboardApp) -> str:
+    """The screen as plain text, the way a terminal would show it."""
+    update = app.screen._compositor.render_update(full=True)
+    console = Console(width=app.size.width, file=io.StringIO(), color_system=None)
+    console.print(update)
+    return console.file.getvalue()
+
+
+@fixed_hash
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("scene", list(SCENES))
+def test_snapshot(snap_compare, scene, size):
+    assert snap_compare(_app(scene), terminal_size=size, run_before=settle)
+
+
+@fixed_hash
+def test_gpu_screen_snapshot(snap_compare):
+    async def open_gpus(pilot):
+        await settle(pilot)
+        await pilot.press("g")
+        pilot.app.refresh_view()
+        await pilot.pause(0.1)
+
+    assert snap_compare(_app("eight-ranks"), terminal_size=(160, 50), run_before=open_gpus)
+
+
+async def test_eight_ranks_fit_at_120x40_with_charts_that_have_axes():
+    app = _app("eight-ranks")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = _text(app)
+        for rank in range(8):  # every rank's row and every GPU's line is on the screen
+            assert f"GPU {rank} " in screen
+        assert app.rank_table.row_count == 8
+        assert app.rank_table.region.height >= 8 + 1  # header and eight rows, none scrolled off
+        # The charts: labelled axes, time on x from the launch to the end (126 s = 02:06).
+        for label in ("loss", "img/s", "time since launch", "00:00", "02:06"):
+            assert label in screen, label
+        # The slow rank's step-time sparkline stands taller than the others'.
+        heights = {r: _mean_height(app.rank_table.get_row_at(r)[6]) for r in range(8)}
+        assert heights[2] == max(heights.values()) and heights[2] > heights[0]
+
+
+def _mean_height(cell) -> float:
+    blocks = [SPARKS.index(c) for c in str(cell) if c in SPARKS]
+    return sum(blocks) / len(blocks)
+
+
+async def test_the_running_epoch_has_a_live_row_that_a_finished_run_does_not():
+    app = _app("live")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        last = [str(c) for c in app.epoch_table.get_row_at(app.epoch_table.row_count - 1)]
+        # 125 s into 50 s epochs: epoch 2, 40% done, 20 s in; img/s and the latest loss so far.
+        assert last[0].startswith("2 40% 00:2")
+        assert float(last[4].replace(",", "")) > 0 and float(last[6]) > 0
+        assert last[7] == "…"  # validation comes at the epoch's end
+    done = _app("eight-ranks")
+    async with done.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        labels = [str(done.epoch_table.get_row_at(i)[0]) for i in range(done.epoch_table.row_count)]
+        assert labels == ["0", "1"]
+
+
+async def test_stopped_and_crashed_ranks_say_so_and_the_charts_mark_the_changes():
+    app = _app("stopped-crashed")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        states = [str(app.rank_table.get_row_at(i)[1]) for i in range(4)]
+        assert states == ["running", "stopped · standby ready", "running",
+                          "crashed (SIGKILL) · standby warming 60s"]
+        charts = app.source.state.charts()
+        assert [label for _, label in charts["marks"]] == ["world 3", "world 2", "prefetch"]
+
+
+async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes():
+    app = _app("eight-ranks")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        await pilot.press("g")
+        app.refresh_view()
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, GpuScreen)
+        screen = _text(app)
+        for text in ("GPU 7", "SM 1980 / mem 3201 MHz", "NVLink rx 21,000", "PCIe rx 410",
+                     "clocks held down: power cap", "alice", "python3", "91234", "-5m", "now"):
+            assert text in screen, text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, GpuScreen)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_chart_axes_in_a_real_terminal(tmp_path):
+    log = tmp_path / "eight.jsonl"
+    log.write_text("".join(json.dumps(ev) + "\n" for ev in gpu_run(ranks=8, finished=True)))
+    session = f"ddptui-charts-{time.monotonic_ns()}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                    f"cd {ROOT} && env -u COLUMNS -u LINES {sys.executable} -m ddptui replay "
+                    f"{log} --speed 0; "
+                    "sleep 30"], check=True)
+    try:
+        deadline, screen = time.monotonic() + 60, ""
+        wanted = ("time since launch", "00:00", "02:06", "loss", "img/s", "DONE")
+        while time.monotonic() < deadline:
+            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                    capture_output=True, text=True).stdout
+            if all(w in screen for w in wanted):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"the charts' axis labels never showed:\n{screen}")
+        # y axis of the img/s chart: ticks in thousands up to the run's ~23k img/s on 8 ranks.
+        assert any(f"{k}.{d}k" in screen for k in range(20, 27) for d in range(10))
+        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
