@@ -1,14 +1,16 @@
 """A recorded run played back into a RunState, so the dashboard (or the console) shows it again:
 for post-mortems, and for deterministic screen tests. Offers the supervisor's read-only face.
+A log is read as it is played, so an hour-long one costs no more memory than a minute.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 
 from ddptui.runstate import RunState
-from trainer.protocol.events import read_events
+from trainer.protocol.events import decode
 
 
 class Replay:
@@ -20,7 +22,7 @@ class Replay:
     def __init__(self, path: str, speed: float = 1.0, events: list[dict] | None = None):
         self.log_path = path
         self.speed = speed
-        self.events = events if events is not None else read_events(path)
+        self.events = events  # given (tests), or None: read from `path` while playing
         self.state = RunState({"log": path}, live=False)
         self.done = threading.Event()
         self.exit_code: int | None = None
@@ -38,15 +40,30 @@ class Replay:
         self._halt.set()
 
     def _play(self) -> None:
-        start_wall = time.monotonic()
-        first_t = self.events[0]["t"] if self.events else 0.0
-        for ev in self.events:
-            if self.speed > 0:
-                due = start_wall + (ev["t"] - first_t) / self.speed
-                if self._halt.wait(max(0.0, due - time.monotonic())):
+        start_wall, first_t = time.monotonic(), None
+        try:
+            for ev in self._read():
+                if first_t is None:
+                    first_t = ev["t"]
+                if self.speed > 0:
+                    due = start_wall + (ev["t"] - first_t) / self.speed
+                    if self._halt.wait(max(0.0, due - time.monotonic())):
+                        break
+                elif self._halt.is_set():
                     break
-            elif self._halt.is_set():
-                break
-            self.state.apply(ev)
-        self.exit_code = self.state.exit_code or 0
-        self.done.set()
+                self.state.apply(ev)
+        except OSError as e:  # unreadable, or gone while playing
+            self.state.say(f"cannot read {self.log_path}: {e.strerror or e}", "error")
+        finally:
+            self.exit_code = self.state.exit_code or 0
+            self.done.set()
+
+    def _read(self) -> Iterator[dict]:
+        if self.events is not None:
+            yield from self.events
+            return
+        with open(self.log_path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                ev = decode(line)
+                if ev is not None:
+                    yield ev

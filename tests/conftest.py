@@ -30,6 +30,7 @@ async def settle(pilot) -> None:
         await pilot.pause(0.2)
     app.refresh_charts()
     app.events.scroll_end(animate=False)
+    await app.workers.wait_for_complete()  # the charts are built on threads
     await pilot.wait_for_scheduled_animations()
     await pilot.pause(0.2)
 

@@ -49,13 +49,21 @@ def test_snapshot(snap_compare, scene, size):
     assert snap_compare(_app(scene), terminal_size=size, run_before=settle)
 
 
+async def _gpu_screen_drawn(pilot) -> None:
+    """The GPU screen's cards mounted, sized, and their charts built (on threads)."""
+    for _ in range(3):
+        pilot.app.refresh_view()
+        await pilot.pause(0.2)
+        await pilot.app.workers.wait_for_complete()
+    await pilot.pause(0.2)
+
+
 @fixed_hash
 def test_gpu_screen_snapshot(snap_compare):
     async def open_gpus(pilot):
         await settle(pilot)
         await pilot.press("g")
-        pilot.app.refresh_view()
-        await pilot.pause(0.1)
+        await _gpu_screen_drawn(pilot)
 
     assert snap_compare(_app("eight-ranks"), terminal_size=(160, 50), run_before=open_gpus)
 
@@ -114,8 +122,7 @@ async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes()
     async with app.run_test(size=(160, 50)) as pilot:
         await settle(pilot)
         await pilot.press("g")
-        app.refresh_view()
-        await pilot.pause(0.1)
+        await _gpu_screen_drawn(pilot)
         assert isinstance(app.screen, GpuScreen)
         screen = _text(app)
         for text in ("GPU 7", "SM 1980 / mem 3201 MHz", "NVLink rx 21,000", "PCIe rx 410",

@@ -3,8 +3,14 @@ axis, over time since launch, with world and settings changes marked where they 
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+from functools import partial
+
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual_plotext import PlotextPlot
 
 from ddptui.timeline import bins, smooth
@@ -14,21 +20,60 @@ RANK_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "w
 MARK_COLOR = "gray"
 
 
+class Chart(PlotextPlot):
+    """A plot built on a thread: plotext takes ~25 ms to build one, which on the UI thread would
+    hold up the keys; the screen shows the last built plot until the next one is ready."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self._shown: tuple[Size, Text] | None = None
+        self._draw: Callable[[object, int], None] | None = None
+        self._lock = threading.Lock()  # one build at a time touches the plot
+
+    def redraw(self, draw: Callable[[object, int], None]) -> None:
+        """`draw(plt, width)` fills the plot; it is built at the current size and shown."""
+        self._draw = draw
+        if self.size.area:
+            theme = self._get_plotext_theme_name(self.app.theme)
+            self.run_worker(partial(self._build, draw, self.size, theme), thread=True,
+                            group=f"chart-{id(self)}", exit_on_error=False)
+
+    def _build(self, draw: Callable[[object, int], None], size: Size, theme: str) -> None:
+        with self._lock:
+            draw(self.plt, size.width)
+            self.plt.plotsize(size.width, size.height)
+            self.plt._set_size(size.width, size.height)  # as PlotextPlot.render does
+            self.plt.theme(theme)
+            text = Text.from_ansi(self.plt.build())
+        try:
+            self.app.call_from_thread(self._show, size, text)
+        except RuntimeError:  # the app closed meanwhile
+            pass
+
+    def _show(self, size: Size, text: Text) -> None:
+        self._shown = (size, text)
+        self.refresh()
+
+    def render(self) -> Text:
+        shown_size, text = self._shown or (None, Text(""))
+        if shown_size != self.size and self._draw is not None and self.size.area:
+            self.call_later(self.redraw, self._draw)  # first shown, or resized: build for it
+        return text
+
+
 class RunCharts(Vertical):
     """Two plots; `show(charts)` redraws them from RunState.charts()."""
 
     def compose(self) -> ComposeResult:
-        yield PlotextPlot(id="loss-chart")
-        yield PlotextPlot(id="rate-chart")
+        yield Chart(id="loss-chart")
+        yield Chart(id="rate-chart")
 
     def show(self, charts: dict) -> None:
-        loss, rate = self.query_one("#loss-chart", PlotextPlot), self.query_one("#rate-chart",
-                                                                                 PlotextPlot)
         span = max(1.0, charts["now"])
-        draw_loss(loss.plt, charts, span, max(10, 2 * loss.size.width))
-        draw_rate(rate.plt, charts, span, max(10, 2 * rate.size.width))
-        loss.refresh()
-        rate.refresh()
+        self.query_one("#loss-chart", Chart).redraw(
+            lambda plt, width: draw_loss(plt, charts, span, max(10, 2 * width)))
+        self.query_one("#rate-chart", Chart).redraw(
+            lambda plt, width: draw_rate(plt, charts, span, max(10, 2 * width)))
 
 
 def draw_loss(plt, charts: dict, span: float, points: int) -> None:

@@ -17,8 +17,13 @@ HISTORY_MIN = 8  # below this many cells the history column is left out
 class DevicePanel(Static):
     """One or two rows per device, with bars sized to the panel's width."""
 
-    view: reactive[dict | None] = reactive(None, layout=True)
+    view: reactive[dict | None] = reactive(None, layout=False)
     compact: reactive[bool] = reactive(False, layout=True)
+
+    def watch_view(self, old: dict | None, new: dict | None) -> None:
+        # Only a change in the number of devices (or of the host lines) changes the height.
+        if _lines(old) != _lines(new):
+            self.refresh(layout=True)
 
     def render(self) -> Table | Text:
         v = self.view
@@ -53,6 +58,10 @@ class DevicePanel(Static):
                           bar(host.get("mem_percent"), width, "magenta"),
                           f"{mib(host.get('mem_used'))}/{mib(host.get('mem_total'))}")
         return table
+
+
+def _lines(v: dict | None) -> tuple[int, bool]:
+    return (len(v["devices"]), bool(v.get("host"))) if v else (0, False)
 
 
 def _rows(d, width: int, history: int) -> list[tuple]:

@@ -13,10 +13,10 @@ from textual.containers import Grid, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
-from textual_plotext import PlotextPlot
 
 from ddptui.runstate import GPU_HISTORY_S
 from ddptui.widgets.bars import mib
+from ddptui.widgets.charts import Chart
 
 REPLOT_S = 1.0  # eight plots at ~25 ms each: once a second is plenty for a five-minute window
 
@@ -81,15 +81,14 @@ class GpuCard(Vertical):
     """One device: a line of current figures over a chart of its last minutes."""
 
     def __init__(self, key: str):
-        self.figures, self.plot = Label(), PlotextPlot()
+        self.figures, self.plot = Label(), Chart()
         super().__init__(self.figures, self.plot, classes="gpu-card")
         self.key = key
 
     def show(self, d, now: float, replot: bool) -> None:
         self.figures.update(figures(d))
         if replot:
-            draw_history(self.plot.plt, d, now)
-            self.plot.refresh()
+            self.plot.redraw(lambda plt, _width: draw_history(plt, d, now))
 
 
 def figures(d) -> Text:

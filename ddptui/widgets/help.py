@@ -18,7 +18,7 @@ HELP = """\
 | r | restart it: a stopped or crashed rank joins again from its warm standby (queued while it warms) |
 | k | kill it (a stalled rank above all): the others go on through crash recovery |
 | t | its Python stacks, every thread (taken by the supervisor when a rank stalls) |
-| g | the GPU screen: every GPU's utilisation, memory and power over five minutes, clocks and why they are held down, PCIe/NVLink traffic, other processes on it |
+| g | the GPU screen: each GPU's load, memory and power over five minutes, clocks, traffic, other processes |
 | space | pause / resume: every rank waits at the same step (GPUs go idle) |
 | p | prefetcher on/off, from the next epoch on every rank |
 | w / W | DataLoader workers -1 / +1, from the next epoch |

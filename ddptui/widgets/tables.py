@@ -15,6 +15,15 @@ STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow",
 TIMED = ("stalled", "waiting", "slow")  # states that say how long they have lasted
 
 
+def small_caches(table: DataTable) -> None:
+    """Every update of a live table re-renders it anew (its caches are keyed by an update count),
+    so DataTable's default caches (10,000 cells, 1,000 rows and lines) only fill with dead
+    renders, tens of MB an hour; a few screens' worth is all that is ever read back."""
+    table._cell_render_cache.maxsize = 1000
+    for cache in (table._row_render_cache, table._row_renderable_cache, table._line_cache):
+        cache.maxsize = 200
+
+
 def _fmt(value, spec: str, dash: str = "-") -> str:
     return dash if value is None else format(value, spec)
 
@@ -29,6 +38,7 @@ class RankTable(DataTable):
     can_focus = False
 
     def on_mount(self) -> None:
+        small_caches(self)
         self.cursor_type = "row"
         self.zebra_stripes = True
         for name in self.COLUMNS:
@@ -86,37 +96,33 @@ def state_cell(r, now: float) -> Text:
 class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
-    COLUMNS = ("epoch", "prefetch", "workers", "bench", "img/s", "wait", "loss", "val_loss",
-               "val_acc", "bad", "ranks")
+    # Fixed widths: the table does not shift as the live row's figures grow or as rows go, and
+    # the widest labels ("12 ·1024-2048 rolled back") still fit.
+    COLUMNS = {"epoch": 24, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 8, "wait": 4,
+               "loss": 7, "val_loss": 8, "val_acc": 7, "bad": 4, "ranks": 5}
     can_focus = False
 
     def on_mount(self) -> None:
+        small_caches(self)
         self.zebra_stripes = True
-        for name in self.COLUMNS:
-            self.add_column(name, key=name)
+        for name, width in self.COLUMNS.items():
+            self.add_column(name, key=name, width=width)
 
     def show(self, view: dict) -> None:
         new = [e for e in view["epochs"] if f"{e['epoch']}:{e['start_step']}" not in self.rows]
         live = view.get("live_epoch")
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")
-            self._refit()
         for e in new:
             self.add_row(*self._cells(e), key=f"{e['epoch']}:{e['start_step']}")
         if live is not None and "live" in self.rows:
             for column, value in zip(self.COLUMNS, self._live_cells(live), strict=True):
-                self.update_cell("live", column, value, update_width=True)
+                self.update_cell("live", column, value)
         elif live is not None:
             self.add_row(*self._live_cells(live), key="live")
-        if new or (live is not None and "live" not in self.rows):
+            new.append(live)
+        if new:
             self.scroll_end(animate=False)
-
-    def _refit(self) -> None:
-        """Columns as wide as what is left: a removed row's cells no longer count."""
-        if self.row_count:
-            first = self.coordinate_to_cell_key((0, 0)).row_key
-            for column in self.COLUMNS:
-                self.update_cell(first, column, self.get_cell(first, column), update_width=True)
 
     @staticmethod
     def _cells(e: dict) -> tuple:
