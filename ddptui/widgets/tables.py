@@ -97,8 +97,8 @@ class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
     # Fixed widths: the table does not shift as the live row's figures grow or as rows go, and
-    # the widest labels ("12 ·1024-2048 rolled back") still fit.
-    COLUMNS = {"epoch": 24, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 8, "wait": 4,
+    # usual labels ("12 ·1024-2048 quit") fit; a longer one is cut at the end.
+    COLUMNS = {"epoch": 18, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 8, "wait": 4,
                "loss": 7, "val_loss": 8, "val_acc": 7, "bad": 4, "ranks": 5}
     can_focus = False
 
