@@ -62,6 +62,10 @@ class Nvml:
         self.nvml = pynvml
         pynvml.nvmlInit()
         self._handles: dict[int, object] = {}
+        # The traffic counters this nvidia-ml-py knows: name -> (field id, scope, unit).
+        self._traffic_fields = {name: (getattr(pynvml, fid), scope, unit)
+                                for name, (fid, scope, unit) in TRAFFIC.items()
+                                if hasattr(pynvml, fid)}
 
     def count(self) -> int:
         return self.nvml.nvmlDeviceGetCount()
@@ -88,10 +92,7 @@ class Nvml:
         return info
 
     def _traffic(self, h) -> dict:
-        n = self.nvml
-        wanted = {name: (getattr(n, field, None), scope, unit)
-                  for name, (field, scope, unit) in TRAFFIC.items()}
-        wanted = {name: w for name, w in wanted.items() if w[0] is not None}
+        n, wanted = self.nvml, self._traffic_fields
         try:
             values = n.nvmlDeviceGetFieldValues(h, [(fid, scope) for fid, scope, _ in
                                                     wanted.values()])

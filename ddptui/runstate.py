@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddptui.epochs import EpochRow, LiveEpoch
 from ddptui.timeline import Recent, Timeline
@@ -164,11 +164,10 @@ class RunState:
             r.step_times.append(r.step_ms)
         if r.loss is not None:
             self.loss_lines.setdefault(rank, Timeline()).add(t, r.loss)
-        running = [k for k, v in self.ranks.items() if v.state in STEPPING]
-        if rank == min(running, default=rank):  # one point per interval, from the lowest rank
+        stepping = [v for v in self.ranks.values() if v.state in STEPPING]
+        if rank == min((v.rank for v in stepping), default=rank):  # one point per interval
             rate = self._throughput(t)
             self.rate_line.add(t, rate)
-            stepping = [v for v in self.ranks.values() if v.state in STEPPING]
             self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) / max(1, len(stepping)))
             self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate)
 
@@ -284,8 +283,9 @@ class RunState:
                 **self._pulse(),  # status, paused, settings, pending, throughput
                 "elapsed": (now - self.started_t) if self.started_t else 0.0,
                 "now": now,
-                "ranks": [_copy_rank(r) for r in sorted(self.ranks.values(),
-                                                        key=lambda r: r.rank)],
+                # step_times copied: the supervisor thread appends to the original.
+                "ranks": [replace(r, step_times=deque(r.step_times))
+                          for r in sorted(self.ranks.values(), key=lambda r: r.rank)],
                 "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
                                                                       key=_device_order)],
                 "epochs": done_epochs,
@@ -331,12 +331,9 @@ class RunState:
             return [line for line in self.lines if line[0] > seq]
 
     def _copy_device(self, d: DeviceView, now: float) -> DeviceView:
-        copy = DeviceView(**{k: v for k, v in vars(d).items() if k != "history"})
-        copy.history = d.history.copy()
         # A finished run's last readings (a GPU at 100%) must not read as the present.
-        copy.stale = self.ended_t is not None or now - d.seen_t > STALE_S
-        copy.age = max(0.0, now - d.seen_t)
-        return copy
+        return replace(d, history=d.history.copy(), age=max(0.0, now - d.seen_t),
+                       stale=self.ended_t is not None or now - d.seen_t > STALE_S)
 
     def _progress(self) -> tuple[int, int, int, int, float]:
         """(epoch, epochs, step in epoch, steps per epoch, fraction of the run done) from the
@@ -349,12 +346,6 @@ class RunState:
         if self.status == "done":
             done = 1.0
         return (r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
-
-
-def _copy_rank(r: RankView) -> RankView:
-    copy = RankView(**{k: v for k, v in vars(r).items() if k != "step_times"})
-    copy.step_times = deque(r.step_times)  # the supervisor thread appends to the original
-    return copy
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:

@@ -18,9 +18,8 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
     """Every tensor a replica's training state lives in, in an order all ranks share: the
     model's buffers first (a forward writes them), then what only an optimizer step writes."""
-    params = {id(p) for p in model.parameters()}
-    state = list(model.state_dict(keep_vars=True).values())
-    tensors = [t for t in state if id(t) not in params] + [t for t in state if id(t) in params]
+    buffers, params = _model_state(model)
+    tensors = buffers + params
     for group in optimizer.param_groups:
         for p in group["params"]:
             tensors += [v for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
@@ -32,8 +31,14 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 def buffer_count(model: torch.nn.Module) -> int:
     """How many of state_tensors' first tensors are buffers (running statistics)."""
+    return len(_model_state(model)[0])
+
+
+def _model_state(model: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The model's state_dict tensors: (buffers, parameters)."""
     params = {id(p) for p in model.parameters()}
-    return sum(id(t) not in params for t in model.state_dict(keep_vars=True).values())
+    state = list(model.state_dict(keep_vars=True).values())
+    return [t for t in state if id(t) not in params], [t for t in state if id(t) in params]
 
 
 @dataclass
