@@ -16,7 +16,8 @@ FIRST_STEP_S = 60.0  # a process's first step may autotune or compile for a whil
 BEAT_SILENT_S = 3.0  # heartbeats come every 0.5 s: a process silent this long cannot run Python
 SLOW_FACTOR = 1.15  # 15% slower than the median of the others
 SLOW_WINDOW = 20  # steps each rank's figures are taken over
-# Phases of the loop in which a rank waits on nothing but itself (no collective inside).
+# Phases of the loop in which a rank mostly waits on nothing but itself (validation's last
+# all_reduce is the exception, hence the tiers in judge_stalls).
 LOCAL_PHASES = ("input", "checkpoint", "validate")
 FROZEN = ("stopped", "tracing-stop", "zombie", "dead", "disk-sleep")
 
@@ -60,9 +61,13 @@ def judge_stalls(members: list[Seen], now: float, stall_after: float | None) -> 
     if not stuck:
         return {}
     furthest = max((m.global_step for m in members if m.global_step is not None), default=None)
-    culprits = [m for m in stuck if _why_culprit(m, now, furthest)] or stuck
+    # The strongest evidence decides: a frozen or silent process outranks one that is behind,
+    # which outranks one in a phase of its own (validation ends in a collective: a rank there
+    # may only be waiting for a frozen peer).
+    tiers = [[m for m in stuck if _why_culprit(m, now, furthest)[0] == tier] for tier in (1, 2, 3)]
+    culprits = next((tier for tier in tiers if tier), stuck)
     names = ", ".join(str(m.slot) for m in culprits)
-    verdicts = {m.slot: _stalled(m, now, _why_culprit(m, now, furthest)) for m in culprits}
+    verdicts = {m.slot: _stalled(m, now, _why_culprit(m, now, furthest)[1]) for m in culprits}
     for m in members:
         if m.slot not in verdicts:
             verdicts[m.slot] = Verdict(
@@ -71,16 +76,17 @@ def judge_stalls(members: list[Seen], now: float, stall_after: float | None) -> 
     return verdicts
 
 
-def _why_culprit(m: Seen, now: float, furthest: int | None) -> str:
+def _why_culprit(m: Seen, now: float, furthest: int | None) -> tuple[int, str]:
+    """(how strong the evidence is, 1 strongest, 0 none; what it is)."""
     if m.status in FROZEN:
-        return f"process {m.status}"
+        return 1, f"process {m.status}"
     if m.beat_t is None or now - m.beat_t > BEAT_SILENT_S:
-        return "no heartbeat (the process runs no Python)"
+        return 1, "no heartbeat (the process runs no Python)"
     if furthest is not None and m.global_step is not None and m.global_step < furthest:
-        return f"behind the others (step {m.global_step} < {furthest})"
+        return 2, f"behind the others (step {m.global_step} < {furthest})"
     if m.phase in LOCAL_PHASES:
-        return f"stuck in its own {m.phase}"
-    return ""
+        return 3, f"stuck in its own {m.phase}"
+    return 0, ""
 
 
 def _stalled(m: Seen, now: float, why: str) -> Verdict:

@@ -31,6 +31,15 @@ def test_a_rank_stuck_in_its_own_input_is_stalled_while_its_peer_waits_in_the_co
     assert v[1].fields["phase"] == "input"
 
 
+def test_a_rank_in_validation_waits_for_a_stopped_peer_instead_of_being_blamed():
+    """Seen on CI: the peer was SIGSTOPped at an epoch's end, rank 0 sat in validation's
+    all_reduce; both were called stalled."""
+    v = judge_stalls([_seen(0, phase="validate", step=16),
+                      _seen(1, beat_t=NOW - 20, step=None, phase="", status="stopped")], NOW, None)
+    assert (v[0].state, v[1].state) == ("waiting", "stalled")
+    assert v[0].fields["waiting_for"] == [1]
+
+
 def test_the_rank_behind_the_others_is_stalled():
     v = judge_stalls([_seen(0, step=105), _seen(1, step=100), _seen(2, step=105)], NOW, None)
     assert [v[s].state for s in (0, 1, 2)] == ["waiting", "stalled", "waiting"]
