@@ -2,6 +2,7 @@
 the ranks' step events, after `--warmup` steps), data-wait, and where the limit is.
 
 python bench/pipeline.py /data/jpeg --gpus 0,1 -- --decode gpu --workers 6
+python bench/pipeline.py synthetic --gpus 0 -- --steps-per-epoch 300   (the same model, no input)
 """
 
 from __future__ import annotations
@@ -20,18 +21,21 @@ def main() -> None:
     ap.add_argument("--gpus", default="0,1")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("rest", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    extra = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = ap.parse_args(argv[:cut]), argv[cut + 1:]
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "run.jsonl")
         run = subprocess.run([sys.executable, "-m", "ddptui", "run", "resnet18", "--headless",
-                              "--gpus", args.gpus, "--data", f"imagefolder:{args.root}",
+                              "--gpus", args.gpus, "--data", "synthetic" if args.root == "synthetic"
+                              else f"imagefolder:{args.root}",
                               "--amp", "bf16", "--channels-last", "--batch-size",
                               str(args.batch_size), "--log", log, *extra],
                              cwd=tmp, capture_output=True, text=True)
         if not os.path.exists(log) or not any('"kind":"step"' in line for line in open(log)):
-            sys.exit(f"{' '.join(extra)}: no steps\n{run.stdout[-1500:]}{run.stderr[-1500:]}")
+            outs = "".join(open(os.path.join(tmp, f)).read()[-1500:] for f in os.listdir(tmp)
+                           if f.endswith(".out"))
+            sys.exit(f"{' '.join(extra)}: no steps\n{run.stdout[-1500:]}{run.stderr[-1500:]}{outs}")
         evs = [json.loads(line) for line in open(log)]
     verdicts = [e for e in evs if e["kind"] == "message" and e.get("autotune")]
     since = verdicts[0]["t"] + 3 if verdicts else 0.0  # with --autotune: once it has chosen
@@ -42,7 +46,9 @@ def main() -> None:
         a, b = steps[0], steps[-1]
         rate += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
         waits += [e["data_wait"] for e in steps[1:]]
+    decoder = [e["decoder"] for e in evs if e["kind"] == "message" and e.get("decoder")]
     print(json.dumps({"options": " ".join(extra), "img_s": round(rate),
+                      "decoder": decoder[0] if decoder else None,
                       "data_wait": round(sum(waits) / max(1, len(waits)), 3),
                       "autotune": verdicts[0]["text"] if verdicts else None}), flush=True)
 

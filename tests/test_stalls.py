@@ -148,13 +148,16 @@ def test_corrupt_samples_are_skipped_counted_and_named_once(env, tmp_path, decod
     _jpegs(tmp_path / "imgs")
     good = (tmp_path / "imgs" / "a" / "1.jpg").read_bytes()
     truncated, text = tmp_path / "imgs" / "a" / "2.jpg", tmp_path / "imgs" / "b" / "5.jpg"
-    truncated.write_bytes(good[:len(good) // 3] if decode == "cpu" else b"\xff\xd8\xff")
+    # With --decode gpu its header reads in the worker and the rank's codec finds it broken.
+    truncated.write_bytes(good[:len(good) // 3])
     text.write_text("not an image at all\n")
     log = tmp_path / "x.jsonl"
+    # nvImageCodec (on its CPU backend here) returns no image for the truncated file, where
+    # torchvision's decode_jpeg fails the whole batch.
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
                 f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
                 "--decode", decode, "--epochs", "2", "--max-bad-samples", "5",
-                "--log", str(log)], env, ROOT, timeout=150)
+                "--log", str(log)], dict(env, DDPTUI_DECODER="nvimgcodec"), ROOT, timeout=150)
     assert r.returncode == 0, r.stdout + r.stderr
     named = [e["path"] for e in events(log, "message") if e.get("bad_sample")]
     assert sorted(set(named)) == sorted([str(truncated), str(text)])
@@ -163,6 +166,9 @@ def test_corrupt_samples_are_skipped_counted_and_named_once(env, tmp_path, decod
     for e in events(log, "epoch"):
         per_epoch[e["epoch"]] = per_epoch.get(e["epoch"], 0) + e["bad_samples"]
     assert per_epoch[0] >= 1 and sum(per_epoch.values()) >= 2
+    if decode == "gpu":
+        (said,) = {e["decoder"] for e in events(log, "message") if e.get("decoder")}
+        assert said.startswith("nvImageCodec") and "crop regions" in said
     assert_gone(run_pids(log))
 
 

@@ -198,24 +198,41 @@ def test_tensorboard_gets_every_rank_s_scalars(env, tmp_path):
     assert [round(s.step) for s in run.Scalars("val_acc")] == [0, 1]  # one point per epoch
 
 
-def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
+@pytest.mark.parametrize("codec", ["torchvision", "nvimgcodec", "nvimgcodec:whole"])
+def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, codec):
     """--decode gpu's crops, decoded and resized by the rank (here on the CPU), match the
-    torchvision transforms of the CPU path: the same validation images, the same augmentation."""
+    torchvision transforms of the CPU path: the same validation images, the same augmentation,
+    whether the codec decodes whole images or only each crop's region."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
     from trainer.config import RunConfig
     from trainer.pipeline.datasets import build_datasets
-    from trainer.pipeline.gpudecode import Decoder, collate
+    from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
+    from trainer.pipeline.nvdecode import NvImageCodec
     from trainer.pipeline.prefetch import Normalize
 
     gpu, cpu = (build_datasets(RunConfig(data="shapes", decode=d), progress=lambda _: None)
                 for d in ("gpu", "cpu"))
     cpu_dev = torch.device("cpu")
     normalize = Normalize(3, cpu_dev, False)
-    images, labels = Decoder(cpu_dev, 64, normalize)(collate([gpu.val[i] for i in range(16)]))
+    kind, _, tuning = codec.partition(":")
+    chosen = TorchvisionCodec(cpu_dev) if kind == "torchvision" else NvImageCodec(cpu_dev, tuning)
+    assert chosen.crops == (codec == "nvimgcodec")
+    decode = Decoder(cpu_dev, 64, normalize, chosen, undecodable=pytest.fail)
+    images, labels = decode(collate([gpu.val[i] for i in range(16)]))
     ref = normalize(torch.stack([cpu.val[i][0] for i in range(16)]))
     assert labels.tolist() == [cpu.val[i][1] for i in range(16)]
     assert images.shape == ref.shape == (16, 3, 64, 64)
     assert (images - ref).abs().mean() < 0.02  # in standard deviations: resampling differences
+    # Training crops: the crop the worker drew, flipped where its coin said so.
+    batch = collate([gpu.train[(0, i)] for i in range(16)])
+    crops, _ = decode(batch)
+    whole = [TorchvisionCodec(cpu_dev).decode(*batch[:3])[i].float()
+             for i in range(16)]
+    for i, (top, left, h, w, flip) in enumerate(batch[2].tolist()):
+        ref = torch.nn.functional.interpolate(whole[i][None, :, top:top + h, left:left + w],
+                                              size=(64, 64), mode="bilinear", antialias=True)
+        ref = normalize.standardize(ref.flip(-1) if flip else ref)[0]
+        assert (crops[i] - ref).abs().mean() < 0.05, (i, (crops[i] - ref).abs().mean())
     boxes = torch.stack([gpu.train[(0, i)][1] for i in range(200)])
     top, left, h, w, flip = boxes.T
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()

@@ -200,7 +200,9 @@ def describe_start(p: Parts) -> None:
     if config.strategy == "dp":
         me.say("--strategy dp: cudnn.benchmark is off (DataParallel's per-step threads "
                "would autotune again every step)")
-    if me.device.type != "cuda" and config.decode == "gpu":
-        me.say("--decode gpu on CPU ranks: JPEGs are decoded in the rank process")
+    if config.decode == "gpu" and hasattr(p.loaders.prepare, "codec"):
+        codec = p.loaders.prepare.codec.name
+        where = "on the GPU" if me.device.type == "cuda" else "in the rank process (CPU rank)"
+        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}", decoder=codec)
 
 

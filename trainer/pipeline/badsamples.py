@@ -30,11 +30,11 @@ def first_readable(load: Callable[[int], object], index: int, count: int, epoch:
         except BadSample as e:
             if notes is None:
                 raise DataError(f"corrupt or unreadable sample {name(i)}: {e}") from None
-            _note(notes, epoch, name(i), str(e))
+            note(notes, epoch, name(i), str(e))
     raise DataError(f"{MAX_SKIP} unreadable samples in a row from {name(index)}")
 
 
-def _note(path: str, epoch: int, name: str, why: str) -> None:
+def note(path: str, epoch: int, name: str, why: str) -> None:
     line = "\t".join((str(epoch), name.replace("\t", " "), why.replace("\n", " "))) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:

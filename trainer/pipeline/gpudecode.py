@@ -1,12 +1,14 @@
 """--decode gpu: DataLoader workers only read JPEG bytes and draw each sample's crop; the rank
-decodes the whole batch with nvJPEG (torchvision.io.decode_jpeg on the device) and crops,
-resizes, flips and normalises there. Same augmentation family as the CPU path.
+decodes the batch on the device (torchvision's nvJPEG, or nvImageCodec: nvdecode.py) and crops,
+resizes, flips and normalises there. Same augmentation as the CPU path.
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
+from collections.abc import Callable
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -14,15 +16,18 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
+from trainer.pipeline import nvdecode
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.prefetch import Normalize
+from trainer.pipeline.resize import crop_resize
 from trainer.pipeline.sampler import seed_sample
 
 SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCrop
 
 
 class JpegFiles(Dataset):
-    """(bytes, [top, left, height, width, flip], label) per (epoch, index) key."""
+    """(bytes, [top, left, height, width, flip], label, path) per (epoch, index) key; the path
+    names a sample that the rank's codec cannot decode."""
 
     def __init__(self, samples: list[tuple[str, int]], size: int, train: bool,
                  seed: int | None = None):
@@ -40,7 +45,8 @@ class JpegFiles(Dataset):
         if self.seed is not None:
             seed_sample(self.seed, epoch, index)
         box = self._train_box(height, width) if self.train else self._val_box(height, width)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label, \
+            self.samples[index][0]
 
     def _read(self, index: int) -> tuple[int, bytes, int, int]:
         path = self.samples[index][0]
@@ -82,27 +88,47 @@ class JpegFiles(Dataset):
         return [(height - side) // 2, (width - side) // 2, side, side, 0]
 
 
-def collate(batch: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(batch: list) -> tuple[torch.Tensor, ...]:
     """One flat byte tensor plus lengths: pinning a batch is then one copy, not one pinned
     allocation per image (measured: that capped the loader near 8k img/s on two H200s)."""
-    data, boxes, labels = zip(*batch, strict=True)
+    data, boxes, labels, paths = zip(*batch, strict=True)
     return (torch.cat(data), torch.tensor([len(d) for d in data]), torch.stack(boxes),
-            torch.tensor(labels))
+            torch.tensor(labels), paths)
 
 
 class Decoder:
-    """A loader batch -> (normalised images, labels) on the device."""
+    """A loader batch -> (normalised images, labels) on the device. The codec decodes whole
+    images (CHW) or only each sample's crop (HWC); either way every image is cropped, resized
+    and flipped in a few batched kernels (a loop of small per-image kernels kept the rank's
+    thread busier than the GPU: measured 7k img/s)."""
 
-    def __init__(self, device: torch.device, size: int, normalize: Normalize):
-        self.device, self.size, self.normalize = device, size, normalize
+    def __init__(self, device: torch.device, size: int, normalize: Normalize, codec,
+                 undecodable: Callable[[str], None]):
+        self.device, self.size, self.normalize, self.codec = device, size, normalize, codec
+        self.undecodable = undecodable  # called with the path of each sample the codec failed
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        flat, lengths, boxes, labels = batch
-        data = list(torch.split(flat, lengths.tolist()))
-        images = decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+        flat, lengths, boxes, labels, paths = batch
+        images = self.codec.decode(flat, lengths, boxes)
+        for i, image in enumerate(images):
+            if image is None:  # bytes the worker's header check passed: noted, then black
+                self.undecodable(paths[i])
+                top, left, height, width = boxes[i, :4].tolist()
+                shape = (height, width, 3) if self.codec.crops else (3, top + height, left + width)
+                images[i] = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        out = self._resize_crops(images, boxes) if self.codec.crops else \
+            self._crop_and_resize(images, boxes)
+        flip = boxes[:, 4].bool()
+        if flip.any() and not self.codec.crops:
+            flip = flip.to(self.device, non_blocking=True)
+            out = torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
+        labels = labels.to(self.device, non_blocking=True)
+        return self.normalize.standardize(out), labels
+
+    def _crop_and_resize(self, images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
+        """Whole images: one roi_align call per image size (measured 6-9% faster than
+        crop_resize's canvas for a set of one size: no per-image copies)."""
         out = torch.empty(len(images), 3, self.size, self.size, device=self.device)
-        # Crop and resize every image of one size in one roi_align call: a loop of small
-        # per-image kernels kept the rank's thread busier than the GPU (measured: 7k img/s).
         by_shape: dict[tuple[int, int], list[int]] = {}
         for i, image in enumerate(images):
             by_shape.setdefault(tuple(image.shape[1:]), []).append(i)
@@ -116,9 +142,53 @@ class Decoder:
             # average like antialiased resizing.
             out[index] = roi_align(stack, regions, (self.size, self.size), aligned=True,
                                    sampling_ratio=-1)
-        flip = boxes[:, 4].bool()
-        if flip.any():
-            flip = flip.to(self.device, non_blocking=True)
-            out = torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
-        labels = labels.to(self.device, non_blocking=True)
-        return self.normalize.standardize(out), labels
+        return out
+
+    def _resize_crops(self, images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
+        """Crops of every size: on a canvas as large as the largest, resized by crop_resize
+        (roi_align would read past a crop's edge into the canvas)."""
+        height = max(image.shape[0] for image in images)
+        width = max(image.shape[1] for image in images)
+        canvas = torch.empty(len(images), height, width, 3, dtype=torch.uint8, device=self.device)
+        # One call whatever the batch size, instead of a Python loop of copy_ under the GIL.
+        torch._foreach_copy_([canvas[i, :image.shape[0], :image.shape[1]]
+                              for i, image in enumerate(images)], images)
+        shapes = torch.tensor([image.shape[:2] for image in images], dtype=torch.float32)
+        crops = torch.cat([torch.zeros_like(shapes), shapes], 1).to(self.device, non_blocking=True)
+        flip = boxes[:, 4].bool().to(self.device, non_blocking=True)
+        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        return crop_resize(canvas, crops, flip, self.size, dtype).float()
+
+
+class TorchvisionCodec:
+    """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs."""
+
+    crops = False
+    name = "torchvision nvJPEG (whole images)"
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def decode(self, flat: torch.Tensor, lengths: torch.Tensor,
+               boxes: torch.Tensor) -> list[torch.Tensor]:
+        data = list(torch.split(flat, lengths.tolist()))
+        return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
+
+
+def choose_codec(device: torch.device):
+    """torchvision's nvJPEG, or nvImageCodec with DDPTUI_DECODER=nvimgcodec where it is
+    installed: measured slower on one H200 (6.2k vs 7.0-7.5k img/s, docs/benchmarks.md), so not
+    the default."""
+    if os.environ.get("DDPTUI_DECODER") != "nvimgcodec":
+        return TorchvisionCodec(device)
+    if not nvdecode.installed():
+        codec = TorchvisionCodec(device)
+        codec.name += "; DDPTUI_DECODER=nvimgcodec but it is not installed: pip install " \
+                      "'ddptui[nvimgcodec]'"
+        return codec
+    try:
+        return nvdecode.NvImageCodec(device, os.environ.get("DDPTUI_NVIMGCODEC", ""))
+    except RuntimeError as e:  # installed but unusable here (driver, CUDA version)
+        codec = TorchvisionCodec(device)
+        codec.name += f"; nvImageCodec failed: {str(e).splitlines()[0]}"
+        return codec

@@ -4,10 +4,10 @@
 
 from __future__ import annotations
 
-from trainer.config import RunConfig
-from trainer.pipeline.badsamples import BadSamples
+from trainer.config import DataError, RunConfig
+from trainer.pipeline.badsamples import BadSamples, note
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.pipeline.gpudecode import Decoder
+from trainer.pipeline.gpudecode import Decoder, choose_codec
 from trainer.pipeline.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
@@ -20,9 +20,10 @@ class Loaders:
                  sampler: ShardedBatchSampler, settings: dict):
         self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
         normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
-        self.prepare = Decoder(me.device, config.resolved_image_size, normalize) \
-            if bundle.collate is not None else ToDevice(me.device, normalize)
         self.bad = BadSamples(config.bad_sample_limit(bundle.num_train))
+        self.prepare = Decoder(me.device, config.resolved_image_size, normalize,
+                               choose_codec(me.device), self._undecodable) \
+            if bundle.collate is not None else ToDevice(me.device, normalize)
         for dataset in (bundle.train, bundle.val):
             if dataset is not None and hasattr(dataset, "notes"):  # set before workers start
                 dataset.notes = self.bad.notes
@@ -34,6 +35,14 @@ class Loaders:
         """Corrupt samples skipped in `epoch` (every time one was met, on this rank)."""
         self.bad.read()
         return self.bad.per_epoch[epoch]
+
+    def _undecodable(self, path: str) -> None:
+        """A JPEG whose header read but whose data the rank's codec could not decode: skipped
+        and counted like the workers' corrupt samples (an error with --max-bad-samples 0)."""
+        why = f"{self.prepare.codec.name.split(' (')[0]} could not decode it"
+        if self.bad.notes is None:
+            raise DataError(f"corrupt or unreadable sample {path}: {why}")
+        note(self.bad.notes, self.sampler.epoch, path, why)
 
     def apply(self, settings: dict) -> None:
         if settings["workers"] == self.workers or self.bundle.train is None:

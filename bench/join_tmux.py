@@ -1,0 +1,82 @@
+"""A join through the dashboard (issue 14 part 2): the app in tmux, `s` on the last rank, then
+`r` once its standby is warm, sent through tmux as a user would; figures from the ranks' events,
+as bench/elastic.py gives them for the same change driven through the supervisor API.
+
+python bench/join_tmux.py resnet18 --gpus 0,1 --data synthetic --amp bf16 --channels-last \
+    --batch-size 256 [--rounds 3]
+Prints, per round: key -> first step on N ranks, and the longest stall of a rank that stayed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def events(log: str) -> list[dict]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
+def wait(log: str, predicate, what: str, timeout: float = 300) -> list[dict]:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = [e for e in events(log) if predicate(e)]
+        if found:
+            return found
+        time.sleep(0.05)
+    raise SystemExit(f"join_tmux: {what} not seen in {timeout} s")
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    rounds = 3
+    if "--rounds" in args:
+        i = args.index("--rounds")
+        rounds = int(args[i + 1])
+        del args[i:i + 2]
+    tmp = tempfile.mkdtemp()
+    log, session = os.path.join(tmp, "run.jsonl"), f"join{os.getpid()}"
+    cmd = [sys.executable, "-m", "ddptui", "run", *args, "--epochs", "1000", "--log", log]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+                    f"cd {shlex.quote(tmp)} && {shlex.join(cmd)}"], check=True)
+
+    def keys(*k: str) -> float:
+        t = time.time()
+        subprocess.run(["tmux", "send-keys", "-t", session, *k], check=True)
+        return t
+
+    try:
+        wait(log, lambda e: e["kind"] == "step" and e["global_step"] >= 30, "30 steps")
+        time.sleep(8)  # past autotuning and the first chart draws
+        keys("Down")  # the ranks table's cursor on the last rank
+        for n in range(rounds):
+            t = keys("s")
+            wait(log, lambda e, t=t: e["kind"] == "rank" and e["rank"] == 1 and e["t"] > t
+                 and e.get("standby") == "ready", "a warm standby after s")
+            time.sleep(3)
+            t = keys("r")
+            firsts = wait(log, lambda e, t=t: e.get("change_s") is not None and e["t"] > t
+                          and e.get("world_size") == 2 and e["rank"] == 1, "rank 1's first step")
+            stayed = [e for e in events(log) if e.get("change_s") is not None and e["t"] > t
+                      and e["rank"] == 0]
+            print(json.dumps({"round": n, "key_to_first_step_s": round(firsts[0]["t"] - t, 3),
+                              "stall_of_rank_0_s": stayed[0]["change_s"] if stayed else None}),
+                  flush=True)
+            time.sleep(4)
+    finally:
+        keys("q")
+        time.sleep(5)
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
