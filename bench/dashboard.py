@@ -6,6 +6,8 @@ python bench/dashboard.py --keys 40 --hour-speed 120 --out results.json
   the press to the first screen update drawn with the selection moved (the app's display call).
 - RSS: an hour of that log replayed at --hour-speed x from a file, the dashboard's RSS sampled
   every second while it plays.
+- CPU: the share of one core the dashboard process uses while that log plays in real time (the
+  rest of a core is the ranks' and the supervisor thread's, which shares the GIL with it).
 """
 
 from __future__ import annotations
@@ -96,6 +98,24 @@ async def key_latency(keys: int) -> list[float]:
     return latencies
 
 
+async def cpu_share(seconds: float) -> float:
+    """Percent of one core used by this process over `seconds` of the flood in real time."""
+    log = os.path.join(tempfile.mkdtemp(), "flood.jsonl")
+    with open(log, "w") as f:
+        f.writelines(json.dumps(ev, separators=(",", ":")) + "\n" for ev in flood(seconds + 20))
+    me = psutil.Process()
+    app = DashboardApp(Replay(log, speed=1.0))
+    async with app.run_test(size=(160, 50)) as pilot:
+        while app.rank_table.row_count < RANKS:
+            await pilot.pause(0.1)
+        await pilot.pause(5.0)  # charts drawn, caches warm
+        cpu, start = sum(me.cpu_times()[:2]), time.monotonic()
+        await pilot.pause(seconds)
+        share = 100 * (sum(me.cpu_times()[:2]) - cpu) / (time.monotonic() - start)
+        await pilot.press("q")
+    return share
+
+
 async def hour_rss(path: str, speed: float) -> list[tuple[float, float]]:
     """(seconds, RSS MiB) every second while an hour-long log plays at `speed` x."""
     me, samples = psutil.Process(), []
@@ -116,7 +136,15 @@ def main() -> None:
     ap.add_argument("--hour-speed", type=float, default=120.0)
     ap.add_argument("--seconds", type=float, default=3600.0, help="length of the RSS log")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--cpu", type=float, default=30.0, help="seconds of the CPU measurement")
+    ap.add_argument("--only", choices=("cpu", "keys", "rss"), default=None)
     args = ap.parse_args()
+    if args.only in (None, "cpu"):
+        share = asyncio.run(cpu_share(args.cpu))
+        print(f"CPU, 8 ranks x {STEP_HZ} step events/s in real time: {share:.0f}% of a core "
+              f"over {args.cpu:.0f} s", flush=True)
+        if args.only:
+            return
     lat = sorted(asyncio.run(key_latency(args.keys)))
     ms = [1000 * x for x in lat]
     result = {"keys": len(ms), "median_ms": statistics.median(ms),
