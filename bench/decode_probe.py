@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import time
 
 import torch
@@ -30,6 +31,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--codecs", nargs="+", default=CODECS)
     ap.add_argument("--loader", nargs="+", type=int, default=[], help="worker counts")
+    ap.add_argument("--gil", action="store_true",
+                    help="also: how long a thread beside the decoding one waits for the GIL")
     args = ap.parse_args()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -53,16 +56,45 @@ def main() -> None:
         for batch in batches[:3]:  # warm-up: allocations, codec state
             decode(batch)
         torch.cuda.synchronize()
+        ticker = Ticker() if args.gil else None
         t = time.perf_counter()
         for batch in batches:
             decode(batch)
         torch.cuda.synchronize()
-        rate = len(batches) * args.batch_size / (time.perf_counter() - t)
+        seconds = time.perf_counter() - t
+        rate = len(batches) * args.batch_size / seconds
+        gil = ticker.stop(seconds) if ticker else {}
         print(json.dumps({"codec": codec.name, "img_s": round(rate), "undecodable": len(failed),
+                          **gil,
                           "max_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}),
               flush=True)
         torch.cuda.reset_peak_memory_stats()
         del decode, codec
+
+
+class Ticker(threading.Thread):
+    """Wakes every millisecond: the time it lost waiting is time the decoding thread held the
+    GIL, which a training thread beside it could not have launched kernels in."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.waited, self.longest, self.halt = 0.0, 0.0, False
+        self.start()
+
+    def run(self) -> None:
+        last = time.perf_counter()
+        while not self.halt:
+            time.sleep(0.001)
+            now = time.perf_counter()
+            self.waited += max(0.0, now - last - 0.0011)
+            self.longest = max(self.longest, now - last)
+            last = now
+
+    def stop(self, seconds: float) -> dict:
+        self.halt = True
+        self.join()
+        return {"gil_held_share": round(self.waited / seconds, 3),
+                "longest_gil_wait_ms": round(1000 * self.longest, 1)}
 
 
 def loaders(root: str, workers: list[int], batch_size: int, batches: int,

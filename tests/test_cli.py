@@ -46,6 +46,19 @@ def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
     assert not (tmp_path / "runs").exists()  # nothing started, no log written
 
 
+@pytest.mark.parametrize("var, value, says", [
+    ("DDPTUI_DECODER", "nvimgcodek", "DDPTUI_DECODER=nvimgcodek: expected one of torchvision, "
+                                     "nvimgcodec"),
+    ("DDPTUI_NVIMGCODEC", "hw,gpuu", "DDPTUI_NVIMGCODEC: unknown gpuu"),
+])
+def test_a_bad_decoder_variable_is_one_line_and_exit_2(var, value, says, env, tmp_path):
+    r = ddptui(["run", "resnet18", "--decode", "gpu"], dict(env, **{var: value}), tmp_path,
+               timeout=60)
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert says in line and not (tmp_path / "runs").exists()
+
+
 def test_mnist_missing_files_are_named(env, tmp_path):
     r = ddptui(["run", "resnet18", "--data", f"mnist:{tmp_path}"], env, tmp_path)
     assert r.returncode == 2

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
+from trainer.config import nvimgcodec_installed
 from trainer.pipeline import nvdecode
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.prefetch import Normalize
@@ -181,7 +182,7 @@ def choose_codec(device: torch.device):
     the default."""
     if os.environ.get("DDPTUI_DECODER") != "nvimgcodec":
         return TorchvisionCodec(device)
-    if not nvdecode.installed():
+    if not nvimgcodec_installed():  # validated by ddptui run; a torchrun node may differ
         codec = TorchvisionCodec(device)
         codec.name += "; DDPTUI_DECODER=nvimgcodec but it is not installed: pip install " \
                       "'ddptui[nvimgcodec]'"

@@ -8,7 +8,6 @@ whole images instead of regions; e.g. DDPTUI_NVIMGCODEC=all,whole.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections import deque
 
@@ -16,11 +15,6 @@ import numpy as np
 import torch
 
 DEFAULT_BACKENDS = ("hw", "gpu")
-
-
-def installed() -> bool:
-    return importlib.util.find_spec("nvidia.nvimgcodec") is not None \
-        if importlib.util.find_spec("nvidia") is not None else False
 
 
 class NvImageCodec:
