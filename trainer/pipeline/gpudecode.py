@@ -165,10 +165,10 @@ class TorchvisionCodec:
     """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs."""
 
     crops = False
-    name = "torchvision nvJPEG (whole images)"
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.name = f"torchvision {'nvJPEG' if device.type == 'cuda' else 'libjpeg'} (whole images)"
 
     def decode(self, flat: torch.Tensor, lengths: torch.Tensor,
                boxes: torch.Tensor) -> list[torch.Tensor]:

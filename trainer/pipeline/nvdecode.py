@@ -69,4 +69,3 @@ class NvImageCodec:
                else torch.from_numpy(np.asarray(image)) for image in images]
         return out if self.crops else [None if image is None else image.permute(2, 0, 1)
                                        for image in out]
-
