@@ -139,37 +139,41 @@ def main() -> None:
     ap.add_argument("--cpu", type=float, default=30.0, help="seconds of the CPU measurement")
     ap.add_argument("--only", choices=("cpu", "keys", "rss"), default=None)
     args = ap.parse_args()
+    result: dict = {}
     if args.only in (None, "cpu"):
-        share = asyncio.run(cpu_share(args.cpu))
+        result["cpu_percent"] = share = asyncio.run(cpu_share(args.cpu))
         print(f"CPU, 8 ranks x {STEP_HZ} step events/s in real time: {share:.0f}% of a core "
               f"over {args.cpu:.0f} s", flush=True)
-        if args.only:
-            return
-    lat = sorted(asyncio.run(key_latency(args.keys)))
-    ms = [1000 * x for x in lat]
-    result = {"keys": len(ms), "median_ms": statistics.median(ms),
-              "p95_ms": ms[int(0.95 * (len(ms) - 1))], "max_ms": ms[-1]}
-    print(f"key -> screen, 8 ranks x {STEP_HZ} step events/s: median {result['median_ms']:.1f} "
-          f"ms, p95 {result['p95_ms']:.1f} ms, max {result['max_ms']:.1f} ms ({len(ms)} keys)",
-          flush=True)
+    if args.only in (None, "keys"):
+        ms = [1000 * x for x in sorted(asyncio.run(key_latency(args.keys)))]
+        result.update(keys=len(ms), median_ms=statistics.median(ms),
+                      p95_ms=ms[int(0.95 * (len(ms) - 1))], max_ms=ms[-1], latencies_ms=ms)
+        print(f"key -> screen, 8 ranks x {STEP_HZ} step events/s: median "
+              f"{result['median_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, max "
+              f"{result['max_ms']:.1f} ms ({len(ms)} keys)", flush=True)
+    if args.only in (None, "rss"):
+        result.update(hour_rss_figures(args.seconds, args.hour_speed))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def hour_rss_figures(seconds: float, speed: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "hour.jsonl")
         with open(path, "w") as f:
             n = 0
-            for ev in flood(args.seconds):
+            for ev in flood(seconds):
                 f.write(json.dumps(ev, separators=(",", ":")) + "\n")
                 n += 1
-        rss = asyncio.run(hour_rss(path, args.hour_speed))
+        rss = asyncio.run(hour_rss(path, speed))
     first = next((mib for t, mib in rss if t >= 5), rss[0][1])
-    result.update(events=n, rss_start_mib=rss[0][1], rss_after_5s_mib=first,
-                  rss_peak_mib=max(m for _, m in rss), rss_end_mib=rss[-1][1],
-                  play_s=rss[-1][0])
-    print(f"RSS over {args.seconds / 3600:.1f} h of events ({n:,}) played in {rss[-1][0]:.0f} s: "
-          f"{rss[0][1]:.0f} MiB at start, {first:.0f} after 5 s, peak {result['rss_peak_mib']:.0f}"
+    peak = max(m for _, m in rss)
+    print(f"RSS over {seconds / 3600:.1f} h of events ({n:,}) played in {rss[-1][0]:.0f} s: "
+          f"{rss[0][1]:.0f} MiB at start, {first:.0f} after 5 s, peak {peak:.0f}"
           f", {rss[-1][1]:.0f} at the end", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({**result, "latencies_ms": ms, "rss": rss}, f, indent=1)
+    return {"events": n, "rss_start_mib": rss[0][1], "rss_after_5s_mib": first,
+            "rss_peak_mib": peak, "rss_end_mib": rss[-1][1], "play_s": rss[-1][0], "rss": rss}
 
 
 if __name__ == "__main__":
