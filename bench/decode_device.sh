@@ -19,11 +19,11 @@ A="--amp bf16 --channels-last --epochs 2"
 {
   timeout 120 $S --amp bf16 --channels-last
   timeout 120 $P $A --decode cpu
-  DDPTUI_DECODER=torchvision timeout 120 $P $A --decode gpu
   timeout 120 $P $A --decode gpu
-  DDPTUI_NVIMGCODEC=gpu timeout 120 $P $A --decode gpu
-  DDPTUI_NVIMGCODEC=hybrid timeout 120 $P $A --decode gpu
-  DDPTUI_NVIMGCODEC=hw,whole timeout 120 $P $A --decode gpu
+  DDPTUI_DECODER=nvimgcodec timeout 120 $P $A --decode gpu
+  DDPTUI_DECODER=nvimgcodec DDPTUI_NVIMGCODEC=all timeout 120 $P $A --decode gpu
+  DDPTUI_DECODER=nvimgcodec DDPTUI_NVIMGCODEC=hw,whole timeout 120 $P $A --decode gpu
+  timeout 120 $P $A --decode gpu
   timeout 120 $S --amp bf16 --channels-last
 } >> "$R" 2>&1
 cat "$R"
