@@ -4,7 +4,8 @@ as bench/elastic.py gives them for the same change driven through the supervisor
 
 python bench/join_tmux.py resnet18 --gpus 0,1 --data synthetic --amp bf16 --channels-last \
     --batch-size 256 [--rounds 3]
-Prints, per round: key -> first step on N ranks, and the longest stall of a rank that stayed.
+Prints, per round: key -> the joiner's first step on N ranks, and the longest stall of a rank
+that stayed.
 """
 
 from __future__ import annotations
@@ -55,20 +56,26 @@ def main() -> int:
 
     try:
         wait(log, lambda e: e["kind"] == "step" and e["global_step"] >= 30, "30 steps")
+        size = next(e["size"] for e in events(log) if e["kind"] == "world")
+        last = size - 1
         time.sleep(8)  # past autotuning and the first chart draws
-        keys("Down")  # the ranks table's cursor on the last rank
+        for _ in range(last):
+            keys("Down")  # the ranks table's cursor on the last rank
         for n in range(rounds):
             t = keys("s")
-            wait(log, lambda e, t=t: e["kind"] == "rank" and e["rank"] == 1 and e["t"] > t
+            wait(log, lambda e, t=t: e["kind"] == "rank" and e["rank"] == last and e["t"] > t
                  and e.get("standby") == "ready", "a warm standby after s")
             time.sleep(3)
             t = keys("r")
             firsts = wait(log, lambda e, t=t: e.get("change_s") is not None and e["t"] > t
-                          and e.get("world_size") == 2 and e["rank"] == 1, "rank 1's first step")
-            stayed = [e for e in events(log) if e.get("change_s") is not None and e["t"] > t
-                      and e["rank"] == 0]
-            print(json.dumps({"round": n, "key_to_first_step_s": round(firsts[0]["t"] - t, 3),
-                              "stall_of_rank_0_s": stayed[0]["change_s"] if stayed else None}),
+                          and e.get("world_size") == size and e["rank"] == last,
+                          "the joiner's first step")
+            time.sleep(2)
+            stayed = [e["change_s"] for e in events(log) if e.get("change_s") is not None
+                      and e["t"] > t and e["rank"] != last]
+            print(json.dumps({"round": n, "world": size,
+                              "key_to_first_step_s": round(firsts[0]["t"] - t, 3),
+                              "longest_stall_of_a_rank_that_stayed_s": max(stayed, default=None)}),
                   flush=True)
             time.sleep(4)
     finally:
