@@ -15,6 +15,7 @@ import tempfile
 from dataclasses import dataclass
 
 from trainer.model_names import TORCHVISION_CLASSIFIERS
+from trainer.pipeline.decoders import decoder_env_problem
 
 DATA_KINDS = ("shapes", "synthetic", "imagefolder", "cifar10", "mnist", "fashion-mnist")
 # Default training resolution per data kind: the built-in and classic sets are small, so a CPU
@@ -265,33 +266,6 @@ def config_from_args(args: argparse.Namespace, **launch) -> RunConfig:
     return config
 
 
-DECODERS = ("torchvision", "nvimgcodec")  # DDPTUI_DECODER, for --decode gpu
-NVIMGCODEC_WORDS = ("hw", "gpu", "hybrid", "all", "whole")  # DDPTUI_NVIMGCODEC, comma-separated
-
-
-def nvimgcodec_installed() -> bool:
-    try:
-        return importlib.util.find_spec("nvidia.nvimgcodec") is not None
-    except ModuleNotFoundError:  # no `nvidia` package at all
-        return False
-
-
-def check_decoder_env(env) -> None:
-    """The variables that choose and tune --decode gpu's codec (read by the ranks) say
-    something they understand."""
-    decoder = env.get("DDPTUI_DECODER", "")
-    if decoder and decoder not in DECODERS:
-        raise UsageError(f"DDPTUI_DECODER={decoder}: expected one of {', '.join(DECODERS)}")
-    words = [w for w in env.get("DDPTUI_NVIMGCODEC", "").replace(" ", "").split(",") if w]
-    unknown = [w for w in words if w not in NVIMGCODEC_WORDS]
-    if unknown:
-        raise UsageError(f"DDPTUI_NVIMGCODEC: unknown {', '.join(unknown)} (words: "
-                         f"{', '.join(NVIMGCODEC_WORDS)}, comma-separated)")
-    if decoder == "nvimgcodec" and not nvimgcodec_installed():
-        raise UsageError("DDPTUI_DECODER=nvimgcodec needs nvImageCodec: pip install "
-                         "'ddptui[nvimgcodec]'")
-
-
 def validate(config: RunConfig) -> None:
     """Checks that need no torch and start no process: names, paths, directories."""
     check_model_name(config.model)
@@ -299,8 +273,8 @@ def validate(config: RunConfig) -> None:
     if config.decode == "gpu" and config.data_kind not in ("imagefolder", "shapes"):
         raise UsageError("--decode gpu works on JPEG image folders: --data imagefolder:PATH "
                          "or shapes")
-    if config.decode == "gpu":
-        check_decoder_env(os.environ)
+    if config.decode == "gpu" and (why := decoder_env_problem(os.environ)):
+        raise UsageError(why)
     if config.resume and not config.checkpoint_dir and config.resume == "auto":
         raise UsageError("--resume needs --checkpoint-dir (or a checkpoint FILE)")
     if config.resume and config.resume != "auto" and not os.path.isfile(config.resume):

@@ -16,9 +16,9 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
-from trainer.config import nvimgcodec_installed
 from trainer.pipeline import nvdecode
 from trainer.pipeline.badsamples import BadSample, first_readable
+from trainer.pipeline.decoders import nvimgcodec_installed
 from trainer.pipeline.prefetch import Normalize
 from trainer.pipeline.resize import crop_resize
 from trainer.pipeline.sampler import seed_sample
