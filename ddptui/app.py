@@ -130,13 +130,13 @@ class DashboardApp(App[int]):
         gc.freeze()
 
     def refresh_charts(self) -> None:
-        if self.closing or not self.charts.display:
+        if self.closing or not self.screen_stack or not self.charts.display:
             return
         self.charts.show(self.source.state.charts())
 
     def refresh_view(self) -> None:
         """Pull a snapshot of the run state and hand it to the widgets."""
-        if self.closing:
+        if self.closing or not self.screen_stack:  # an interval can still fire at teardown
             return
         if self.quitting and self.source.done.is_set():
             self._close(self.source.exit_code)
@@ -155,12 +155,13 @@ class DashboardApp(App[int]):
             self._tables = (view["now"], shape)
             self.rank_table.show(view, self.selected_rank)
             self.epoch_table.show(view)
-        if isinstance(self.screen, GpuScreen):
-            self.screen.view = view
-        if isinstance(self.screen, StacksScreen):
-            rank = next((r for r in view["ranks"] if r.rank == self.screen.rank), None)
+        screen = self.screen
+        if isinstance(screen, GpuScreen):
+            screen.view = view
+        if isinstance(screen, StacksScreen):
+            rank = next((r for r in view["ranks"] if r.rank == screen.rank), None)
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
-                self.screen.stacks = rank.stacks
+                screen.stacks = rank.stacks
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
         self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
                                          if pending else "epochs")
