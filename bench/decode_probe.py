@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import threading
 import time
 
 import torch
 from torchvision import datasets
 
+from bench.ticker import Ticker
 from trainer.pipeline.gpudecode import Decoder, JpegFiles, TorchvisionCodec, collate
 from trainer.pipeline.nvdecode import NvImageCodec
 from trainer.pipeline.prefetch import Normalize
@@ -63,38 +63,17 @@ def main() -> None:
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t
         rate = len(batches) * args.batch_size / seconds
-        gil = ticker.stop(seconds) if ticker else {}
+        gil = {}
+        if ticker:
+            ticker.stop()
+            gil = {"gil_held_share": round(ticker.waited / seconds, 3),
+                   "longest_gil_wait_ms": round(1000 * ticker.longest, 1)}
         print(json.dumps({"codec": codec.name, "img_s": round(rate), "undecodable": len(failed),
                           **gil,
                           "max_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}),
               flush=True)
         torch.cuda.reset_peak_memory_stats()
         del decode, codec
-
-
-class Ticker(threading.Thread):
-    """Wakes every millisecond: the time it lost waiting is time the decoding thread held the
-    GIL, which a training thread beside it could not have launched kernels in."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.waited, self.longest, self.halt = 0.0, 0.0, False
-        self.start()
-
-    def run(self) -> None:
-        last = time.perf_counter()
-        while not self.halt:
-            time.sleep(0.001)
-            now = time.perf_counter()
-            self.waited += max(0.0, now - last - 0.0011)
-            self.longest = max(self.longest, now - last)
-            last = now
-
-    def stop(self, seconds: float) -> dict:
-        self.halt = True
-        self.join()
-        return {"gil_held_share": round(self.waited / seconds, 3),
-                "longest_gil_wait_ms": round(1000 * self.longest, 1)}
 
 
 def loaders(root: str, workers: list[int], batch_size: int, batches: int,

@@ -18,12 +18,11 @@ import sys
 import tempfile
 import time
 
+from trainer.protocol.events import read_events
+
 
 def events(log: str) -> list[dict]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as f:
-        return [json.loads(line) for line in f if line.endswith("\n")]
+    return read_events(log) if os.path.exists(log) else []  # a half-written line is skipped
 
 
 def wait(log: str, predicate, what: str, timeout: float = 300) -> list[dict]:

@@ -13,29 +13,14 @@ import sys
 import threading
 import time
 
+from bench.ticker import Ticker
+
 T0 = time.perf_counter()
 marks: dict[str, float] = {}
 
 
 def mark(name: str) -> None:
     marks[name] = round(time.perf_counter() - T0, 3)
-
-
-class Ticker(threading.Thread):
-    """Wakes every millisecond; the longest gap between wake-ups is how long it waited."""
-
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.longest, self.halt = (0.0, 0.0), False
-
-    def run(self) -> None:
-        last = time.perf_counter()
-        while not self.halt:
-            time.sleep(0.001)
-            now = time.perf_counter()
-            if now - last > self.longest[0]:
-                self.longest = (now - last, last - T0)
-            last = now
 
 
 def cuda_and_group() -> None:
@@ -57,10 +42,9 @@ def main() -> None:
 
     mark("torch imported")
     ticker = Ticker()
-    ticker.start()
     if mode == "sequential":
         cuda_and_group()
-        gap = ticker.longest
+        gap = (ticker.longest, ticker.longest_at - T0)
         import torchvision  # noqa: F401
         mark("torchvision imported")
     else:
@@ -69,8 +53,8 @@ def main() -> None:
         import torchvision  # noqa: F401
         mark("torchvision imported")
         thread.join()
-        gap = ticker.longest
-    ticker.halt = True
+        gap = (ticker.longest, ticker.longest_at - T0)
+    ticker.stop()
     print(json.dumps({"mode": mode, **marks, "longest_gil_wait_s": round(gap[0], 3),
                       "at_s": round(gap[1], 3)}), flush=True)
     import torch.distributed as dist

@@ -64,10 +64,11 @@ def judge_stalls(members: list[Seen], now: float, stall_after: float | None) -> 
     # The strongest evidence decides: a frozen or silent process outranks one that is behind,
     # which outranks one in a phase of its own (validation ends in a collective: a rank there
     # may only be waiting for a frozen peer).
-    tiers = [[m for m in stuck if _why_culprit(m, now, furthest)[0] == tier] for tier in (1, 2, 3)]
-    culprits = next((tier for tier in tiers if tier), stuck)
+    evidence = {m.slot: _why_culprit(m, now, furthest) for m in stuck}
+    strongest = min((tier for tier, _ in evidence.values() if tier), default=0)
+    culprits = [m for m in stuck if evidence[m.slot][0] == strongest] if strongest else stuck
     names = ", ".join(str(m.slot) for m in culprits)
-    verdicts = {m.slot: _stalled(m, now, _why_culprit(m, now, furthest)[1]) for m in culprits}
+    verdicts = {m.slot: _stalled(m, now, evidence[m.slot][1]) for m in culprits}
     for m in members:
         if m.slot not in verdicts:
             verdicts[m.slot] = Verdict(

@@ -28,13 +28,19 @@ def first_readable(load: Callable[[int], object], index: int, count: int, epoch:
         try:
             return load(i)
         except BadSample as e:
-            if notes is None:
-                raise DataError(f"corrupt or unreadable sample {name(i)}: {e}") from None
-            note(notes, epoch, name(i), str(e))
+            skip(notes, epoch, name(i), str(e))
     raise DataError(f"{MAX_SKIP} unreadable samples in a row from {name(index)}")
 
 
-def note(path: str, epoch: int, name: str, why: str) -> None:
+def skip(notes: str | None, epoch: int, name: str, why: str) -> None:
+    """Note a bad sample in the `notes` file (a worker's, or the rank's codec); without one
+    (--max-bad-samples 0) it is an error."""
+    if notes is None:
+        raise DataError(f"corrupt or unreadable sample {name}: {why}")
+    _note(notes, epoch, name, why)
+
+
+def _note(path: str, epoch: int, name: str, why: str) -> None:
     line = "\t".join((str(epoch), name.replace("\t", " "), why.replace("\n", " "))) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND)
     try:

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-from trainer.config import DataError, RunConfig
-from trainer.pipeline.badsamples import BadSamples, note
+from trainer.config import RunConfig
+from trainer.pipeline.badsamples import BadSamples, skip
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
 from trainer.pipeline.gpudecode import Decoder, choose_codec
 from trainer.pipeline.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
@@ -39,10 +39,8 @@ class Loaders:
     def _undecodable(self, path: str) -> None:
         """A JPEG whose header read but whose data the rank's codec could not decode: skipped
         and counted like the workers' corrupt samples (an error with --max-bad-samples 0)."""
-        why = f"{self.prepare.codec.name.split(' (')[0]} could not decode it"
-        if self.bad.notes is None:
-            raise DataError(f"corrupt or unreadable sample {path}: {why}")
-        note(self.bad.notes, self.sampler.epoch, path, why)
+        codec = self.prepare.codec.name.split(" (")[0]
+        skip(self.bad.notes, self.sampler.epoch, path, f"{codec} could not decode it")
 
     def apply(self, settings: dict) -> None:
         if settings["workers"] == self.workers or self.bundle.train is None:
