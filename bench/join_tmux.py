@@ -3,7 +3,7 @@
 as bench/elastic.py gives them for the same change driven through the supervisor API.
 
 python bench/join_tmux.py resnet18 --gpus 0,1 --data synthetic --amp bf16 --channels-last \
-    --batch-size 256 [--rounds 3]
+    --batch-size 256 [--rounds 3] [--keep DIR]
 Prints, per round: key -> the joiner's first step on N ranks, and the longest stall of a rank
 that stayed.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,10 +38,14 @@ def wait(log: str, predicate, what: str, timeout: float = 300) -> list[dict]:
 
 def main() -> int:
     args = sys.argv[1:]
-    rounds = 3
+    rounds, keep = 3, None
     if "--rounds" in args:
         i = args.index("--rounds")
         rounds = int(args[i + 1])
+        del args[i:i + 2]
+    if "--keep" in args:  # a folder to copy the run's log into, for a closer look
+        i = args.index("--keep")
+        keep = args[i + 1]
         del args[i:i + 2]
     tmp = tempfile.mkdtemp()
     log, session = os.path.join(tmp, "run.jsonl"), f"join{os.getpid()}"
@@ -81,6 +86,8 @@ def main() -> int:
         keys("q")
         time.sleep(5)
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        if keep:
+            shutil.copy(log, keep)
     return 0
 
 

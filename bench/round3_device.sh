@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One device call (nvidia-h200-x2), session 7: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
+# Imports and their bytecode cache, launch -> first step, the join through the dashboard and
+# through the API, and bench/overlap_probe.py on GPU 0. Results in $OUT.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD
+REPO=$PWD
+PARTS=${PARTS:-"imports launch join overlap"}
+for part in $PARTS; do case $part in
+imports) {
+  python3 -c "import sys, torch, os; d=os.path.dirname(torch.__file__); print(sys.version); print(d, 'writable' if os.access(d, os.W_OK) else 'read-only'); print('pyc in torch/__pycache__:', len(os.listdir(os.path.join(d, '__pycache__'))) if os.path.isdir(os.path.join(d, '__pycache__')) else 'none')"
+  env | grep -E '^PYTHON' || true
+  for i in 1 2; do python3 -c "import time; t=time.time(); import torch; a=time.time(); import torchvision; print('torch', round(a-t,2), 'torchvision', round(time.time()-a,2))"; done
+  python3 -X importtime -c "import torch, torchvision" 2> /tmp/imp.txt; sort -t'|' -k2 -n -r /tmp/imp.txt | head -12
+} > "$OUT/imports.txt" 2>&1 ;;
+launch) for i in 1 2 3; do
+  rm -f /tmp/run.jsonl; T=$(date +%s.%N)
+  ( cd /tmp && timeout 120 python3 -m ddptui run resnet18 --gpus 0,1 --headless --data synthetic \
+      --amp bf16 --channels-last --epochs 1 --steps-per-epoch 20 --log /tmp/run.jsonl > /tmp/run.out 2>&1 )
+  cp /tmp/run.jsonl "$OUT/launch$i.jsonl"; echo "$T" > "$OUT/launch$i.t0"
+done ;;
+join)
+  ( cd /tmp && timeout 240 python3 "$REPO/bench/join_tmux.py" resnet18 --gpus 0,1 --data synthetic \
+      --amp bf16 --channels-last --batch-size 256 --rounds 3 --keep "$OUT" ) > "$OUT/join_tmux.txt" 2>&1
+  ( cd /tmp && timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
+      --amp bf16 --channels-last --batch-size 256 --steps-per-epoch 500 --out "$OUT/elastic.json" \
+      --log /tmp/el.jsonl ) > "$OUT/elastic.md" 2>&1
+  cp /tmp/el.jsonl "$OUT/" 2>/dev/null
+  ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep >> "$OUT/elastic.md" \
+      || echo "no process left" >> "$OUT/elastic.md" ;;
+overlap)
+  [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
+  CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 200 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \
+      --trace "$OUT/trace.json" > "$OUT/overlap.txt" 2>&1
+  gzip -f "$OUT/trace.json" ;;
+esac; done
