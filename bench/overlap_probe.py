@@ -20,10 +20,12 @@ from torchvision import datasets
 from torchvision.models import resnet18
 
 from trainer.pipeline.gpudecode import Decoder, JpegFiles, TorchvisionCodec, collate
+from trainer.pipeline.nvjpeg import HardwareJpeg
 from trainer.pipeline.prefetch import Normalize, threaded_batches
 
-VARIANTS = ["train", "train-side-stream", "decode", "decode+train", "decode+train-side-stream",
-            "rawdecode+train", "resize+train", "decode+train"]
+VARIANTS = ["train", "tv:decode", "tv:decode+train", "tv:decode+train:hp", "hw:decode",
+            "hw:decode+train", "hw:decode+train:hp", "hwnopool:decode+train", "hw:rawdecode+train",
+            "train"]
 
 
 def main() -> None:
@@ -32,8 +34,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
-    ap.add_argument("--variants", nargs="+", default=VARIANTS)
-    ap.add_argument("--trace", help="write a torch.profiler trace of decode+train here")
+    ap.add_argument("--variants", nargs="+", default=VARIANTS,
+                    help="train, or CODEC:WHAT[:hp] with CODEC tv|hw|hwnopool, WHAT decode, "
+                         "decode+train, rawdecode+train; hp: a high-priority decode stream")
+    ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
     device = torch.device("cuda", 0)
     torch.cuda.set_device(device)
@@ -43,8 +47,9 @@ def main() -> None:
     jpegs = [collate([files[(0, b * bs + i)] for i in range(bs)]) for b in range(args.batches)]
     jpegs = [(b[0].pin_memory(), *b[1:]) for b in jpegs]
     normalize = Normalize(3, device, channels_last=True)
-    codec = TorchvisionCodec(device)
-    decoder = Decoder(device, 224, normalize, codec, undecodable=print)
+    tv = TorchvisionCodec(device)
+    codecs = {"tv": tv, "hw": HardwareJpeg(device, tv), "hwnopool": HardwareJpeg(device, tv, False)}
+    check(codecs["hw"], tv, jpegs[0])
     model = resnet18(num_classes=10).to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     x = torch.randn(bs, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)
@@ -57,62 +62,50 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    decoded = None
-    if "resize+train" in args.variants:
-        with torch.no_grad():
-            decoded = [(codec.decode(b[0], b[1], b[2]), b[2], b[3]) for b in jpegs]
-
-    def resize_only(item):
-        images, boxes, labels = item
-        out = decoder._crop_and_resize(images, boxes)
-        return normalize.standardize(out), labels.to(device, non_blocking=True)
-
-    def raw_decode(batch):
-        codec.decode(batch[0], batch[1], batch[2])
-        return x, y
-
     def source(variant: str, n: int):
-        if variant.startswith("train"):
+        if variant == "train":
             return itertools.repeat((x, y), n)
-        if variant.startswith("resize"):
-            items, prepare = decoded, resize_only
+        name, what, *hp = variant.split(":")
+        codec = codecs[name]
+        if what.startswith("rawdecode"):
+            def prepare(batch):
+                codec.decode(batch[0], batch[1], batch[2])
+                return x, y
         else:
-            items, prepare = jpegs, raw_decode if variant.startswith("rawdecode") else decoder
-        return threaded_batches(itertools.islice(itertools.cycle(items), n), device, prepare)
+            prepare = Decoder(device, 224, normalize, codec, undecodable=print)
+        return threaded_batches(itertools.islice(itertools.cycle(jpegs), n), device, prepare,
+                                priority=-1 if hp else 0)
 
     for variant in args.variants:
         warm, n = 8, args.steps
-        side = torch.cuda.Stream(device) if variant.endswith("side-stream") else None
         train = "train" in variant
         it = iter(source(variant, warm + n))
-        with torch.cuda.stream(side) if side else torch.cuda.stream(torch.cuda.current_stream()):
-            for _ in range(warm):
-                images, labels = next(it)
-                if train:
-                    step(images, labels)
-            torch.cuda.synchronize()
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            waited = 0.0
-            t = time.perf_counter()
-            for i in range(n):
-                w = time.perf_counter()
-                images, labels = next(it)
-                waited += time.perf_counter() - w
-                starts[i].record()
-                if train:
-                    step(images, labels)
-                ends[i].record()
-            torch.cuda.synchronize()
-            seconds = time.perf_counter() - t
+        for _ in range(warm):
+            images, labels = next(it)
+            if train:
+                step(images, labels)
+        torch.cuda.synchronize()
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        waited = 0.0
+        t = time.perf_counter()
+        for i in range(n):
+            w = time.perf_counter()
+            images, labels = next(it)
+            waited += time.perf_counter() - w
+            starts[i].record()
+            if train:
+                step(images, labels)
+            ends[i].record()
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - t
         gpu = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
         gaps = [ends[i - 1].elapsed_time(starts[i]) for i in range(1, n)]
         print(json.dumps({
             "variant": variant, "img_s": round(n * bs / seconds),
             "step_gpu_ms_median": round(statistics.median(gpu), 2),
             "gap_ms_median": round(statistics.median(gaps), 2),
-            "gap_ms_max": round(max(gaps), 2),
-            "host_wait_for_batch_s": round(waited, 3),
+            "host_wait_for_batch_ms_per_step": round(1000 * waited / n, 2),
             "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}), flush=True)
         if hasattr(it, "close"):
             it.close()
@@ -120,11 +113,22 @@ def main() -> None:
         trace(args.trace, source, step)
 
 
+def check(hw, tv, batch) -> None:
+    """The engines' images against torchvision's for the same bytes."""
+    a = hw.decode(batch[0], batch[1], batch[2])
+    b = tv.decode(batch[0], batch[1], batch[2])
+    torch.cuda.synchronize()
+    diffs = [(x.int() - y.int()).abs().max().item() for x, y in zip(a, b, strict=True)]
+    shapes = all(x.shape == y.shape for x, y in zip(a, b, strict=True))
+    print(json.dumps({"check": hw.name, "same_shapes": shapes, "max_abs_diff": max(diffs),
+                      "mean_of_max_diffs": round(sum(diffs) / len(diffs), 2)}), flush=True)
+
+
 def trace(path: str, source, step) -> None:
     """Six steps of decode+train under the profiler, for a timeline of both streams."""
     from torch.profiler import ProfilerActivity, profile
 
-    it = iter(source("decode+train", 14))
+    it = iter(source("tv:decode+train", 14))
     for _ in range(8):
         step(*next(it))
     torch.cuda.synchronize()

@@ -4,7 +4,7 @@
 # through the API, and bench/overlap_probe.py on GPU 0. Results in $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD
+OUT=${OUT:-/tmp/out}; FINAL=$OUT; OUT=/tmp/r3; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD
 REPO=$PWD
 PARTS=${PARTS:-"imports launch join overlap"}
 for part in $PARTS; do case $part in
@@ -14,12 +14,16 @@ imports) {
   for i in 1 2; do python3 -c "import time; t=time.time(); import torch; a=time.time(); import torchvision; print('torch', round(a-t,2), 'torchvision', round(time.time()-a,2))"; done
   python3 -X importtime -c "import torch, torchvision" 2> /tmp/imp.txt; sort -t'|' -k2 -n -r /tmp/imp.txt | head -12
 } > "$OUT/imports.txt" 2>&1 ;;
-launch) for i in 1 2 3; do
-  rm -f /tmp/run.jsonl; T=$(date +%s.%N)
-  ( cd /tmp && timeout 120 python3 -m ddptui run resnet18 --gpus 0,1 --headless --data synthetic \
-      --amp bf16 --channels-last --epochs 1 --steps-per-epoch 20 --log /tmp/run.jsonl > /tmp/run.out 2>&1 )
-  cp /tmp/run.jsonl "$OUT/launch$i.jsonl"; echo "$T" > "$OUT/launch$i.t0"
-done ;;
+launch)  # off: DDPTUI_PYCACHE=0 (bytecode compiled at every start where it is not written)
+  for i in off1 off2 on1 on2 on3 off3 on4; do
+    rm -f /tmp/run.jsonl; T=$(date +%s.%N)
+    ( cd /tmp && DDPTUI_PYCACHE=$([ "${i%?}" = off ] && echo 0 || echo "") timeout 120 python3 -m ddptui run \
+        resnet18 --gpus 0,1 --headless --data synthetic --amp bf16 --channels-last --epochs 1 \
+        --steps-per-epoch 20 --log /tmp/run.jsonl > /tmp/run.out 2>&1 )
+    cp /tmp/run.jsonl "$OUT/launch_$i.jsonl"; echo "$T" > "$OUT/launch_$i.t0"
+  done
+  T=$(date +%s.%N); BENCH_T0=$T timeout 120 python3 -m torch.distributed.run --standalone \
+      --nproc-per-node 2 bench/launch_phases.py > "$OUT/launch_plain.txt" 2>&1 ;;
 join)
   ( cd /tmp && timeout 240 python3 "$REPO/bench/join_tmux.py" resnet18 --gpus 0,1 --data synthetic \
       --amp bf16 --channels-last --batch-size 256 --rounds 3 --keep "$OUT" ) > "$OUT/join_tmux.txt" 2>&1
@@ -31,7 +35,10 @@ join)
       || echo "no process left" >> "$OUT/elastic.md" ;;
 overlap)
   [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
-  CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 200 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \
+  CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 240 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \
       --trace "$OUT/trace.json" > "$OUT/overlap.txt" 2>&1
   gzip -f "$OUT/trace.json" ;;
 esac; done
+DDPTUI_PYCACHE="" ls "$HOME/.cache/ddptui/pycache" > /dev/null 2>&1 && du -sh "$HOME/.cache/ddptui/pycache" > "$OUT/pycache.txt"
+tar -czf "$FINAL/results.tgz" -C "$OUT" .
+cat "$OUT"/*.txt "$OUT"/*.md 2>/dev/null

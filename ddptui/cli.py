@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from ddptui import __version__
+from ddptui import __version__, bytecode
 from trainer.config import (
     Parser,
     UsageError,
@@ -263,6 +263,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    bytecode.enable()  # before textual, and before any rank starts
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay}

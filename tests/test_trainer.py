@@ -228,13 +228,34 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, cod
     crops, _ = decode(batch)
     whole = [TorchvisionCodec(cpu_dev).decode(*batch[:3])[i].float()
              for i in range(16)]
-    for i, (top, left, h, w, flip) in enumerate(batch[2].tolist()):
+    for i, (top, left, h, w, flip, *_) in enumerate(batch[2].tolist()):
         ref = torch.nn.functional.interpolate(whole[i][None, :, top:top + h, left:left + w],
                                               size=(64, 64), mode="bilinear", antialias=True)
         ref = normalize.standardize(ref.flip(-1) if flip else ref)[0]
         assert (crops[i] - ref).abs().mean() < 0.05, (i, (crops[i] - ref).abs().mean())
     boxes = torch.stack([gpu.train[(0, i)][1] for i in range(200)])
-    top, left, h, w, flip = boxes.T
+    top, left, h, w, flip, height, width, engines = boxes.T
+    assert (height == 72).all() and (width == 72).all() and engines.all()
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()
     area = (h * w).float() / (72 * 72)
     assert 0.3 < area.min() and area.max() <= 1.0 and 0.3 < flip.float().mean() < 0.7
+
+
+def test_the_workers_send_to_the_jpeg_engines_only_what_they_can_decode(tmp_path):
+    """Progressive and CMYK JPEGs are flagged for the fallback decoder; baseline colour and grey
+    ones go to the GPU's hardware decoder."""
+    from PIL import Image
+
+    from trainer.pipeline.gpudecode import JpegFiles
+
+    kinds = {"baseline": ("RGB", {}), "grey": ("L", {}), "progressive": ("RGB", {"progressive": True}),
+             "cmyk": ("CMYK", {}), "444": ("RGB", {"subsampling": 0})}
+    samples = []
+    for name, (mode, options) in kinds.items():
+        path = tmp_path / f"{name}.jpg"
+        Image.new(mode, (40, 30), 90).save(path, "JPEG", **options)
+        samples.append((str(path), 0))
+    files = JpegFiles(samples, 16, train=False)
+    flags = {name: files[i][1].tolist()[5:] for i, name in enumerate(kinds)}
+    assert flags == {"baseline": [30, 40, 1], "grey": [30, 40, 1], "progressive": [30, 40, 0],
+                     "cmyk": [30, 40, 0], "444": [30, 40, 1]}

@@ -4,6 +4,7 @@ world changes work with (Parts), passed as one object.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +33,14 @@ class State:
     segment_start: int = 0  # the epoch's step where the current measured segment began
     segment_global: int = 0  # the global step it began at
     changed_at: float | None = None  # when the world last started to change, until a step ends
+    change_marks: list = field(default_factory=list)  # (phase, end time) of that change
     pending: dict = field(default_factory=dict)  # settings waiting for the epoch boundary
+
+    def mark(self, phase: str) -> None:
+        """A phase of the current world change ended: the first step after it says what each
+        phase cost."""
+        if self.changed_at is not None:
+            self.change_marks.append((phase, time.time()))
 
 
 @dataclass

@@ -56,9 +56,13 @@ def report_change(p: Parts) -> None:
     world (one device sync, once per change, to time the step for real)."""
     if p.me.device.type == "cuda":
         torch.cuda.synchronize(p.me.device)
-    seconds = time.time() - p.state.changed_at
-    p.state.changed_at = None
-    p.me.reporter.emit("message", level="info", change_s=round(seconds, 3),
+    now = time.time()
+    seconds = now - p.state.changed_at
+    marks = [("", p.state.changed_at), *p.state.change_marks, ("first_step", now)]
+    phases = {name: round(t - before, 3)
+              for (_, before), (name, t) in zip(marks, marks[1:], strict=False)}
+    p.state.changed_at, p.state.change_marks = None, []
+    p.me.reporter.emit("message", level="info", change_s=round(seconds, 3), phases=phases,
                        world_size=p.me.world_size, global_step=p.state.global_step,
                        text=f"first step on {count(p.me.world_size, 'rank')} {seconds:.2f} s after the "
                        "world changed")

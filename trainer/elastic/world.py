@@ -60,13 +60,15 @@ class Forming:
         return self._group
 
 
-def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp") -> torch.nn.Module:
-    """DDP over the current world (its construction broadcasts rank 0's parameters), or
-    DataParallel over this process's GPUs for --strategy dp."""
+def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp",
+         in_sync: bool = False) -> torch.nn.Module:
+    """DDP over the current world (its construction checks the shapes and broadcasts rank 0's
+    parameters, unless every member is known to hold the same state already), or DataParallel
+    over this process's GPUs for --strategy dp."""
     if strategy == "dp" and me.device.type == "cuda":
         return torch.nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
     return DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
-               gradient_as_bucket_view=True)
+               gradient_as_bucket_view=True, init_sync=not in_sync)
 
 
 def abort(warn: Callable[[str], None]) -> None:
@@ -94,14 +96,18 @@ def reform(p: Parts, order: dict) -> bool:
     """Apply an agreed leave or join; False when this rank is the one leaving."""
     p.me.pulse.phase = "world"
     leftover = p.control.finish()
+    p.state.mark("agree")
     old_world = p.me.world_size
     p.ddp = p.control = None
     dismantle(lambda text: p.me.say(text, "warning"))
+    p.state.mark("close")
     if p.me.slot not in order["members"]:
         return False
     group = enter(p, order)
+    p.state.mark("form")
     if order.get("joiner") is not None:
         share_state(p, order)
+        p.state.mark("state")
     settle(p, group, old_world, leftover, order)
     return True
 
@@ -114,7 +120,10 @@ def join(p: Parts) -> bool:
         return False
     p.state.changed_at = time.time()
     group = enter(p, order)
-    settle(p, group, share_state(p, order), [], order)
+    p.state.mark("form")
+    trained_under = share_state(p, order)
+    p.state.mark("state")
+    settle(p, group, trained_under, [], order)
     return True
 
 
@@ -124,8 +133,10 @@ def recover(p: Parts, order: dict) -> int:
     p.me.pulse.phase = "world"
     p.ddp = p.control = None
     dismantle(lambda text: p.me.say(text, "warning"))
+    p.state.mark("close")
     old_world = p.me.world_size
     group = enter(p, order)
+    p.state.mark("form")
     summaries: list = [None] * p.me.world_size
     dist.all_gather_object(summaries, p.snapshots.summary())
     target = agree(summaries)
@@ -133,6 +144,7 @@ def recover(p: Parts, order: dict) -> int:
         raise RuntimeError("a rank died and the survivors share no rollback point")
     redone = p.state.global_step - target
     load_host_state(p, p.snapshots.restore(target))
+    p.state.mark("rollback")
     settle(p, group, old_world, [], order)
     return redone
 
@@ -149,9 +161,13 @@ def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -
     p.sampler.set_world(p.me.rank, p.me.world_size)
     if p.config.lr_scaling == "linear" and old_world != p.me.world_size:
         rescale_lr(p, p.me.world_size / old_world)
-    p.ddp = wrap(p.model, p.me, p.config.strategy)
+    # Members that stayed hold the same state, a joiner has just been sent it, and a recovery
+    # restored a common point: DDP's own check and broadcast would be a second round trip.
+    p.ddp = wrap(p.model, p.me, p.config.strategy, in_sync=True)
+    p.state.mark("ddp")
     p.control = Control(p.mailbox, p.me.rank, group)
     p.loaders.reshard()
+    p.state.mark("loaders")
     p.me.announce("running", world_rank=p.me.rank)
     if p.me.is_main:
         p.mailbox.requeue(leftover)
@@ -161,6 +177,7 @@ def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -
                            base_lr=p.scheduler.base_lrs[0])
     if p.snapshots is not None:
         p.snapshots.take(p.state.global_step, host_state(p), agreed=True)
+    p.state.mark("settle")
 
 
 def rescale_lr(p: Parts, factor: float) -> None:

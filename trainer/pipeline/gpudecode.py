@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, JpegImagePlugin, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
@@ -27,8 +27,9 @@ SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCro
 
 
 class JpegFiles(Dataset):
-    """(bytes, [top, left, height, width, flip], label, path) per (epoch, index) key; the path
-    names a sample that the rank's codec cannot decode."""
+    """(bytes, box, label, path) per (epoch, index) key. box: the crop [top, left, height,
+    width], the flip coin, the image's [height, width], and whether the GPU's JPEG engines can
+    decode it; the path names a sample that the rank's codec cannot decode."""
 
     def __init__(self, samples: list[tuple[str, int]], size: int, train: bool,
                  seed: int | None = None):
@@ -40,16 +41,16 @@ class JpegFiles(Dataset):
 
     def __getitem__(self, key):
         epoch, index = key if isinstance(key, tuple) else (0, key)
-        index, data, height, width = first_readable(
+        index, data, height, width, engines = first_readable(
             self._read, index, len(self.samples), epoch, lambda i: self.samples[i][0], self.notes)
         label = self.samples[index][1]
         if self.seed is not None:
             seed_sample(self.seed, epoch, index)
         box = self._train_box(height, width) if self.train else self._val_box(height, width)
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.tensor(box), label, \
-            self.samples[index][0]
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8), \
+            torch.tensor(box + [height, width, engines]), label, self.samples[index][0]
 
-    def _read(self, index: int) -> tuple[int, bytes, int, int]:
+    def _read(self, index: int) -> tuple[int, bytes, int, int, int]:
         path = self.samples[index][0]
         try:
             with open(path, "rb") as f:
@@ -61,10 +62,11 @@ class JpegFiles(Dataset):
         try:  # the header of the bytes already read: no second open, no pixels decoded
             with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
                 width, height = im.size
+                engines = int(engines_can_decode(im))
         except OSError as e:
             raise BadSample("cannot identify image file" if isinstance(e, UnidentifiedImageError)
                             else str(e)) from None
-        return index, data, height, width
+        return index, data, height, width, engines
 
     def _train_box(self, height: int, width: int) -> list[int]:
         """RandomResizedCrop's parameters, and a coin for the horizontal flip."""
@@ -87,6 +89,14 @@ class JpegFiles(Dataset):
         """Resize(size * 8/7) then CenterCrop(size), as one crop of the original."""
         side = max(1, round(min(height, width) * 7 / 8))
         return [(height - side) // 2, (width - side) // 2, side, side, 0]
+
+
+def engines_can_decode(im: Image.Image) -> bool:
+    """What nvJPEG's hardware decoder takes: one scan (not progressive), grey or YCbCr with
+    4:4:4, 4:2:2 or 4:2:0 chroma (not CMYK, not 4:1:1)."""
+    if "progressive" in im.info or "progression" in im.info:
+        return False
+    return im.mode == "L" or (im.mode == "RGB" and JpegImagePlugin.get_sampling(im) in (0, 1, 2))
 
 
 def collate(batch: list) -> tuple[torch.Tensor, ...]:

@@ -88,15 +88,15 @@ def prefetched_batches(loader: Iterable, device: torch.device,
         yield images, labels
 
 
-def threaded_batches(loader: Iterable, device: torch.device, prepare,
-                     depth: int = 2) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def threaded_batches(loader: Iterable, device: torch.device, prepare, depth: int = 2,
+                     priority: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """A thread takes batches from the loader and prepares them (on a side stream on CUDA) up to
     `depth` ahead of the step. For --decode gpu: decode_jpeg on the device returns only once the
     batch is decoded (about 8 ms for 128 images), time the training thread would otherwise spend
     not launching the step's kernels. The thread has ended when this generator is closed."""
     # Workers start here, on this thread: forked from one that ends, they would get the
     # parent-death signal they ask for (trainer/elastic/lifeline.py) with it.
-    preparer = _Preparer(iter(loader), device, prepare, depth)
+    preparer = _Preparer(iter(loader), device, prepare, depth, priority)
     preparer.start()
     compute = torch.cuda.current_stream(device) if device.type == "cuda" else None
     try:
@@ -118,11 +118,12 @@ class _Preparer(threading.Thread):
     batch, then None at the end, or the exception that ended it (raised on the training
     thread)."""
 
-    def __init__(self, batches: Iterator, device: torch.device, prepare, depth: int):
+    def __init__(self, batches: Iterator, device: torch.device, prepare, depth: int,
+                 priority: int = 0):
         super().__init__(name="prepare", daemon=True)
         self.batches, self.device, self.prepare = batches, device, prepare
         self.cuda = device.type == "cuda"
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.stream = torch.cuda.Stream(device, priority=priority) if self.cuda else None
         self.ready: queue.Queue = queue.Queue(depth)
         self.halt = threading.Event()
 
