@@ -23,9 +23,9 @@ from trainer.pipeline.gpudecode import Decoder, JpegFiles, TorchvisionCodec, col
 from trainer.pipeline.nvjpeg import HardwareJpeg
 from trainer.pipeline.prefetch import Normalize, threaded_batches
 
-VARIANTS = ["train", "tv:decode", "tv:decode+train", "tv:decode+train:hp", "hw:decode",
-            "hw:decode+train", "hw:decode+train:hp", "hwnopool:decode+train", "hw:rawdecode+train",
-            "train"]
+VARIANTS = ["train", "tv:decode+train", "hw1:decode", "hw4:decode", "hw1:decode+train",
+            "hw2:decode+train", "hw4:decode+train", "hw4hp:decode+train", "hw8:decode+train",
+            "hw4:rawdecode+train", "train"]
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
-                    help="train, or CODEC:WHAT[:hp] with CODEC tv|hw|hwnopool, WHAT decode, "
+                    help="train, or CODEC:WHAT[:hp] with CODEC tv|hwN (N lanes), WHAT decode, "
                          "decode+train, rawdecode+train; hp: a high-priority decode stream")
     ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
@@ -48,8 +48,10 @@ def main() -> None:
     jpegs = [(b[0].pin_memory(), *b[1:]) for b in jpegs]
     normalize = Normalize(3, device, channels_last=True)
     tv = TorchvisionCodec(device)
-    codecs = {"tv": tv, "hw": HardwareJpeg(device, tv), "hwnopool": HardwareJpeg(device, tv, False)}
-    check(codecs["hw"], tv, jpegs[0])
+    codecs = {"tv": tv, "hw1": HardwareJpeg(device, tv, 1), "hw2": HardwareJpeg(device, tv, 2),
+              "hw4": HardwareJpeg(device, tv, 4), "hw8": HardwareJpeg(device, tv, 8),
+              "hw4hp": HardwareJpeg(device, tv, 4, priority=-1)}
+    check(codecs["hw4"], tv, jpegs[0])
     model = resnet18(num_classes=10).to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
     x = torch.randn(bs, 3, 224, 224, device=device).contiguous(memory_format=torch.channels_last)

@@ -15,7 +15,7 @@ imports) {
   python3 -X importtime -c "import torch, torchvision" 2> /tmp/imp.txt; sort -t'|' -k2 -n -r /tmp/imp.txt | head -12
 } > "$OUT/imports.txt" 2>&1 ;;
 launch)  # off: DDPTUI_PYCACHE=0 (bytecode compiled at every start where it is not written)
-  for i in off1 off2 on1 on2 on3 off3 on4; do
+  for i in ${LAUNCHES:-on1 on2 on3 off1 off2}; do
     rm -f /tmp/run.jsonl; T=$(date +%s.%N)
     ( cd /tmp && DDPTUI_PYCACHE=$([ "${i%?}" = off ] && echo 0 || echo "") timeout 120 python3 -m ddptui run \
         resnet18 --gpus 0,1 --headless --data synthetic --amp bf16 --channels-last --epochs 1 \
@@ -27,17 +27,17 @@ launch)  # off: DDPTUI_PYCACHE=0 (bytecode compiled at every start where it is n
 join)
   ( cd /tmp && timeout 240 python3 "$REPO/bench/join_tmux.py" resnet18 --gpus 0,1 --data synthetic \
       --amp bf16 --channels-last --batch-size 256 --rounds 3 --keep "$OUT" ) > "$OUT/join_tmux.txt" 2>&1
-  ( cd /tmp && timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
+  ( cd /tmp && NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
       --amp bf16 --channels-last --batch-size 256 --steps-per-epoch 500 --out "$OUT/elastic.json" \
       --log /tmp/el.jsonl ) > "$OUT/elastic.md" 2>&1
   cp /tmp/el.jsonl "$OUT/" 2>/dev/null
+  grep -h -E "Init timings|Init COMPLETE|ncclCommInitRank" /tmp/el.rank*.out > "$OUT/nccl_init.txt" 2>&1
   ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep >> "$OUT/elastic.md" \
       || echo "no process left" >> "$OUT/elastic.md" ;;
 overlap)
   [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
   CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 240 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \
-      --trace "$OUT/trace.json" > "$OUT/overlap.txt" 2>&1
-  gzip -f "$OUT/trace.json" ;;
+      ${TRACE:+--trace "$OUT/trace.json"} > "$OUT/overlap.txt" 2>&1 ;;
 esac; done
 DDPTUI_PYCACHE="" ls "$HOME/.cache/ddptui/pycache" > /dev/null 2>&1 && du -sh "$HOME/.cache/ddptui/pycache" > "$OUT/pycache.txt"
 tar -czf "$FINAL/results.tgz" -C "$OUT" .

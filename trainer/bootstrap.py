@@ -34,8 +34,17 @@ class RankSpec:
     standby: bool = False  # warm up, then wait for the supervisor's join order
 
 
+def write_bytecode_to_the_cache() -> None:
+    """Where ddptui chose a bytecode cache (PYTHONPYCACHEPREFIX set, PYTHONDONTWRITEBYTECODE
+    lifted: ddptui/bytecode.py), write to it: multiprocessing starts this process with -B when
+    the parent's interpreter had it, and torch would be compiled from source at every start."""
+    if sys.pycache_prefix and "PYTHONDONTWRITEBYTECODE" not in os.environ:
+        sys.dont_write_bytecode = False
+
+
 def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is worker.main's."""
+    write_bytecode_to_the_cache()
     die_with_parent()
     watch_parent(spec.parent_pid)
     # The supervisor orders every shutdown; a terminal Ctrl-C reaches the whole process group,

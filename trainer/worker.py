@@ -114,7 +114,7 @@ def _announce_world(config: RunConfig, me: Rank, link: RemoteLink | None) -> Non
 def _close(me: Rank, link: RemoteLink | None, code: int) -> None:
     """Leave the process group and flush every sink; without a supervisor, say how it ended."""
     if dist.is_initialized():
-        world.dismantle(lambda text: me.say(text, "warning"))
+        world.dismantle(lambda text: me.say(text, "warning"), collect=True)
     if link is not None:
         me.announce("done" if code == 0 else "crashed", exit_code=code)
         if me.is_main:
