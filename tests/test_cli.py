@@ -48,7 +48,7 @@ def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
 
 @pytest.mark.parametrize("var, value, says", [
     ("DDPTUI_DECODER", "nvimgcodek", "DDPTUI_DECODER=nvimgcodek: expected one of torchvision, "
-                                     "nvimgcodec"),
+                                     "engines, nvimgcodec"),
     ("DDPTUI_NVIMGCODEC", "hw,gpuu", "DDPTUI_NVIMGCODEC: unknown gpuu"),
 ])
 def test_a_bad_decoder_variable_is_one_line_and_exit_2(var, value, says, env, tmp_path):

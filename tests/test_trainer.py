@@ -259,3 +259,12 @@ def test_the_workers_send_to_the_jpeg_engines_only_what_they_can_decode(tmp_path
     flags = {name: files[i][1].tolist()[5:] for i, name in enumerate(kinds)}
     assert flags == {"baseline": [30, 40, 1], "grey": [30, 40, 1], "progressive": [30, 40, 0],
                      "cmyk": [30, 40, 0], "444": [30, 40, 1]}
+
+
+def test_the_engines_decoder_on_a_cpu_rank_falls_back_and_says_why(monkeypatch):
+    from trainer.pipeline.gpudecode import TorchvisionCodec, choose_codec
+
+    monkeypatch.setenv("DDPTUI_DECODER", "engines")
+    codec = choose_codec(torch.device("cpu"))
+    assert isinstance(codec, TorchvisionCodec)
+    assert codec.name.endswith("; DDPTUI_DECODER=engines needs a GPU")

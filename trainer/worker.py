@@ -167,6 +167,8 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
     try:
         if me.standby:
             warm_up(p)
+            if me.device.type == "cuda":
+                world.preload_nccl(me.device)
             me.announce("standby")
             if not world.join(p):
                 return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
-DECODERS = ("torchvision", "nvimgcodec")  # DDPTUI_DECODER, for --decode gpu
+DECODERS = ("torchvision", "engines", "nvimgcodec")  # DDPTUI_DECODER, for --decode gpu
 NVIMGCODEC_WORDS = ("hw", "gpu", "hybrid", "all", "whole")  # DDPTUI_NVIMGCODEC, comma-separated
 
 

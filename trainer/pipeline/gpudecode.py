@@ -19,6 +19,7 @@ from torchvision.ops import roi_align
 from trainer.pipeline import nvdecode
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.decoders import nvimgcodec_installed
+from trainer.pipeline.nvjpeg import HardwareJpeg
 from trainer.pipeline.prefetch import Normalize
 from trainer.pipeline.resize import crop_resize
 from trainer.pipeline.sampler import seed_sample
@@ -187,10 +188,23 @@ class TorchvisionCodec:
 
 
 def choose_codec(device: torch.device):
-    """torchvision's nvJPEG, or nvImageCodec with DDPTUI_DECODER=nvimgcodec where it is
-    installed: measured slower on one H200 (6.2k vs 7.0-7.5k img/s, docs/benchmarks.md), so not
-    the default. A fallback says why in its name, which the rank announces."""
-    if os.environ.get("DDPTUI_DECODER") != "nvimgcodec":
+    """torchvision's nvJPEG; nvJPEG's hardware decoder called directly with
+    DDPTUI_DECODER=engines; nvImageCodec with DDPTUI_DECODER=nvimgcodec where it is installed.
+    Neither trained faster than torchvision's path on one H200 (docs/benchmarks.md), so neither
+    is the default. A fallback says why in its name, which the rank announces."""
+    chosen = os.environ.get("DDPTUI_DECODER")
+    if chosen == "engines":
+        if device.type != "cuda":
+            why = "DDPTUI_DECODER=engines needs a GPU"
+        else:
+            try:
+                return HardwareJpeg(device, TorchvisionCodec(device), lanes=2)
+            except RuntimeError as e:  # no engines on this GPU, or no libnvjpeg
+                why = f"DDPTUI_DECODER=engines: {e}"
+        codec = TorchvisionCodec(device)
+        codec.name += f"; {why}"
+        return codec
+    if chosen != "nvimgcodec":
         return TorchvisionCodec(device)
     if not nvimgcodec_installed():  # validated by ddptui run; a torchrun node may differ
         why = "DDPTUI_DECODER=nvimgcodec but it is not installed: pip install 'ddptui[nvimgcodec]'"
