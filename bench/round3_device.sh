@@ -38,6 +38,19 @@ overlap)
   [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
   CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 240 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \
       ${TRACE:+--trace "$OUT/trace.json"} > "$OUT/overlap.txt" 2>&1 ;;
+pipeline)  # part 1 on 2 GPUs: synthetic, the plain loader, --decode gpu with each decoder
+  [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
+  S="python3 bench/pipeline.py synthetic --gpus 0,1 --batch-size 256 -- --steps-per-epoch 250 --epochs 1 --amp bf16 --channels-last"
+  P="python3 bench/pipeline.py /tmp/jpeg --gpus 0,1 --batch-size 256 -- --amp bf16 --channels-last --epochs 2 --decode gpu"
+  {
+    timeout 90 $S
+    timeout 80 $P
+    DDPTUI_DECODER=engines timeout 80 $P
+    timeout 100 python3 -m torch.distributed.run --standalone --nproc-per-node 2 bench/plain_jpeg.py \
+        /tmp/jpeg --workers 12 --batch-size 256
+    timeout 80 $P
+    DDPTUI_DECODER=engines timeout 80 $P
+  } > "$OUT/pipeline.txt" 2>&1 ;;
 esac; done
 DDPTUI_PYCACHE="" ls "$HOME/.cache/ddptui/pycache" > /dev/null 2>&1 && du -sh "$HOME/.cache/ddptui/pycache" > "$OUT/pycache.txt"
 tar -czf "$FINAL/results.tgz" -C "$OUT" .
