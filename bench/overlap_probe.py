@@ -16,9 +16,12 @@ import time
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision.models import resnet18
 
+from trainer.pipeline.decodeproc import DecodeProcess
+from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import Decoder, JpegFiles, TorchvisionCodec, collate
 from trainer.pipeline.nvjpeg import HardwareJpeg
 from trainer.pipeline.prefetch import Normalize, threaded_batches
@@ -35,8 +38,12 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
-                    help="train, or CODEC:WHAT[:hp] with CODEC tv|hwN (N lanes), WHAT decode, "
-                         "decode+train, rawdecode+train; hp: a high-priority decode stream")
+                    help="train, graph (the step replayed from a CUDA graph), or "
+                         "CODEC:WHAT[:hp|:dl] with CODEC tv|hwN (N lanes)|proc-tv|proc-engines "
+                         "(a decode process), WHAT decode, decode+train, decode+graph, "
+                         "rawdecode+train; hp: a high-priority decode stream; dl: batches "
+                         "from a DataLoader reading the files")
+    ap.add_argument("--workers", type=int, default=8, help="DataLoader workers for :dl variants")
     ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
     device = torch.device("cuda", 0)
@@ -45,6 +52,7 @@ def main() -> None:
     files = JpegFiles(datasets.ImageFolder(args.root).samples, 224, train=True, seed=0)
     bs = args.batch_size
     jpegs = [collate([files[(0, b * bs + i)] for i in range(bs)]) for b in range(args.batches)]
+    unpinned = jpegs  # a decode process takes them through shared memory
     jpegs = [(b[0].pin_memory(), *b[1:]) for b in jpegs]
     normalize = Normalize(3, device, channels_last=True)
     tv = TorchvisionCodec(device)
@@ -64,10 +72,38 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    graphed = {}
+
+    def graph_step(images, labels):
+        """The same step replayed from a CUDA graph: one launch for the whole step."""
+        if not graphed:
+            sx, sy = x.clone(), y.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    step(sx, sy)
+            torch.cuda.current_stream().wait_stream(side)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                with torch.autocast("cuda", torch.bfloat16, cache_enabled=False):
+                    loss = F.cross_entropy(model(sx), sy)
+                loss.backward()
+                opt.step()
+            graphed.update(g=g, x=sx, y=sy)
+        graphed["x"].copy_(images)
+        graphed["y"].copy_(labels)
+        graphed["g"].replay()
+
     def source(variant: str, n: int):
-        if variant == "train":
+        if variant in ("train", "graph"):
             return itertools.repeat((x, y), n)
         name, what, *hp = variant.split(":")
+        if name.startswith("proc-"):
+            proc = DecodeProcess(device, 224, bs, normalize, print,
+                                 codec={"tv": "torchvision"}.get(name[5:], name[5:]))
+            procs.append(proc)
+            return proc.batches(itertools.islice(itertools.cycle(unpinned), n))
         codec = codecs[name]
         if what.startswith("rawdecode"):
             def prepare(batch):
@@ -75,17 +111,24 @@ def main() -> None:
                 return x, y
         else:
             prepare = Decoder(device, 224, normalize, codec, undecodable=print)
-        return threaded_batches(itertools.islice(itertools.cycle(jpegs), n), device, prepare,
-                                priority=-1 if hp else 0)
+        batches = itertools.islice(itertools.cycle(jpegs), n)
+        if "dl" in hp:  # through a DataLoader reading the files, as a rank does
+            keys = [[(0, (b * bs + i) % len(files)) for i in range(bs)] for b in range(n)]
+            batches = DataLoader(files, batch_sampler=keys, num_workers=args.workers,
+                                 collate_fn=collate, pin_memory=True, prefetch_factor=4,
+                                 multiprocessing_context=worker_context(True))
+        return threaded_batches(batches, device, prepare, priority=-1 if "hp" in hp else 0)
 
+    procs: list[DecodeProcess] = []
     for variant in args.variants:
         warm, n = 8, args.steps
-        train = "train" in variant
+        train = "train" in variant or "graph" in variant
+        run = graph_step if "graph" in variant else step
         it = iter(source(variant, warm + n))
         for _ in range(warm):
             images, labels = next(it)
             if train:
-                step(images, labels)
+                run(images, labels)
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
@@ -97,7 +140,7 @@ def main() -> None:
             waited += time.perf_counter() - w
             starts[i].record()
             if train:
-                step(images, labels)
+                run(images, labels)
             ends[i].record()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - t
@@ -111,6 +154,8 @@ def main() -> None:
             "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}), flush=True)
         if hasattr(it, "close"):
             it.close()
+        while procs:
+            procs.pop().stop()
     if args.trace:
         trace(args.trace, source, step)
 
