@@ -20,15 +20,13 @@ from torch.utils.data import DataLoader
 from torchvision import datasets
 from torchvision.models import resnet18
 
-from trainer.pipeline.decodeproc import DecodeProcess
 from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import Decoder, JpegFiles, TorchvisionCodec, collate
 from trainer.pipeline.nvjpeg import HardwareJpeg
 from trainer.pipeline.prefetch import Normalize, threaded_batches
 
-VARIANTS = ["train", "tv:decode+train", "hw1:decode", "hw4:decode", "hw1:decode+train",
-            "hw2:decode+train", "hw4:decode+train", "hw4hp:decode+train", "hw8:decode+train",
-            "hw4:rawdecode+train", "train"]
+VARIANTS = ["train", "graph", "tv:decode+train", "tv:decode+graph", "hw2:decode+train",
+            "hw2:decode+graph", "tv:decode+train:dl", "tv:decode+graph:dl", "train"]
 
 
 def main() -> None:
@@ -39,10 +37,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
                     help="train, graph (the step replayed from a CUDA graph), or "
-                         "CODEC:WHAT[:hp|:dl] with CODEC tv|hwN (N lanes)|proc-tv|proc-engines "
-                         "(a decode process), WHAT decode, decode+train, decode+graph, "
-                         "rawdecode+train; hp: a high-priority decode stream; dl: batches "
-                         "from a DataLoader reading the files")
+                         "CODEC:WHAT[:hp|:dl] with CODEC tv|hwN (N lanes), WHAT decode, "
+                         "decode+train, decode+graph, rawdecode+train; hp: a high-priority "
+                         "decode stream; dl: batches from a DataLoader reading the files")
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers for :dl variants")
     ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
@@ -52,7 +49,6 @@ def main() -> None:
     files = JpegFiles(datasets.ImageFolder(args.root).samples, 224, train=True, seed=0)
     bs = args.batch_size
     jpegs = [collate([files[(0, b * bs + i)] for i in range(bs)]) for b in range(args.batches)]
-    unpinned = jpegs  # a decode process takes them through shared memory
     jpegs = [(b[0].pin_memory(), *b[1:]) for b in jpegs]
     normalize = Normalize(3, device, channels_last=True)
     tv = TorchvisionCodec(device)
@@ -99,11 +95,6 @@ def main() -> None:
         if variant in ("train", "graph"):
             return itertools.repeat((x, y), n)
         name, what, *hp = variant.split(":")
-        if name.startswith("proc-"):
-            proc = DecodeProcess(device, 224, bs, normalize, print,
-                                 codec={"tv": "torchvision"}.get(name[5:], name[5:]))
-            procs.append(proc)
-            return proc.batches(itertools.islice(itertools.cycle(unpinned), n))
         codec = codecs[name]
         if what.startswith("rawdecode"):
             def prepare(batch):
@@ -119,7 +110,6 @@ def main() -> None:
                                  multiprocessing_context=worker_context(True))
         return threaded_batches(batches, device, prepare, priority=-1 if "hp" in hp else 0)
 
-    procs: list[DecodeProcess] = []
     for variant in args.variants:
         warm, n = 8, args.steps
         train = "train" in variant or "graph" in variant
@@ -154,8 +144,6 @@ def main() -> None:
             "alloc_retries": torch.cuda.memory_stats().get("num_alloc_retries", 0)}), flush=True)
         if hasattr(it, "close"):
             it.close()
-        while procs:
-            procs.pop().stop()
     if args.trace:
         trace(args.trace, source, step)
 

@@ -7,8 +7,10 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -19,6 +21,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.elastic.control import Control
 from trainer.elastic.snapshot import agree, state_tensors
 
+STATE_BUCKET = 256 * 1024 * 1024  # bytes per broadcast when a joiner is sent the state
+
 if TYPE_CHECKING:
     from trainer.parts import Parts
     from trainer.rank import Rank
@@ -28,12 +32,31 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands."""
     kw = dict(init_method=init_method, rank=rank, world_size=world_size)
+    if rank != 0:
+        await_store(init_method)
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, **kw)
     else:
         dist.init_process_group("gloo", **kw)
     return dist.new_group(backend="gloo")
+
+
+def await_store(init_method: str, patience: float = 60.0) -> None:
+    """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
+    tries again only after a back-off: a rank 0 still closing its old group 50 ms longer cost
+    a join 0.6 s (measured on this CPU machine: gloo formed 0.65 s after both entered, 0.02 s
+    with this wait). Anything else is left to init_process_group to report."""
+    url = urllib.parse.urlsplit(init_method)
+    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+        return
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((url.hostname, url.port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.002)
 
 
 def preload_nccl(device: torch.device) -> None:
@@ -229,8 +252,10 @@ def share_state(p: Parts, order: dict) -> int:
     dist.broadcast_object_list(box, src=src)
     if p.snapshots is not None:  # a rollback point still being copied out reads these
         p.snapshots.before_update()
-    for t in state_tensors(p.model, p.optimizer, p.scaler):
-        dist.broadcast(t, src=src)
+    # In buckets of one dtype, as DDP's own start-up broadcast: one call per tensor took
+    # 0.16 s for resnet18 with SGD on H200.
+    dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(),
+                              state_tensors(p.model, p.optimizer, p.scaler), STATE_BUCKET, src)
     meta = box[0]
     if not sending:
         load_host_state(p, meta)

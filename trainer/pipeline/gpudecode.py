@@ -114,20 +114,13 @@ class Decoder:
     and flipped in a few batched kernels (a loop of small per-image kernels kept the rank's
     thread busier than the GPU: measured 7k img/s)."""
 
-    def __init__(self, device: torch.device, size: int, normalize: Normalize | None, codec,
+    def __init__(self, device: torch.device, size: int, normalize: Normalize, codec,
                  undecodable: Callable[[str], None]):
         self.device, self.size, self.normalize, self.codec = device, size, normalize, codec
         self.undecodable = undecodable  # called with the path of each sample the codec failed
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
         flat, lengths, boxes, labels, paths = batch
-        out = self.crops(flat, lengths, boxes, paths)
-        labels = labels.to(self.device, non_blocking=True)
-        return self.normalize.standardize(out), labels
-
-    def crops(self, flat: torch.Tensor, lengths: torch.Tensor, boxes: torch.Tensor,
-              paths) -> torch.Tensor:
-        """The batch's crops at the output size, (N, 3, size, size) floats on the 0-255 scale."""
         images = self.codec.decode(flat, lengths, boxes)
         for i, image in enumerate(images):
             if image is None:  # bytes the worker's header check passed: noted, then black
@@ -135,8 +128,10 @@ class Decoder:
                 top, left, height, width = boxes[i, :4].tolist()
                 shape = (height, width, 3) if self.codec.crops else (3, top + height, left + width)
                 images[i] = torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        return self._resize_crops(images, boxes) if self.codec.crops else \
+        out = self._resize_crops(images, boxes) if self.codec.crops else \
             self._crop_and_resize(images, boxes)
+        labels = labels.to(self.device, non_blocking=True)
+        return self.normalize.standardize(out), labels
 
     def _crop_and_resize(self, images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
         """Whole images: one roi_align call per image size, then the flips (measured 6-9% faster
@@ -192,12 +187,12 @@ class TorchvisionCodec:
         return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
 
 
-def choose_codec(device: torch.device, chosen: str | None = None):
+def choose_codec(device: torch.device):
     """torchvision's nvJPEG; nvJPEG's hardware decoder called directly with
     DDPTUI_DECODER=engines; nvImageCodec with DDPTUI_DECODER=nvimgcodec where it is installed.
     Neither trained faster than torchvision's path on one H200 (docs/benchmarks.md), so neither
     is the default. A fallback says why in its name, which the rank announces."""
-    chosen = chosen or os.environ.get("DDPTUI_DECODER")
+    chosen = os.environ.get("DDPTUI_DECODER")
     if chosen == "engines":
         if device.type != "cuda":
             why = "DDPTUI_DECODER=engines needs a GPU"
