@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call (nvidia-h200-x2), session 7: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
+# One device call (nvidia-h200-x2), sessions 7-8: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
 # Imports and their bytecode cache, launch -> first step, the join through the dashboard and
 # through the API, and bench/overlap_probe.py on GPU 0. Results in $OUT.
 set -u
@@ -27,10 +27,12 @@ launch)  # off: DDPTUI_PYCACHE=0 (bytecode compiled at every start where it is n
 join)
   ( cd /tmp && timeout 240 python3 "$REPO/bench/join_tmux.py" resnet18 --gpus 0,1 --data synthetic \
       --amp bf16 --channels-last --batch-size 256 --rounds 3 --keep "$OUT" ) > "$OUT/join_tmux.txt" 2>&1
-  ( cd /tmp && NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
-      --amp bf16 --channels-last --batch-size 256 --steps-per-epoch 500 --out "$OUT/elastic.json" \
-      --log /tmp/el.jsonl ) > "$OUT/elastic.md" 2>&1
-  cp /tmp/el.jsonl "$OUT/" 2>/dev/null
+  for i in ${ELASTIC_RUNS:-1}; do
+    ( cd /tmp && NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
+        --amp bf16 --channels-last --batch-size 256 --steps-per-epoch 500 --out "$OUT/elastic$i.json" \
+        --log /tmp/el.jsonl ) >> "$OUT/elastic.md" 2>&1
+    cp /tmp/el.jsonl "$OUT/el$i.jsonl" 2>/dev/null
+  done
   grep -h -E "Init timings|Init COMPLETE|ncclCommInitRank" /tmp/el.rank*.out > "$OUT/nccl_init.txt" 2>&1
   ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep >> "$OUT/elastic.md" \
       || echo "no process left" >> "$OUT/elastic.md" ;;

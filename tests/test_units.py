@@ -1,6 +1,7 @@
 """Pieces of the rank side on their own, without processes: rollback-point agreement and
 restore (AdamW's state included), the checkpoint writer, the sampler's re-sharding (every sample
-once across a change of world size), and the event buffer's bound and restore."""
+once across a change of world size), the event buffer's bound and restore, and the mailbox
+publishing an urgent order only once its abort is over."""
 
 from __future__ import annotations
 
@@ -135,3 +136,52 @@ def test_the_writer_announces_a_durable_file_and_reports_a_failed_write(tmp_path
         failing.wait()
     failing.wait()  # reported once
     assert len(announced) == 1
+
+
+def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_returned():
+    """The main thread re-forms the world once it sees the order: the mailbox thread's abort
+    of the old world must be over by then (torch's group registry is not thread-safe)."""
+    import multiprocessing
+    import threading
+
+    from trainer.elastic.control import Mailbox
+
+    seen_during_abort = []
+    aborting, release = threading.Event(), threading.Event()
+
+    def on_urgent(order: dict) -> None:
+        aborting.set()
+        release.wait(30)
+        seen_during_abort.append(box.has_urgent or not box.urgent.empty())
+
+    ours, supervisor = multiprocessing.Pipe()
+    box = Mailbox(ours, on_urgent)
+    supervisor.send({"op": "recover", "gen": 3})
+    assert aborting.wait(30)
+    assert box.wait_urgent(0.2) is None  # not visible while the abort runs
+    release.set()
+    assert box.wait_urgent(30) == {"op": "recover", "gen": 3}
+    assert seen_during_abort == [False]
+
+
+def test_a_rank_connects_to_the_store_only_once_it_listens():
+    """TCPStore's client backs off after a refused connection (0.6 s lost when rank 0 came
+    50 ms late): await_store holds the other ranks until the port listens."""
+    import socket
+    import threading
+
+    from trainer.elastic.world import await_store
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    returned = threading.Event()
+    waiter = threading.Thread(target=lambda: (await_store(f"tcp://127.0.0.1:{port}"),
+                                              returned.set()), daemon=True)
+    waiter.start()
+    assert not returned.wait(0.5)  # bound but not listening: refused, so it waits
+    server.listen()
+    waiter.join(30)
+    assert returned.is_set()
+    server.close()
+    await_store("env://")  # torchrun's rendezvous: nothing to wait for

@@ -21,8 +21,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.elastic.control import Control
 from trainer.elastic.snapshot import agree, state_tensors
 
-STATE_BUCKET = 256 * 1024 * 1024  # bytes per broadcast when a joiner is sent the state
-
 if TYPE_CHECKING:
     from trainer.parts import Parts
     from trainer.rank import Rank
@@ -44,9 +42,10 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str):
 
 def await_store(init_method: str, patience: float = 60.0) -> None:
     """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
-    tries again only after a back-off: a rank 0 still closing its old group 50 ms longer cost
-    a join 0.6 s (measured on this CPU machine: gloo formed 0.65 s after both entered, 0.02 s
-    with this wait). Anything else is left to init_process_group to report."""
+    tries again only after a back-off: rank 0 entering 50 ms after the others formed the group
+    0.6 s later, 0.02 s with this wait (gloo, CPU machine); a join on 2 x H200 spent 0.1-0.9 s
+    there while rank 0 closed its old group, 0.04-0.06 s since. Anything else is left to
+    init_process_group to report."""
     url = urllib.parse.urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
         return
@@ -252,10 +251,8 @@ def share_state(p: Parts, order: dict) -> int:
     dist.broadcast_object_list(box, src=src)
     if p.snapshots is not None:  # a rollback point still being copied out reads these
         p.snapshots.before_update()
-    # In buckets of one dtype, as DDP's own start-up broadcast: one call per tensor took
-    # 0.16 s for resnet18 with SGD on H200.
-    dist._broadcast_coalesced(dist.distributed_c10d._get_default_group(),
-                              state_tensors(p.model, p.optimizer, p.scaler), STATE_BUCKET, src)
+    for t in state_tensors(p.model, p.optimizer, p.scaler):
+        dist.broadcast(t, src=src)
     meta = box[0]
     if not sending:
         load_host_state(p, meta)
