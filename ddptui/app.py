@@ -150,7 +150,11 @@ class DashboardApp(App[int]):
         self.devices.compact = len(view["devices"]) > 4 or self.size.height < 30
         shape = (tuple((r.rank, r.state, r.standby) for r in view["ranks"]), len(view["epochs"]),
                  view["live_epoch"] is None)
-        tables = view["now"] - self._tables[0] >= TABLES_S or shape != self._tables[1]
+        # At most every TABLES_S of run time; once no more events can come (a run that has
+        # ended, a replay played out), the final state once more: a draw just before the end
+        # would otherwise stay on screen (a snapshot test caught a sparkline still cyan).
+        tables = view["now"] - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
+            (self.source.done.is_set() and view["now"] != self._tables[0])
         if tables:
             self._tables = (view["now"], shape)
             self.rank_table.show(view, self.selected_rank)

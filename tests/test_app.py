@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -15,6 +16,7 @@ from ddptui.supervisor import Supervisor
 from ddptui.widgets.help import HelpScreen
 from ddptui.widgets.tables import EpochTable, RankTable
 from tests.conftest import TINY, assert_gone, events, fixed_hash, settle
+from tests.helpers.runlogs import gpu_run
 from trainer.config import Parser, add_training_options, config_from_args
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -49,6 +51,42 @@ async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
         await pilot.press("q")
         await pilot.pause()
     assert app.return_code == 0
+
+
+class _Gate:
+    """Events handed to a Replay, held back at index `at` until `go` is set."""
+
+    def __init__(self, evs: list[dict], at: int):
+        self.evs, self.at = evs, at
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def __iter__(self):
+        for i, ev in enumerate(self.evs):
+            if i == self.at:
+                self.reached.set()
+                self.go.wait(30)
+            yield ev
+
+
+async def test_the_rank_table_shows_the_last_step_once_the_log_is_played_out():
+    """The tables are redrawn at most every 0.5 s of run time: a draw a quarter of a second
+    before the log's end must not stay on screen (an SVG snapshot once caught it)."""
+    evs = gpu_run(ranks=2, seconds=20)
+    last_step = max(i for i, ev in enumerate(evs) if ev["kind"] == "step" and ev["rank"] == 0)
+    gate = _Gate(evs, last_step)
+    app = DashboardApp(Replay("gated", speed=0, events=gate))
+    async with app.run_test(size=(120, 40)) as pilot:
+        while not gate.reached.is_set():
+            await pilot.pause(0.05)
+        app.refresh_view()
+        before = _cells(app.query_one(RankTable))[0][2]
+        gate.go.set()
+        while not app.source.done.is_set():
+            await pilot.pause(0.05)
+        app.refresh_view()
+        final = evs[last_step]
+        assert before != f"{final['epoch']}/{final['step']}"
+        assert _cells(app.query_one(RankTable))[0][2] == f"{final['epoch']}/{final['step']}"
 
 
 @fixed_hash
