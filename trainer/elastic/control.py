@@ -41,10 +41,11 @@ class Mailbox:
                 self.urgent.put(None)
                 return
             if msg.get("op") in URGENT:
-                # Announced before it is published: the main thread, seeing it at a step
-                # boundary, would otherwise re-form the world while this thread still aborts
-                # the old one (the abort's reset of torch's group names then broke the new
-                # world's: "group name has already been created", 2 of 5 runs on 2 x H200).
+                # on_urgent (the abort of a broken world) first, then the order: the main
+                # thread, seeing it at a step boundary, would otherwise re-form the world while
+                # this thread still aborts the old one (the abort's reset of torch's group
+                # registry broke the new world: "group name has already been created", 2 of
+                # 5 runs on 2 x H200).
                 self.on_urgent(msg)
                 self.has_urgent = True
                 self.urgent.put(msg)
