@@ -88,6 +88,7 @@ def test_help_has_examples_and_version(env, tmp_path):
     r = ddptui(["run", "--help"], env, tmp_path)
     assert r.returncode == 0 and "ddptui run resnet18 --gpus 0,1" in r.stdout
     assert "--prefetch, --no-prefetch" in r.stdout
+    assert "DDPTUI_DECODER=torchvision|engines|nvimgcodec" in r.stdout
     r = ddptui(["--version"], env, tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("ddptui ")
 
