@@ -37,9 +37,10 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
                     help="train, graph (the step replayed from a CUDA graph), or "
-                         "CODEC:WHAT[:hp|:dl] with CODEC tv|hwN (N lanes), WHAT decode, "
+                         "CODEC:WHAT[:hp|:dl|:cpuNN] with CODEC tv|hwN (N lanes), WHAT decode, "
                          "decode+train, decode+graph, rawdecode+train; hp: a high-priority "
-                         "decode stream; dl: batches from a DataLoader reading the files")
+                         "decode stream; dl: batches from a DataLoader reading the files; cpuNN: "
+                         "NN%% of each batch arrives decoded, as CPU workers would send it")
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers for :dl variants")
     ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
@@ -103,6 +104,11 @@ def main() -> None:
         else:
             prepare = Decoder(device, 224, normalize, codec, undecodable=print)
         batches = itertools.islice(itertools.cycle(jpegs), n)
+        share = next((int(h[3:]) / 100 for h in hp if h.startswith("cpu")), 0.0)
+        if share:  # the GPU decodes the rest: what a CPU share of each batch would save it
+            if "dl" in hp:
+                raise SystemExit(f"{variant}: cpuNN takes the probe's own batches, not dl's")
+            prepare = split(jpegs, files, prepare, normalize, device, share)
         if "dl" in hp:  # through a DataLoader reading the files, as a rank does
             keys = [[(0, (b * bs + i) % len(files)) for i in range(bs)] for b in range(n)]
             batches = DataLoader(files, batch_sampler=keys, num_workers=args.workers,
@@ -146,6 +152,31 @@ def main() -> None:
             it.close()
     if args.trace:
         trace(args.trace, source, step)
+
+
+def split(jpegs: list, files, prepare, normalize: Normalize, device: torch.device,
+          share: float):
+    """A prepare for the batches of `jpegs` in which each batch's last `share` of samples
+    arrive as finished uint8 crops (pinned, as DataLoader workers would deliver them) and only
+    the first part is decoded on the GPU."""
+    bs = len(jpegs[0][1])
+    keep = bs - round(share * bs)
+    crops = torch.randint(0, 256, (bs - keep, 3, 224, 224), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (bs - keep,))
+    pin = device.type == "cuda"
+    if pin:
+        crops, labels = crops.pin_memory(), labels.pin_memory()
+    parts = {}
+    for k, batch in enumerate(jpegs):
+        part = collate([files[(0, k * bs + i)] for i in range(keep)])
+        parts[id(batch)] = (part[0].pin_memory() if pin else part[0], *part[1:])
+
+    def both(batch):
+        images, y = prepare(parts[id(batch)])
+        done = normalize(crops.to(device, non_blocking=pin))
+        return torch.cat([images, done]), torch.cat([y, labels.to(device, non_blocking=pin)])
+
+    return both
 
 
 def check(hw, tv, batch) -> None:
