@@ -152,7 +152,7 @@ class DashboardApp(App[int]):
                  view["live_epoch"] is None)
         # At most every TABLES_S of run time; once no more events can come (a run that has
         # ended, a replay played out), the final state once more: a draw just before the end
-        # would otherwise stay on screen (a snapshot test caught a sparkline still cyan).
+        # would otherwise stay on screen (a snapshot test caught a sparkline in the wrong colour).
         tables = view["now"] - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
             (self.source.done.is_set() and view["now"] != self._tables[0])
         if tables:
