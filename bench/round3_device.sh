@@ -24,18 +24,11 @@ launch)  # off: DDPTUI_PYCACHE=0 (bytecode compiled at every start where it is n
   done
   T=$(date +%s.%N); BENCH_T0=$T timeout 120 python3 -m torch.distributed.run --standalone \
       --nproc-per-node 2 bench/launch_phases.py > "$OUT/launch_plain.txt" 2>&1 ;;
-join)
-  ( cd /tmp && timeout 240 python3 "$REPO/bench/join_tmux.py" resnet18 --gpus 0,1 --data synthetic \
-      --amp bf16 --channels-last --batch-size 256 --rounds 3 --keep "$OUT" ) > "$OUT/join_tmux.txt" 2>&1
-  for i in ${ELASTIC_RUNS:-1}; do
-    ( cd /tmp && NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout 200 python3 "$REPO/bench/elastic.py" resnet18 --gpus 0,1 --data synthetic \
-        --amp bf16 --channels-last --batch-size 256 --steps-per-epoch 500 --out "$OUT/elastic$i.json" \
-        --log /tmp/el.jsonl ) >> "$OUT/elastic.md" 2>&1
-    cp /tmp/el.jsonl "$OUT/el$i.jsonl" 2>/dev/null
-  done
-  grep -h -E "Init timings|Init COMPLETE|ncclCommInitRank" /tmp/el.rank*.out > "$OUT/nccl_init.txt" 2>&1
-  ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep >> "$OUT/elastic.md" \
-      || echo "no process left" >> "$OUT/elastic.md" ;;
+join)  # bench/join_device.sh, with NCCL's own init timings in the ranks' output
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT ROUNDS=3 TREES=new OUT=$OUT bash bench/join_device.sh \
+      > "$OUT/join.txt" 2>&1
+  grep -h -E "Init timings|Init COMPLETE|ncclCommInitRank" "$OUT"/run*/el.rank*.out \
+      > "$OUT/nccl_init.txt" 2>&1 ;;
 overlap)
   [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
   CUDA_VISIBLE_DEVICES=${GPU:-0} timeout 240 python3 bench/overlap_probe.py /tmp/jpeg --steps 40 \

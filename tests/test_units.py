@@ -1,18 +1,23 @@
 """Pieces of the rank side on their own, without processes: rollback-point agreement and
 restore (AdamW's state included), the checkpoint writer, the sampler's re-sharding (every sample
-once across a change of world size), the event buffer's bound and restore, and the mailbox
-publishing an urgent order only once its abort is over."""
+once across a change of world size), the event buffer's bound and restore, the mailbox
+publishing an urgent order only once its abort is over, and a rank's wait for the store."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import socket
+import threading
 
 import pytest
 import torch
 
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import RunConfig
+from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tensors
+from trainer.elastic.world import await_store
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.setup import build_optimizer
 from trainer.telemetry.reporter import EventBuffer
@@ -141,11 +146,6 @@ def test_the_writer_announces_a_durable_file_and_reports_a_failed_write(tmp_path
 def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_returned():
     """The main thread re-forms the world once it sees the order: the mailbox thread's abort
     of the old world must be over by then (torch's group registry is not thread-safe)."""
-    import multiprocessing
-    import threading
-
-    from trainer.elastic.control import Mailbox
-
     seen_during_abort = []
     aborting, release = threading.Event(), threading.Event()
 
@@ -167,11 +167,6 @@ def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_retur
 def test_a_rank_connects_to_the_store_only_once_it_listens():
     """TCPStore's client backs off after a refused connection (0.6 s lost when rank 0 came
     50 ms late): await_store holds the other ranks until the port listens."""
-    import socket
-    import threading
-
-    from trainer.elastic.world import await_store
-
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     port = server.getsockname()[1]
