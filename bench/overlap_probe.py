@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import time
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +39,17 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=16, help="distinct JPEG batches, cycled")
     ap.add_argument("--variants", nargs="+", default=VARIANTS,
                     help="train, graph (the step replayed from a CUDA graph), or "
-                         "CODEC:WHAT[:hp|:dl|:cpuNN] with CODEC tv|hwN (N lanes), WHAT decode, "
-                         "decode+train, decode+graph, rawdecode+train; hp: a high-priority "
-                         "decode stream; dl: batches from a DataLoader reading the files; cpuNN: "
-                         "NN%% of each batch arrives decoded, as CPU workers would send it")
+                         "CODEC:WHAT[:hp|:dl|:cpuNN|:nopin|:aff] with CODEC tv|hwN (N lanes), "
+                         "WHAT decode, decode+train, decode+graph, rawdecode+train; hp: a "
+                         "high-priority decode stream; dl: batches from a DataLoader reading the "
+                         "files (nopin: not pinned; aff: the probe's threads on two whole "
+                         "cores, the workers on the rest); cpuNN: NN%% of each batch arrives "
+                         "decoded, as CPU workers would send it")
     ap.add_argument("--workers", type=int, default=8, help="DataLoader workers for :dl variants")
     ap.add_argument("--trace", help="write a torch.profiler trace of tv:decode+train here")
     args = ap.parse_args()
     device = torch.device("cuda", 0)
+    everywhere = os.sched_getaffinity(0)
     torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = True
     files = JpegFiles(datasets.ImageFolder(args.root).samples, 224, train=True, seed=0)
@@ -111,9 +116,15 @@ def main() -> None:
             prepare = split(jpegs, files, prepare, normalize, device, share)
         if "dl" in hp:  # through a DataLoader reading the files, as a rank does
             keys = [[(0, (b * bs + i) % len(files)) for i in range(bs)] for b in range(n)]
+            # aff: the probe's threads on two whole cores, the workers on the others
+            mine, theirs = split_cores(2) if "aff" in hp else (everywhere, None)
+            for tid in os.listdir("/proc/self/task"):
+                os.sched_setaffinity(int(tid), mine)
             batches = DataLoader(files, batch_sampler=keys, num_workers=args.workers,
-                                 collate_fn=collate, pin_memory=True, prefetch_factor=4,
-                                 multiprocessing_context=worker_context(True))
+                                 collate_fn=collate, pin_memory="nopin" not in hp,
+                                 prefetch_factor=4, multiprocessing_context=worker_context(True),
+                                 worker_init_fn=partial(_pin_worker, theirs)
+                                 if theirs else None)
         return threaded_batches(batches, device, prepare, priority=-1 if "hp" in hp else 0)
 
     for variant in args.variants:
@@ -177,6 +188,26 @@ def split(jpegs: list, files, prepare, normalize: Normalize, device: torch.devic
         return torch.cat([images, done]), torch.cat([y, labels.to(device, non_blocking=pin)])
 
     return both
+
+
+def _pin_worker(cpus: set[int], _worker_id: int) -> None:
+    os.sched_setaffinity(0, cpus)
+
+
+def split_cores(n: int) -> tuple[set[int], set[int]]:
+    """The logical CPUs of `n` whole physical cores (hyperthread siblings included), and the
+    rest."""
+    cpus = sorted(os.sched_getaffinity(0))
+    mine: set[int] = set()
+    for cpu in cpus:
+        if n == 0:
+            break
+        if cpu not in mine:
+            with open(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list") as f:
+                siblings = f.read().strip().replace("-", ",").split(",")
+            mine |= {int(c) for c in siblings if int(c) in cpus}
+            n -= 1
+    return mine, set(cpus) - mine
 
 
 def check(hw, tv, batch) -> None:

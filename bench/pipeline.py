@@ -1,5 +1,5 @@
-"""ddptui's input pipelines on a JPEG ImageFolder: img/s over the steady part of one epoch (from
-the ranks' step events, after `--warmup` steps), data-wait, and where the limit is.
+"""ddptui's input pipelines on a JPEG ImageFolder: img/s over the steady part of the run (from
+the ranks' step events after `--warmup` steps, within epochs), data-wait, and where the limit is.
 
 python bench/pipeline.py /data/jpeg --gpus 0,1 -- --decode gpu --workers 6
 python bench/pipeline.py synthetic --gpus 0 -- --steps-per-epoch 300   (the same model, no input)
@@ -39,15 +39,22 @@ def main() -> None:
         evs = [json.loads(line) for line in open(log)]
     verdicts = [e for e in evs if e["kind"] == "message" and e.get("autotune")]
     since = verdicts[0]["t"] + 3 if verdicts else 0.0  # with --autotune: once it has chosen
-    rate, waits = 0.0, []
+    rate, across, waits = 0.0, 0.0, []
     for rank in sorted({e["rank"] for e in evs if e["kind"] == "step"}):
         steps = [e for e in evs if e["kind"] == "step" and e["rank"] == rank
                  and e["global_step"] >= args.warmup and e["t"] >= since]
-        a, b = steps[0], steps[-1]
-        rate += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
+        done = seconds = 0.0  # within each epoch: the validation between epochs is not input
+        for epoch in sorted({e["epoch"] for e in steps}):
+            within = [e for e in steps if e["epoch"] == epoch]
+            done += within[-1]["global_step"] - within[0]["global_step"]
+            seconds += within[-1]["t"] - within[0]["t"]
+        rate += done * args.batch_size / seconds
+        a, b = steps[0], steps[-1]  # as sessions 1-8 measured: epoch ends and validation in
+        across += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
         waits += [e["data_wait"] for e in steps[1:]]
     decoder = [e["decoder"] for e in evs if e["kind"] == "message" and e.get("decoder")]
     print(json.dumps({"options": " ".join(extra), "img_s": round(rate),
+                      "img_s_across_epochs": round(across),
                       "decoder": decoder[0] if decoder else None,
                       "data_wait": round(sum(waits) / max(1, len(waits)), 3),
                       "autotune": verdicts[0]["text"] if verdicts else None}), flush=True)

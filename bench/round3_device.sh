@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One device call (nvidia-h200-x2), sessions 7-8: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
+# One device call (nvidia-h200-x2), sessions 7-9: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
 # Imports and their bytecode cache, launch -> first step, the join through the dashboard and
-# through the API, and bench/overlap_probe.py on GPU 0. Results in $OUT.
+# through the API, bench/overlap_probe.py on GPU 0, the JPEG pipeline against synthetic data, and
+# (share) --decode gpu with SHARES of each batch decoded by the workers. Results in $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; FINAL=$OUT; OUT=/tmp/r3; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD
@@ -46,6 +47,18 @@ pipeline)  # part 1 on 2 GPUs: synthetic, the plain loader, --decode gpu with ea
     timeout 80 $P
     DDPTUI_DECODER=engines timeout 80 $P
   } > "$OUT/pipeline.txt" 2>&1 ;;
+share)  # part 1 on 2 GPUs: --cpu-decode-share F for each F in SHARES (eF: DDPTUI_DECODER=engines), synthetic first and last
+  [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
+  S="python3 bench/pipeline.py synthetic --gpus 0,1 --batch-size 256 -- --steps-per-epoch 150 --epochs 1 --amp bf16 --channels-last"
+  P="python3 bench/pipeline.py /tmp/jpeg --gpus 0,1 --batch-size 256 -- --amp bf16 --channels-last --epochs 3 --decode gpu"
+  {
+    timeout 90 $S
+    for f in ${SHARES:-0 0.3 0.5}; do
+      case $f in e*) DDPTUI_DECODER=engines timeout 100 $P --cpu-decode-share "${f#e}" ${WORKERS:-} ;;
+                 *) timeout 100 $P --cpu-decode-share "$f" ${WORKERS:-} ;; esac
+    done
+    timeout 90 $S
+  } > "$OUT/share.txt" 2>&1 ;;
 esac; done
 DDPTUI_PYCACHE="" ls "$HOME/.cache/ddptui/pycache" > /dev/null 2>&1 && du -sh "$HOME/.cache/ddptui/pycache" > "$OUT/pycache.txt"
 tar -czf "$FINAL/results.tgz" -C "$OUT" .

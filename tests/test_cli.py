@@ -35,6 +35,9 @@ from trainer.config import UsageError
     (["run", "resnet18", "--stall-after", "0"], "--stall-after: must be above 0"),
     (["run", "resnet18", "--on-stall", "kill"], "invalid choice: 'kill'"),
     (["run", "resnet18", "--max-bad-samples", "-1"], "--max-bad-samples: must be 0 or more"),
+    (["run", "resnet18", "--cpu-decode-share", "0.3"], "--cpu-decode-share applies to --decode gpu"),
+    (["run", "resnet18", "--decode", "gpu", "--cpu-decode-share", "1.5"],
+     "--cpu-decode-share: must be from 0 to 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
     r = ddptui(args, env, tmp_path, timeout=60)

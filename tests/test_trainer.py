@@ -105,18 +105,24 @@ def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path, decode):
     assert "corrupt or unreadable sample" in line and str(bad) in line
 
 
-def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path):
+@pytest.mark.parametrize("share", [[], ["--cpu-decode-share", "0.5"]])
+def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path, share):
     """The prefetching thread ends with each epoch; the persistent workers it read from must
-    not end with it (they die with the thread that forked them)."""
+    not end with it (they die with the thread that forked them). With a CPU share the workers
+    decode half of each batch, and the rank says so."""
     _jpeg_folder(tmp_path / "imgs", per_class=16)
     log = tmp_path / "run.jsonl"
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
                 f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
-                "--decode", "gpu", "--epochs", "3", "--log", str(log)], env, ROOT)
+                "--decode", "gpu", "--epochs", "3", "--log", str(log), *share], env, ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     done = [(e["rank"], e["epoch"]) for e in events(log, "epoch")]
     assert sorted(done) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert {e["settings"]["prefetch"] for e in events(log, "epoch")} == {True}
+    said = [e["text"] for e in events(log, "message") if e.get("decoder")]
+    assert said and all(("50% of each batch by the DataLoader workers" in t) == bool(share)
+                                  for t in said)
+    assert all(e["val_acc"] is not None for e in events(log, "epoch"))
 
 
 def _final_state(directory):
@@ -239,6 +245,38 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, cod
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()
     area = (h * w).float() / (72 * 72)
     assert 0.3 < area.min() and area.max() <= 1.0 and 0.3 < flip.float().mean() < 0.7
+
+
+def test_the_workers_share_of_a_batch_is_what_the_rank_would_have_made(cache_dir, monkeypatch,
+                                                                        tmp_path):
+    """--cpu-decode-share: the samples the workers decode themselves come out as the rank's
+    decoder makes them (same crop, resize and flip), labels in step; a sample the workers
+    cannot decode goes to the rank, whose codec deals with it as before."""
+    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
+    from trainer.config import RunConfig
+    from trainer.pipeline.datasets import build_datasets
+    from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
+    from trainer.pipeline.prefetch import Normalize
+
+    bundle = build_datasets(RunConfig(data="shapes", decode="gpu", cpu_decode_share=0.5),
+                            progress=lambda _: None)
+    cpu_dev = torch.device("cpu")
+    decode = Decoder(cpu_dev, 64, Normalize(3, cpu_dev, False), TorchvisionCodec(cpu_dev),
+                     undecodable=pytest.fail)
+    samples = [bundle.train[(0, i)] for i in range(16)]
+    ref, ref_labels = decode(collate(samples))
+    split = bundle.collate(samples)
+    assert len(split[1]) == 8 and split[5].shape == (8, 3, 64, 64)
+    images, labels = decode(split)
+    assert labels.tolist() == ref_labels.tolist()
+    for i in range(16):  # in standard deviations: the two resamplers' rounding
+        assert (images[i] - ref[i]).abs().mean() < 0.05, (i, (images[i] - ref[i]).abs().mean())
+    broken = tmp_path / "broken.jpg"
+    broken.write_bytes(open(samples[15][3], "rb").read()[:300])
+    samples[15] = (torch.frombuffer(bytearray(broken.read_bytes()), dtype=torch.uint8),
+                   *samples[15][1:3], str(broken))
+    split = bundle.collate(samples)
+    assert len(split[1]) == 9 and split[4][-1] == str(broken) and len(split[5]) == 7
 
 
 def test_the_workers_send_to_the_jpeg_engines_only_what_they_can_decode(tmp_path):

@@ -62,6 +62,7 @@ class RunConfig:
     image_size: int | None = None
     workers: int | None = None
     decode: str = "cpu"
+    cpu_decode_share: float | None = None  # --decode gpu's share decoded by the workers
     prefetch: bool = True
     cudnn_benchmark: bool = True
     amp: str = "off"
@@ -103,6 +104,15 @@ class RunConfig:
     @property
     def resolved_image_size(self) -> int:
         return self.image_size or DEFAULT_IMAGE_SIZE.get(self.data_kind, 224)
+
+    @property
+    def resolved_cpu_decode_share(self) -> float:
+        """With --decode gpu, the share of each batch the DataLoader workers decode: none by
+        default, as a share gained 2-7% on 2 x H200 with 16 cores each and lost that much at
+        each epoch's start (docs/benchmarks.md, session 9); it pays where cores are plentiful."""
+        if self.decode != "gpu":
+            return 0.0
+        return self.cpu_decode_share or 0.0
 
     @property
     def world_size(self) -> int:
@@ -166,6 +176,12 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _fraction(text: str) -> float:
+    if not 0 <= (value := _float(text)) <= 1:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
+    return value
+
+
 def _float(text: str) -> float:
     try:
         return float(text)
@@ -192,6 +208,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decode", choices=("cpu", "gpu"), default=d.decode,
                    help="gpu: workers only read JPEG bytes; each rank decodes its batch with "
                    "nvJPEG and crops/resizes/flips on the GPU (imagefolder and shapes data)")
+    g.add_argument("--cpu-decode-share", type=_fraction, default=None, metavar="F",
+                   help="with --decode gpu: the share of each batch the workers decode on the "
+                   "CPU, so fewer images wait for the GPU's decoder (default 0; try 0.3 with "
+                   "8+ idle cores per GPU)")
     g.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=d.prefetch,
                    help="CUDA side-stream prefetcher with on-GPU normalisation")
     g.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
@@ -273,6 +293,8 @@ def validate(config: RunConfig) -> None:
     if config.decode == "gpu" and config.data_kind not in ("imagefolder", "shapes"):
         raise UsageError("--decode gpu works on JPEG image folders: --data imagefolder:PATH "
                          "or shapes")
+    if config.cpu_decode_share is not None and config.decode != "gpu":
+        raise UsageError("--cpu-decode-share applies to --decode gpu")
     if config.decode == "gpu" and (why := decoder_env_problem(os.environ)):
         raise UsageError(why)
     if config.resume and not config.checkpoint_dir and config.resume == "auto":

@@ -24,6 +24,7 @@ from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import JpegFiles, collate
 from trainer.pipeline.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.pipeline.shapes import ensure_shapes
+from trainer.pipeline.workerdecode import SplitCollate
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
@@ -81,7 +82,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     seed = config.seed if config.deterministic else None
     if kind == "synthetic":
         return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
-    gpu = config.decode == "gpu"
+    gpu = _gpu_collate(config) if config.decode == "gpu" else None
     if kind == "shapes":
         root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
         return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed, gpu)
@@ -106,12 +107,18 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     return _custom(config.data, size, seed)
 
 
+def _gpu_collate(config: RunConfig) -> Callable:
+    """--decode gpu's batches: all JPEG bytes, or a share decoded by the workers."""
+    share = config.resolved_cpu_decode_share
+    return SplitCollate(share, config.resolved_image_size) if share else collate
+
+
 def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None,
-                 gpu_decode: bool = False) -> DataBundle:
+                 gpu_collate: Callable | None = None) -> DataBundle:
     try:
         train = datasets.ImageFolder(train_dir)
     except (FileNotFoundError, RuntimeError) as e:
@@ -135,10 +142,10 @@ def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | Non
         train.samples = [train.dataset.samples[i] for i in train.indices]
         val.samples = [val.dataset.samples[i] for i in val.indices]
     classes = train.classes if hasattr(train, "classes") else train.dataset.classes
-    if gpu_decode:
+    if gpu_collate is not None:
         return DataBundle(JpegFiles(train.samples, size, True, seed),
                           JpegFiles(val.samples, size, False), len(train), len(classes), 3,
-                          collate=collate)
+                          collate=gpu_collate)
     return DataBundle(KeyedDataset(train, train_tf, seed), KeyedDataset(val, val_tf), len(train),
                       len(classes), 3)
 

@@ -100,19 +100,20 @@ def engines_can_decode(im: Image.Image) -> bool:
     return im.mode == "L" or (im.mode == "RGB" and JpegImagePlugin.get_sampling(im) in (0, 1, 2))
 
 
-def collate(batch: list) -> tuple[torch.Tensor, ...]:
+def collate(batch: list) -> tuple:
     """One flat byte tensor plus lengths: pinning a batch is then one copy, not one pinned
-    allocation per image (measured: that capped the loader near 8k img/s on two H200s)."""
+    allocation per image (measured: that capped the loader near 8k img/s on two H200s). The
+    last item holds images the workers decoded (workerdecode.py): none here."""
     data, boxes, labels, paths = zip(*batch, strict=True)
     return (torch.cat(data), torch.tensor([len(d) for d in data]), torch.stack(boxes),
-            torch.tensor(labels), paths)
+            torch.tensor(labels), paths, None)
 
 
 class Decoder:
     """A loader batch -> (normalised images, labels) on the device. The codec decodes whole
     images (CHW) or only each sample's crop (HWC); either way every image is cropped, resized
     and flipped in a few batched kernels (a loop of small per-image kernels kept the rank's
-    thread busier than the GPU: measured 7k img/s)."""
+    thread busier than the GPU: measured 7k img/s). Images the workers finished follow."""
 
     def __init__(self, device: torch.device, size: int, normalize: Normalize, codec,
                  undecodable: Callable[[str], None]):
@@ -120,7 +121,16 @@ class Decoder:
         self.undecodable = undecodable  # called with the path of each sample the codec failed
 
     def __call__(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        flat, lengths, boxes, labels, paths = batch
+        flat, lengths, boxes, labels, paths, done = batch
+        parts = [self._decode(flat, lengths, boxes, paths)] if len(lengths) else []
+        if done is not None:
+            parts.append(done.to(self.device, non_blocking=done.is_pinned()).float())
+        out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        labels = labels.to(self.device, non_blocking=True)
+        return self.normalize.standardize(out), labels
+
+    def _decode(self, flat: torch.Tensor, lengths: torch.Tensor, boxes: torch.Tensor,
+                paths: tuple[str, ...]) -> torch.Tensor:
         images = self.codec.decode(flat, lengths, boxes)
         for i, image in enumerate(images):
             if image is None:  # bytes the worker's header check passed: noted, then black
@@ -128,10 +138,8 @@ class Decoder:
                 top, left, height, width = boxes[i, :4].tolist()
                 shape = (height, width, 3) if self.codec.crops else (3, top + height, left + width)
                 images[i] = torch.zeros(shape, dtype=torch.uint8, device=self.device)
-        out = self._resize_crops(images, boxes) if self.codec.crops else \
+        return self._resize_crops(images, boxes) if self.codec.crops else \
             self._crop_and_resize(images, boxes)
-        labels = labels.to(self.device, non_blocking=True)
-        return self.normalize.standardize(out), labels
 
     def _crop_and_resize(self, images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:
         """Whole images: one roi_align call per image size, then the flips (measured 6-9% faster
