@@ -2,7 +2,8 @@
 # One device call (nvidia-h200-x2), sessions 7-9: the 2-GPU baselines of issue 14 parts 1, 2 and 5.
 # Imports and their bytecode cache, launch -> first step, the join through the dashboard and
 # through the API, bench/overlap_probe.py on GPU 0, the JPEG pipeline against synthetic data, and
-# (share) --decode gpu with SHARES of each batch decoded by the workers. Results in $OUT.
+# (share) --decode gpu with SHARES of each batch decoded by the workers, (cpu) --decode cpu with
+# this tree's trainer against the one extracted to OLD, alternating. Results in $OUT.
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; FINAL=$OUT; OUT=/tmp/r3; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD
@@ -59,6 +60,17 @@ share)  # part 1 on 2 GPUs: --cpu-decode-share F for each F in SHARES (eF: DDPTU
     done
     timeout 90 $S
   } > "$OUT/share.txt" 2>&1 ;;
+cpu)  # --decode cpu, this tree against OLD (git archive REV trainer | tar -x -C OLD), alternating
+  [ -d /tmp/jpeg ] || python3 bench/make_jpegs.py /tmp/jpeg --classes 10 --per-class 3000 > /dev/null 2>&1
+  P="python3 bench/pipeline.py /tmp/jpeg --gpus 0,1 --batch-size 256 -- --amp bf16 --channels-last --epochs 3 --decode cpu"
+  {
+    lscpu | grep -E "^CPU\(s\)|Thread|Core|Socket|NUMA node\(s\)"
+    for tree in ${CPU_TREES:-new old new old}; do
+      echo "== $tree"
+      if [ "$tree" = old ]; then PYTHONPATH=$OLD:$PYTHONPATH timeout 100 $P ${WORKERS:-}
+      else timeout 100 $P ${WORKERS:-}; fi
+    done
+  } > "$OUT/cpu.txt" 2>&1 ;;
 esac; done
 DDPTUI_PYCACHE="" ls "$HOME/.cache/ddptui/pycache" > /dev/null 2>&1 && du -sh "$HOME/.cache/ddptui/pycache" > "$OUT/pycache.txt"
 tar -czf "$FINAL/results.tgz" -C "$OUT" .

@@ -247,6 +247,43 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, cod
     assert 0.3 < area.min() and area.max() <= 1.0 and 0.3 < flip.float().mean() < 0.7
 
 
+def test_the_cpu_path_reads_every_format_and_crops_as_the_pil_transforms_did(tmp_path):
+    """--decode cpu decodes with torchvision and augments uint8 tensors: the same pixels and,
+    for a seed, the same crop and flip as PIL with the ImageNet example's transforms; formats
+    torchvision does not read (BMP, 16-bit PNG) still load through PIL."""
+    import numpy as np
+    from PIL import Image
+    from torchvision import transforms
+
+    from trainer.pipeline.datasets import _imagefolder, load_image
+
+    rng = np.random.default_rng(0)
+    pixels = (rng.random((60, 80, 3)) * 64 + np.linspace(0, 180, 80)[None, :, None]).astype("uint8")
+    (tmp_path / "a").mkdir()
+    files = {"jpg": ("RGB", "JPEG"), "png": ("RGBA", "PNG"), "bmp": ("RGB", "BMP"),
+             "gif": ("P", "GIF"), "webp": ("RGB", "WEBP")}
+    for ext, (mode, fmt) in files.items():
+        Image.fromarray(pixels).convert(mode).save(tmp_path / "a" / f"x.{ext}", fmt)
+    Image.fromarray(pixels[..., 0].astype("uint16") * 257).save(tmp_path / "a" / "deep.png")
+    for ext in [*files, "png16"]:
+        path = tmp_path / "a" / ("deep.png" if ext == "png16" else f"x.{ext}")
+        with Image.open(path) as im:
+            ref = transforms.functional.pil_to_tensor(im.convert("RGB"))
+        got = load_image(str(path))
+        assert got.dtype == torch.uint8 and got.shape == ref.shape == (3, 60, 80), ext
+        assert (got.int() - ref.int()).abs().float().mean() < 1.5, ext  # JPEG's IDCT rounding
+    bundle = _imagefolder(str(tmp_path), None, 32, seed=None)
+    pil = transforms.Compose([transforms.RandomResizedCrop(32, scale=(0.35, 1.0), antialias=True),
+                              transforms.RandomHorizontalFlip(), transforms.PILToTensor()])
+    for seed in range(8):
+        torch.manual_seed(seed)
+        with Image.open(tmp_path / "a" / "x.jpg") as im:
+            want = pil(im.convert("RGB"))
+        torch.manual_seed(seed)
+        got = bundle.train.transform(load_image(str(tmp_path / "a" / "x.jpg")))
+        assert (got.int() - want.int()).abs().float().mean() < 3, seed
+
+
 def test_the_workers_share_of_a_batch_is_what_the_rank_would_have_made(cache_dir, monkeypatch,
                                                                         tmp_path):
     """--cpu-decode-share: the samples the workers decode themselves come out as the rank's
