@@ -12,13 +12,8 @@ import threading
 import time
 
 from ddptui import __version__, bytecode
-from trainer.config import (
-    Parser,
-    UsageError,
-    add_training_options,
-    config_from_args,
-    positive_float,
-)
+from trainer.argtypes import positive_float
+from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
