@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -65,6 +67,33 @@ def test_parent_killed_takes_every_rank_and_worker_with_it(env, tmp_path):
     p.kill()
     p.wait()
     assert_gone(pids)  # on their own: PR_SET_PDEATHSIG and the parent watch
+
+
+WORKERS_THEN_DIE = """
+import os, signal, sys
+from functools import partial
+from torch.utils.data import DataLoader
+from trainer.pipeline.datasets import worker_init
+loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, multiprocessing_context="spawn",
+                    worker_init_fn=partial(worker_init, os.getpid()))
+it = iter(loader)
+with open(sys.argv[1], "w") as f:
+    f.write(" ".join(str(w.pid) for w in it._workers))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_workers_whose_rank_dies_while_they_start_end_too(env, tmp_path):
+    """A rank killed while its DataLoader workers are still importing torch: they ask for the
+    parent-death signal only after it is gone, so they must see that for themselves."""
+    said = tmp_path / "pids"
+    # No pipes: the workers inherit the script's, and a leak would hang the read, not fail.
+    r = subprocess.run([sys.executable, "-c", WORKERS_THEN_DIE, str(said)], env=env, cwd=ROOT,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    assert r.returncode == -signal.SIGKILL
+    pids = {int(p) for p in said.read_text().split()}
+    assert len(pids) == 2
+    assert_gone(pids, timeout=90)
 
 
 def test_a_rank_killed_without_rollback_points_fails_the_run_quickly_with_the_reason(env,

@@ -32,3 +32,17 @@ def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     if os.getppid() != parent_pid:
         os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def descends_from(ancestor: int) -> bool:
+    """Whether `ancestor` is this process's parent, or its parent's parent (a DataLoader worker
+    of a fork server the rank started). An orphan's new parent is init or a subreaper: a rank
+    that died, even one not yet reaped, is neither. Without /proc, assumed so."""
+    parent = os.getppid()
+    if parent == ancestor:
+        return True
+    try:
+        with open(f"/proc/{parent}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == ancestor
+    except (OSError, ValueError, IndexError):
+        return not os.path.isdir("/proc")

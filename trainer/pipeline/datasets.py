@@ -12,6 +12,7 @@ import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from PIL import Image
@@ -21,7 +22,7 @@ from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
 from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
-from trainer.elastic.lifeline import die_with_parent
+from trainer.elastic.lifeline import descends_from, die_with_parent
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import JpegFiles, collate
@@ -216,7 +217,8 @@ def build_train_loader(bundle: DataBundle, sampler: ShardedBatchSampler, workers
     """The training DataLoader over the sampler's remaining batches (pinned for CUDA)."""
     return DataLoader(bundle.train, batch_sampler=sampler, num_workers=workers,
                       collate_fn=bundle.collate, pin_memory=cuda, persistent_workers=workers > 0,
-                      prefetch_factor=4 if workers > 0 else None, worker_init_fn=worker_init,
+                      prefetch_factor=4 if workers > 0 else None,
+                      worker_init_fn=partial(worker_init, os.getpid()),
                       multiprocessing_context=worker_context(cuda) if workers else None)
 
 
@@ -227,16 +229,22 @@ def build_val_loader(bundle: DataBundle, batch_size: int, rank: int, world_size:
     shard = Subset(bundle.val, shard_indices(len(bundle.val), rank, world_size))
     return DataLoader(shard, batch_size=batch_size, num_workers=workers, pin_memory=cuda,
                       collate_fn=bundle.collate,
-                      persistent_workers=workers > 0, worker_init_fn=worker_init,
+                      persistent_workers=workers > 0,
+                      worker_init_fn=partial(worker_init, os.getpid()),
                       multiprocessing_context=worker_context(cuda) if workers else None)
 
 
-def worker_init(_worker_id: int) -> None:
+def worker_init(rank_pid: int, _worker_id: int) -> None:
     """DataLoader workers die with their rank, even one killed with SIGKILL (no orphans), and
     leave the objects they inherited out of garbage collection: a collection walking the rank's
     whole heap in a forked worker wrote to (and so copied) every page of it, about 1 s each
     time, one of them as the worker exited."""
     die_with_parent()
+    # A rank that died while this worker was still starting sends no parent-death signal, and
+    # DataLoader's own watchdog takes the orphan's new parent for its own: found alive 35
+    # minutes after its rank was killed mid-start.
+    if not descends_from(rank_pid):
+        os._exit(1)
     gc.freeze()
 
 
