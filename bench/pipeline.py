@@ -39,16 +39,19 @@ def main() -> None:
         evs = [json.loads(line) for line in open(log)]
     verdicts = [e for e in evs if e["kind"] == "message" and e.get("autotune")]
     since = verdicts[0]["t"] + 3 if verdicts else 0.0  # with --autotune: once it has chosen
-    rate, across, waits = 0.0, 0.0, []
+    rate, across, waits, ends = 0.0, 0.0, [], {}
     for rank in sorted({e["rank"] for e in evs if e["kind"] == "step"}):
         steps = [e for e in evs if e["kind"] == "step" and e["rank"] == rank
                  and e["global_step"] >= args.warmup and e["t"] >= since]
+        by_epoch: dict[int, list[dict]] = {}
+        for e in steps:
+            by_epoch.setdefault(e["epoch"], []).append(e)
         done = seconds = 0.0  # within each epoch: the validation between epochs is not input
-        for epoch in sorted({e["epoch"] for e in steps}):
-            within = [e for e in steps if e["epoch"] == epoch]
+        for within in by_epoch.values():
             done += within[-1]["global_step"] - within[0]["global_step"]
             seconds += within[-1]["t"] - within[0]["t"]
         rate += done * args.batch_size / seconds
+        ends[rank] = epoch_ends(evs, by_epoch, rank, seconds / max(1, done))
         a, b = steps[0], steps[-1]  # as sessions 1-8 measured: epoch ends and validation in
         across += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
         waits += [e["data_wait"] for e in steps[1:]]
@@ -57,7 +60,26 @@ def main() -> None:
                       "img_s_across_epochs": round(across),
                       "decoder": decoder[0] if decoder else None,
                       "data_wait": round(sum(waits) / max(1, len(waits)), 3),
+                      "epoch_ends_rank0": ends.get(0),
                       "autotune": verdicts[0]["text"] if verdicts else None}), flush=True)
+
+
+def epoch_ends(evs: list[dict], by_epoch: dict[int, list[dict]], rank: int,
+               step_s: float) -> list[dict]:
+    """Per epoch boundary among the counted steps (`by_epoch`: the rank's step events of each
+    epoch, in order): the seconds it cost beyond a step's time (validation, the epoch's report,
+    the next epoch's first batches), and of those, the seconds from the epoch's last step event
+    to its epoch event (validation and report)."""
+    out = []
+    epochs = sorted(by_epoch)
+    for a, b in zip(epochs, epochs[1:], strict=False):
+        last, first = by_epoch[a][-1], by_epoch[b][0]
+        cost = first["t"] - last["t"] - (first["global_step"] - last["global_step"]) * step_s
+        report = [e["t"] for e in evs if e["kind"] == "epoch" and e["rank"] == rank
+                  and e.get("epoch") == a]
+        out.append({"end_s": round(cost, 3),
+                    "to_epoch_event_s": round(report[0] - last["t"], 3) if report else None})
+    return out
 
 
 if __name__ == "__main__":

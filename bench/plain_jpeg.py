@@ -2,7 +2,7 @@
 (ImageFolder, RandomResizedCrop + flip in DataLoader workers, pinned memory, persistent workers,
 an APEX-style CUDA prefetcher), resnet18 bf16 channels_last. No ddptui code.
 
-torchrun --standalone --nproc-per-node 2 bench/plain_jpeg.py /data/jpeg --workers 12
+torchrun --standalone --nproc-per-node 2 bench/plain_jpeg.py /data/jpeg --workers 12 [--epochs 3]
 """
 
 import argparse
@@ -37,12 +37,20 @@ def batches(loader, mean, std):
         yield nxt
 
 
+def epochs(loader, n: int, mean, std):
+    for epoch in range(n):
+        loader.sampler.set_epoch(epoch)
+        yield from batches(loader, mean, std)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("root")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=128)
     ap.add_argument("--warmup", type=int, default=30)
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="more than one: the batches queued while the model started weigh less")
     args = ap.parse_args()
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
@@ -60,7 +68,7 @@ def main() -> None:
     mean = torch.tensor([0.485, 0.456, 0.406], device="cuda").view(1, 3, 1, 1) * 255
     std = torch.tensor([0.229, 0.224, 0.225], device="cuda").view(1, 3, 1, 1) * 255
     steps = 0
-    for step, (x, y) in enumerate(batches(loader, mean, std)):
+    for step, (x, y) in enumerate(epochs(loader, args.epochs, mean, std)):
         if step == args.warmup:
             torch.cuda.synchronize()
             t0 = time.perf_counter()

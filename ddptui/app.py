@@ -284,7 +284,7 @@ class DashboardApp(App[int]):
     def action_apply(self) -> None:
         if not self._can_steer():
             return
-        if not (self.view or {}).get("pending"):
+        if not self.source.state.pulse()["pending"]:
             self.notify("nothing pending: change a setting with p, w/W or b first",
                         severity="warning")
             return
@@ -337,7 +337,9 @@ class DashboardApp(App[int]):
         return self.live and not self.source.done.is_set() and not self.quitting
 
     def _desired(self) -> dict:
-        v = self.view or {"settings": {}, "pending": {}}
+        """The settings asked for so far, read from the state rather than the last drawn view:
+        keys pressed in quick succession (W W, W a) each see the one before."""
+        v = self.source.state.pulse()
         return {**v["settings"], **v["pending"]}
 
 

@@ -191,7 +191,9 @@ class RunState:
         row.ranks[rank] = ev
         if ev.get("val_acc") is not None:
             self.best_val_acc = max(self.best_val_acc or 0.0, ev["val_acc"])
-        if ev.get("settings"):
+        # The settings a segment ran under, not those in force: a peer's row cut by `a` arrives
+        # after rank 0's "applied". Only a view that has seen no settings event takes them.
+        if ev.get("settings") and not self.settings:
             self.settings = dict(ev["settings"])
         self.live_epoch.ended(ev, t)
         live = [r for r in self.ranks.values() if r.state in ("running", "starting")]

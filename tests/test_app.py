@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 
@@ -171,13 +172,22 @@ async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
     """Wait for an outcome; the timeout only keeps a hang from eating the suite."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s\n{_screen(pilot.app)}"
         await pilot.pause(0.1)
     await asyncio.sleep(0)
 
 
+def _screen(app: DashboardApp) -> str:
+    """What a failed wait saw: the epochs table and the last event lines."""
+    rows = "\n".join(" | ".join(row) for row in _cells(app.epoch_table))
+    lines = "\n".join(line.text for line in list(app.events.lines)[-20:])
+    return f"epochs:\n{rows}\nevents:\n{lines}"
+
+
 async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64"),
+    # TINY on 128-step epochs in a world of 2 (the later --data wins): `a` below has room to
+    # land inside one.
+    sup = Supervisor(_config(*TINY, "--data", "tests.helpers.userpkg:many_blobs", "--epochs", "500"),
                      str(tmp_path / "live.jsonl"))
     app = DashboardApp(sup)
 
@@ -197,12 +207,25 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         await _until(pilot, lambda: app.view["meta"]["world_size"] == 2 and state(1) == "running",
                      "rank 1 back in a world of 2", timeout=90)
         await pilot.press("a")  # nothing pending yet: refused, nothing sent
-        await pilot.press("W", "a")
-        await _until(pilot, lambda: any("·" in row[0] for row in _cells(app.epoch_table)),
-                     "an epoch row split where the settings changed")
-        row = next(r for r in _cells(app.epoch_table) if "·" in r[0])
-        assert row[2] == "0"  # the part before the change ran with the old worker count
+        # Paused first: an epoch ending between the request and `a` would take the new
+        # setting at its boundary, and `a` would find nothing pending.
+        await pilot.press("space")
+        await _until(pilot, lambda: app.view["paused"], "pause")
+        # Each key builds on the one before, though no view is drawn between them: 1, 2, 1.
+        await pilot.press("W", "W", "w", "a")
         await _until(pilot, lambda: app.view["settings"]["workers"] == 1, "workers 1 applied")
+        applied = next(e for e in events(tmp_path / "live.jsonl", "settings")
+                       if e["status"] == "applied" and e["settings"]["workers"] == 1)
+        await pilot.press("space")
+        epoch, step = applied["epoch"], applied["step"]
+        # The epoch's row splits at the paused step: before it 0 workers, after it 1. (Paused
+        # on an epoch's last step, 1 in 128, the change lands at the boundary instead.)
+        before = rf"^{epoch - 1}( |$)" if step == 0 else rf"^{epoch} ·\d+-{step}$"
+        after = rf"^{epoch}( |$)" if step == 0 else rf"^{epoch} ·{step}-"
+        await _until(pilot, lambda: any(re.match(after, row[0]) and row[2] == "1"
+                                        for row in _cells(app.epoch_table)),
+                     f"epoch {epoch} from step {step} with 1 worker")
+        assert any(re.match(before, row[0]) and row[2] == "0" for row in _cells(app.epoch_table))
         pids = sup.pids()
         await pilot.press("q")
         await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)

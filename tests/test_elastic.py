@@ -87,6 +87,8 @@ def test_every_sample_once_across_stop_restart_apply_and_crash(tmp_path, monkeyp
     assert 0 <= missing < bs * 3  # at most the last, incomplete global batch
     segments = [e for e in events(log, "epoch") if e["rank"] == 0]
     assert [s["world_size"] for s in segments if s["partial"]][:3] == [3, 2, 3]
+    # Validation, sharded over the world that finished the epoch, scores each of 64 once.
+    assert [s["val_samples"] for s in segments if not s["partial"]] == [64]
     assert_gone(sup.pids())
 
 

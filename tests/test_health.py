@@ -130,3 +130,18 @@ def test_slow_steps_still_count_in_throughput_and_progress_never_passes_100():
     # A world of 1 takes more steps in the epoch than the 10 planned for a world of 4.
     state.apply(_step(20.0, 0, 30, 0.97))
     assert 0.96 < state.view()["progress"][-1] <= 1.0
+
+
+def test_a_peer_row_cut_by_a_settings_change_does_not_bring_the_old_settings_back():
+    """Rank 0 reports its part of the epoch, then the applied settings; rank 1's part, under
+    the old settings, comes last. What is in force is what was applied."""
+    state = RunState({"epochs": 2}, live=False)
+    old, new = {"workers": 0, "prefetch": True}, {"workers": 1, "prefetch": True}
+    state.apply({"t": 0.0, "kind": "settings", "rank": 0, "settings": old, "status": "applied"})
+    part = {"kind": "epoch", "epoch": 0, "start_step": 0, "end_step": 5, "partial": True,
+            "settings": old, "world_size": 2, "samples_per_s": 100.0, "data_wait": 0.0}
+    state.apply({"t": 1.0, "rank": 0, **part})
+    state.apply({"t": 1.0, "kind": "settings", "rank": 0, "settings": new, "status": "applied",
+                 "epoch": 0, "step": 5})
+    state.apply({"t": 1.1, "rank": 1, **part})
+    assert state.view()["settings"] == new and state.view()["epochs"][0]["settings"] == old

@@ -109,7 +109,8 @@ def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path, decode):
 def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path, share):
     """The prefetching thread ends with each epoch; the persistent workers it read from must
     not end with it (they die with the thread that forked them). With a CPU share the workers
-    decode half of each batch, and the rank says so."""
+    decode half of each batch, and the rank says so. Validation loads ahead and sees every
+    held-out image once."""
     _jpeg_folder(tmp_path / "imgs", per_class=16)
     log = tmp_path / "run.jsonl"
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
@@ -122,6 +123,9 @@ def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_pat
     said = [e["text"] for e in events(log, "message") if e.get("decoder")]
     assert said and all(("50% of each batch by the DataLoader workers" in t) == bool(share)
                                   for t in said)
+    # 32 images, every 20th held out: each validation, its batches loading since the epoch's
+    # first step (3 steps, all within VAL_AHEAD of the end), counts both once.
+    assert [e["val_samples"] for e in events(log, "epoch")] == [2] * 6
     assert all(e["val_acc"] is not None for e in events(log, "epoch"))
 
 

@@ -13,11 +13,13 @@ import threading
 import pytest
 import torch
 
+from trainer.bootstrap import separate_hardware_queues
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import RunConfig
 from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tensors
 from trainer.elastic.world import await_store
+from trainer.loop import padded
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.setup import build_optimizer
 from trainer.telemetry.reporter import EventBuffer
@@ -180,3 +182,26 @@ def test_a_rank_connects_to_the_store_only_once_it_listens():
     assert returned.is_set()
     server.close()
     await_store("env://")  # torchrun's rendezvous: nothing to wait for
+
+
+def test_ranks_get_a_hardware_queue_per_stream_unless_the_user_chose(monkeypatch):
+    # Set, then removed: monkeypatch then puts back what the session had, whatever was set here.
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "")
+    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
+    separate_hardware_queues()
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # e.g. for ordered collectives
+    separate_hardware_queues()
+    assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+
+
+def test_a_padded_last_validation_batch_scores_its_own_samples_alike():
+    from torchvision.models import resnet18
+
+    model = resnet18(num_classes=3).eval().to(memory_format=torch.channels_last)
+    images = torch.randn(5, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+    grown = padded(images, 8)
+    assert grown.shape[0] == 8 and grown.is_contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        torch.testing.assert_close(model(grown)[:5], model(images), rtol=1e-4, atol=1e-5)
+    assert padded(images, 4) is images  # a full batch is left alone

@@ -42,6 +42,14 @@ def write_bytecode_to_the_cache() -> None:
         sys.dont_write_bytecode = False
 
 
+def separate_hardware_queues() -> None:
+    """Before CUDA starts: one hardware queue per stream, unless the user chose otherwise.
+    CUDA maps streams onto 8 queues by default, so the decode or prefetch stream can share one
+    with the training stream and wait behind its kernels (--decode gpu on one H200: 9.0k ->
+    11.4k img/s with 32; docs/benchmarks.md, session 10)."""
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+
 def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is worker.main's."""
     write_bytecode_to_the_cache()
@@ -66,6 +74,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        separate_hardware_queues()
         if spec.config.data_kind != "synthetic" and spec.config.resolved_workers(spec.world_size):
             start_worker_server()
     if spec.rank == 0 and not spec.standby:

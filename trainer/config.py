@@ -109,8 +109,9 @@ class RunConfig:
     @property
     def resolved_cpu_decode_share(self) -> float:
         """With --decode gpu, the share of each batch the DataLoader workers decode: none by
-        default, as a share gained 2-7% on 2 x H200 with 16 cores each and lost that much at
-        each epoch's start (docs/benchmarks.md, session 9); it pays where cores are plentiful."""
+        default, as on 2 x H200 with 16 cores each a share gained at most 7% with CUDA's 8
+        hardware queues and lost 7-15% with one per stream (docs/benchmarks.md, sessions 9-10);
+        it can pay where cores are idle and the GPU waits for input."""
         if self.decode != "gpu":
             return 0.0
         return self.cpu_decode_share or 0.0
@@ -167,8 +168,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                    "nvJPEG and crops/resizes/flips on the GPU (imagefolder and shapes data)")
     g.add_argument("--cpu-decode-share", type=fraction, default=None, metavar="F",
                    help="with --decode gpu: the share of each batch the workers decode on the "
-                   "CPU, so fewer images wait for the GPU's decoder (default 0; try 0.3 with "
-                   "8+ idle cores per GPU)")
+                   "CPU, so fewer images wait for the GPU's decoder (default 0; for hosts with "
+                   "idle cores whose GPUs wait for input)")
     g.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=d.prefetch,
                    help="CUDA side-stream prefetcher with on-GPU normalisation")
     g.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from trainer.elastic import world
 from trainer.elastic.snapshot import WorldLost
 from trainer.parts import Parts, State
-from trainer.pipeline.prefetch import plain_batches
 from trainer.protocol.events import count, describe
 from trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
+VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading
 
 
 def on_urgent(order: dict, p: Parts) -> None:
@@ -128,6 +128,8 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             pulse.phase = "compute"
             loss = train_step(p, images, labels)
             p.sampler.step_done()
+            if len(p.sampler) <= VAL_AHEAD:
+                p.loaders.arm_val()
             p.state.global_step += 1
             step = pulse.step = p.state.global_step
             if p.meter.step(loss, epoch, p.sampler.steps_done, step):
@@ -194,22 +196,41 @@ def handle_commands(p: Parts, commands: list[dict]) -> None:
 
 
 @torch.no_grad()
-def validate(p: Parts) -> tuple[float, float] | None:
-    """Loss and accuracy over the whole validation set, all-reduced (each sample once)."""
+def validate(p: Parts) -> tuple[float, float, int] | None:
+    """Loss, accuracy and sample count over the whole validation set, all-reduced (each sample
+    once)."""
     if p.loaders.val is None:
         return None
     p.model.eval()  # the unwrapped module: no DDP collectives inside an uneven shard
     totals = torch.zeros(3, device=p.me.device, dtype=torch.float64)
-    for images, labels in plain_batches(p.loaders.val, p.loaders.prepare):
+    tuned = p.me.device.type == "cuda" and torch.backends.cudnn.benchmark
+    for images, labels in p.loaders.val_batches():
         with p.autocast():
-            logits = p.model(images)
+            logits = p.model(padded(images, p.config.batch_size) if tuned else images)
+        logits = logits[:len(labels)]
         totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
         totals[1] += (logits.argmax(1) == labels).sum()
         totals[2] += labels.numel()
     p.model.train()
     dist.all_reduce(totals)
     loss_sum, correct, count = totals.tolist()
-    return (loss_sum / count, correct / count) if count else None
+    return (loss_sum / count, correct / count, int(count)) if count else None
+
+
+def padded(images: torch.Tensor, size: int) -> torch.Tensor:
+    """A smaller last batch grown with zeros to the training batch's size, so its shapes are
+    ones cuDNN has tuned for already: a new shape meant a benchmark of every convolution in the
+    middle of the first epoch end. In eval mode each sample's output is its own."""
+    n = len(images)
+    if n >= size:
+        return images
+    layout = torch.channels_last if images.dim() == 4 and \
+        images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
+    out = torch.empty((size, *images.shape[1:]), dtype=images.dtype, device=images.device,
+                      memory_format=layout)
+    out[:n] = images
+    out[n:] = 0
+    return out
 
 
 def end_epoch(p: Parts, epoch: int) -> None:
@@ -217,7 +238,7 @@ def end_epoch(p: Parts, epoch: int) -> None:
     val = validate(p)
     extra = {}
     if val:
-        extra = {"val_loss": round(val[0], 5), "val_acc": round(val[1], 5)}
+        extra = {"val_loss": round(val[0], 5), "val_acc": round(val[1], 5), "val_samples": val[2]}
         p.state.best_val_acc = max(p.state.best_val_acc, val[1])
     ev = report_segment(p, epoch, **extra)
     if p.me.echo and p.me.is_main:

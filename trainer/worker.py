@@ -208,7 +208,6 @@ def describe_start(p: Parts) -> None:
         where = "on the GPU" if me.device.type == "cuda" else "in the rank process (CPU rank)"
         share = config.resolved_cpu_decode_share
         workers = f"; {share:.0%} of each batch by the DataLoader workers" if share else ""
-        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}{workers}", decoder=codec,
-               cpu_decode_share=share)
+        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}{workers}", decoder=codec)
 
 

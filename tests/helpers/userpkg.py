@@ -40,6 +40,11 @@ def blobs():
     return Blobs(512, 0), Blobs(128, 1)
 
 
+def many_blobs():
+    """Epochs long enough (256 steps at batch 16) that a key lands inside one."""
+    return Blobs(4096, 0), Blobs(128, 1)
+
+
 class Recorder(Dataset):
     """Blobs that append `time pid index` to $DDPTUI_TEST_RECORD for every sample served (the
     exactly-once checks), and take $DDPTUI_TEST_ITEM_S seconds a sample while the file named by

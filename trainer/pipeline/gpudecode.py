@@ -158,10 +158,10 @@ class Decoder:
             # average like antialiased resizing.
             out[index] = roi_align(stack, regions, (self.size, self.size), aligned=True,
                                    sampling_ratio=-1)
-        flip = boxes[:, 4].bool()
-        if flip.any():
-            flip = flip.to(self.device, non_blocking=True)
-            out = torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
+        flipped = boxes[:, 4].nonzero().squeeze(1)  # only these are read and written again
+        if len(flipped):
+            flipped = flipped.to(self.device, non_blocking=True)
+            out[flipped] = out[flipped].flip(-1)
         return out
 
     def _resize_crops(self, images: list[torch.Tensor], boxes: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,7 @@ class Loaders:
             if dataset is not None and hasattr(dataset, "notes"):  # set before workers start
                 dataset.notes = self.bad.notes
         self.train = self.val = None
+        self.val_ahead = None  # the validation batches arm_val set loading, until validation
         self.workers = None
         self.apply(settings)
 
@@ -62,6 +63,19 @@ class Loaders:
         return build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
                                 self.me.world_size, self.workers, self.me.device.type == "cuda")
 
+    def arm_val(self) -> None:
+        """Near the epoch's end: the validation workers start (the first time) and load while
+        the last steps train, so validation finds its first batches ready (0.1-0.2 s off each
+        epoch end on one H200; docs/benchmarks.md, session 10)."""
+        if self.val is not None and self.val_ahead is None:
+            self.val_ahead = iter(self.val)
+
+    def val_batches(self):
+        """The validation batches, prepared on the compute stream: those arm_val set loading,
+        else a pass started now (iterating the loader again would restart it)."""
+        batches, self.val_ahead = self.val_ahead or self.val, None
+        return plain_batches(batches, self.prepare)
+
     def start_workers(self) -> None:
         """A standby starts its workers ahead of the join (what it loads now is thrown away)."""
         if self.train is not None and self.workers:
@@ -85,4 +99,4 @@ class Loaders:
                 it._shutdown_workers()  # persistent workers end now, not at interpreter exit
         if train:
             self.train = None
-        self.val = None
+        self.val = self.val_ahead = None

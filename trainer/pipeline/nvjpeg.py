@@ -20,7 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-BACKEND_HARDWARE, OUTPUT_RGB = 3, 3  # nvjpegBackend_t, nvjpegOutputFormat_t (planar RGB)
+BACKEND_HARDWARE = 3  # nvjpegBackend_t
+OUTPUT_YUV, OUTPUT_RGB = 1, 3  # nvjpegOutputFormat_t: planar YCbCr as coded, planar RGB
 STATUS_ARCH_MISMATCH = 7  # no hardware decoder on this GPU
 IN_FLIGHT = 3  # batches whose input bytes a lane keeps until the device has read them
 # nvjpegImage_t: four channel pointers, then four pitches.
@@ -70,7 +71,7 @@ class _Lane:
         self.in_flight: deque = deque()  # (event, what the device may still read)
 
     def decode(self, sources: np.ndarray, lengths: np.ndarray, dest: np.ndarray, keep: object,
-               ready: torch.cuda.Event) -> torch.cuda.Event:
+               ready: torch.cuda.Event, output: int = OUTPUT_RGB) -> torch.cuda.Event:
         """Queue the decode of len(sources) images on this lane's stream, after `ready` (the
         output's memory may still be read by earlier work of the stream it was taken on)."""
         if self.state_free[self.turn] is not None:
@@ -79,7 +80,7 @@ class _Lane:
         with torch.cuda.device(self.stream.device), torch.cuda.stream(self.stream):
             self.stream.wait_event(ready)
             _check(self.lib.nvjpegDecodeBatchedInitialize(self.handle, state, count, 1,
-                                                          OUTPUT_RGB),
+                                                          output),
                    "nvjpegDecodeBatchedInitialize")
             _check(self.lib.nvjpegDecodeBatched(
                 self.handle, state, ctypes.c_void_p(sources.ctypes.data),
@@ -121,30 +122,17 @@ class HardwareJpeg:
         groups: dict[tuple[int, int], list[int]] = {}
         for i in np.flatnonzero(ok).tolist():
             groups.setdefault((int(heights[i]), int(widths[i])), []).append(i)
-        current = torch.cuda.current_stream(self.device)
         for (h, w), index in groups.items():
             # One buffer per image size: the images are views of it, in index order.
             out = torch.empty(len(index), 3, h, w, dtype=torch.uint8, device=self.device)
-            ready = torch.cuda.Event()
-            ready.record(current)
             dest = np.zeros(len(index), IMAGE)
             image_at = np.uint64(out.data_ptr()) + np.arange(len(index), dtype=np.uint64) * \
                 np.uint64(3 * h * w)
             dest["channel"][:, :3] = image_at[:, None] + \
                 np.arange(3, dtype=np.uint64) * np.uint64(h * w)
             dest["pitch"][:, :3] = w
-            sources = np.uint64(flat.data_ptr()) + start[index]
-            chunks = np.array_split(np.arange(len(index)), min(len(self.lanes), len(index)))
-            futures = [self.pool.submit(lane.decode, sources[c], size[index][c], dest[c], flat,
-                                        ready) for lane, c in zip(self.lanes, chunks, strict=False)]
-            rejected = False
-            for future in futures:  # every queued lane is waited for, even after a rejection
-                try:
-                    current.wait_event(future.result())
-                except RuntimeError:  # these images go the other way
-                    rejected = True
-            if rejected:
-                continue
+            if not self.queue(flat, start[index], size[index], dest):
+                continue  # these images go the other way
             for i, image in zip(index, out.unbind(0), strict=True):
                 images[i] = image
         rest = [i for i in range(n) if images[i] is None]
@@ -154,3 +142,24 @@ class HardwareJpeg:
                                 strict=True):
                 images[i] = image
         return images
+
+    def queue(self, flat: torch.Tensor, start: np.ndarray, size: np.ndarray, dest: np.ndarray,
+              output: int = OUTPUT_RGB) -> bool:
+        """Decode the JPEGs at flat + start (size bytes each) into the nvjpegImage_t entries
+        `dest`, split over the lanes, once the current stream's earlier work is done; the
+        current stream then waits for them. False where the engines rejected some: every
+        queued lane is still waited for."""
+        current = torch.cuda.current_stream(self.device)
+        ready = torch.cuda.Event()
+        ready.record(current)
+        sources = np.uint64(flat.data_ptr()) + start
+        chunks = np.array_split(np.arange(len(dest)), min(len(self.lanes), len(dest)))
+        futures = [self.pool.submit(lane.decode, sources[c], size[c], dest[c], flat, ready, output)
+                   for lane, c in zip(self.lanes, chunks, strict=False)]
+        accepted = True
+        for future in futures:
+            try:
+                current.wait_event(future.result())
+            except RuntimeError:
+                accepted = False
+        return accepted

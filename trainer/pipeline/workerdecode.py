@@ -37,8 +37,7 @@ class SplitCollate:
         flat, lengths, boxes, labels, paths, _ = collate(rest) if rest else _empty()
         # Straight into shared memory: the queue to the rank would copy it there otherwise.
         images = torch.empty(len(done), 3, self.size, self.size, dtype=torch.uint8).share_memory_()
-        for i, (image, _) in enumerate(done):
-            images[i] = image
+        torch.stack([image for image, _ in done], out=images)
         labels = torch.cat([labels, torch.tensor([label for _, label in done])])
         return flat, lengths, boxes, labels, paths, images
 
