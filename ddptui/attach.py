@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection, Listener
 
 from ddptui.runstate import RunState
 from trainer.protocol.channel import MessageTooLong, handshake, receive, send
-from trainer.protocol.events import PARENT, JsonlWriter, event
+from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
              "group when a rank fails (--max-restarts), srun ends the step; stop the job there "
@@ -80,8 +80,9 @@ class Attach:
         self._command({"op": "apply"})
 
     def change_settings(self, **settings) -> None:
-        self._record(event("settings", PARENT, settings=settings, status="requested"))
-        self._command({"op": "settings", "settings": settings})
+        requested, cmd = settings_request(settings)
+        if self._command(cmd):  # one that was never sent would stay pending in the view
+            self._record(requested)
 
     def stop_rank(self, rank: int) -> None:
         self._note("warning", DELEGATED.format(rank=rank))
@@ -89,16 +90,18 @@ class Attach:
     def restart_rank(self, rank: int) -> None:
         self._note("warning", DELEGATED.format(rank=rank))
 
-    def _command(self, cmd: dict) -> None:
+    def _command(self, cmd: dict) -> bool:
         with self._lock:
             conn = self._conns.get(0)
         if conn is None:
             self._note("warning", "rank 0 is not connected: the command was not sent")
-            return
+            return False
         try:
             send(conn, cmd)
         except (OSError, ValueError):
             self._note("warning", "rank 0's connection broke: the command was not sent")
+            return False
+        return True
 
     # -- the connections ---------------------------------------------------------------------
     def _accept(self) -> None:

@@ -99,6 +99,7 @@ class RunState:
         self.epochs: dict[tuple[int, int], EpochRow] = {}  # (epoch, first step) -> row
         self.settings: dict = {}
         self.pending: dict = {}
+        self.asked: dict[str, dict] = {}  # requests rank 0 has not echoed yet, oldest first
         self.best_val_acc: float | None = None
         self.loss_lines: dict[int, Timeline] = {}  # rank -> its loss over the run
         self.rate_line = Timeline()  # the members' img/s
@@ -201,14 +202,32 @@ class RunState:
             self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **row.merged()}))
 
     def _on_settings(self, ev: dict, rank: int, t: float) -> None:
-        if ev.get("status") in ("requested", "pending"):
-            wanted = {**self.pending, **ev["settings"]}
-            self.pending = {k: v for k, v in wanted.items() if self.settings.get(k) != v}
+        status, request = ev.get("status"), ev.get("request")
+        if status == "requested":
+            if request:
+                self.asked[request] = ev["settings"]
+            self._want(ev["settings"])
+        elif status == "pending":
+            # Rank 0's echo of one request. Keys pressed since are newer than its word
+            # (W W: the echo of the first would undo the second).
+            if request in self.asked:
+                ids = list(self.asked)
+                for done in ids[:ids.index(request) + 1]:
+                    del self.asked[done]
+                if self.asked:
+                    return
+            self._want(ev["settings"])
         else:
             if self.settings and ev["settings"] != self.settings:
                 changed = [k for k, v in ev["settings"].items() if self.settings.get(k) != v]
                 self.marks.append((t, ", ".join(changed)))
             self.settings, self.pending = dict(ev["settings"]), {}
+            for later in self.asked.values():  # not echoed yet: asked after what was applied
+                self._want(later)
+
+    def _want(self, settings: dict) -> None:
+        wanted = {**self.pending, **settings}
+        self.pending = {k: v for k, v in wanted.items() if self.settings.get(k) != v}
 
     def _on_rank(self, ev: dict, rank: int, t: float) -> None:
         r = self._rank(rank)

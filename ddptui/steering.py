@@ -9,7 +9,7 @@ import queue
 
 from ddptui.outcome import EXIT_INTERRUPTED
 from ddptui.processes import RankProcess
-from trainer.protocol.events import PARENT, JsonlWriter, event
+from trainer.protocol.events import JsonlWriter, settings_request
 
 
 class Steering:
@@ -31,8 +31,9 @@ class Steering:
 
     def change_settings(self, **settings) -> None:
         """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
-        self.state.apply(event("settings", PARENT, settings=settings, status="requested"))
-        self._commands.put({"op": "settings", "settings": settings})
+        requested, cmd = settings_request(settings)
+        self.state.apply(requested)
+        self._commands.put(cmd)
 
     def apply_now(self) -> None:
         """Pending settings take effect at the next agreed step instead of the next epoch."""

@@ -145,3 +145,36 @@ def test_a_peer_row_cut_by_a_settings_change_does_not_bring_the_old_settings_bac
                  "epoch": 0, "step": 5})
     state.apply({"t": 1.1, "rank": 1, **part})
     assert state.view()["settings"] == new and state.view()["epochs"][0]["settings"] == old
+
+
+def test_rank_0s_echo_of_an_older_request_does_not_undo_keys_pressed_since():
+    """W W w quickly: rank 0 echoes each request as it takes it; the echo of the first, arriving
+    after the second was asked for, must not turn 2 back into 1 (CI saw W W w send 1, 2, 0)."""
+    state = RunState({"epochs": 2}, live=False)
+    base = {"workers": 0, "prefetch": True}
+    state.apply({"t": 0.0, "kind": "settings", "rank": -1, "settings": base, "status": "applied"})
+
+    def ask(t, rid, workers):
+        state.apply({"t": t, "kind": "settings", "rank": -1, "settings": {"workers": workers},
+                     "status": "requested", "request": rid})
+
+    def echo(t, rid, workers):
+        state.apply({"t": t, "kind": "settings", "rank": 0, "status": "pending", "request": rid,
+                     "settings": {**base, "workers": workers}, "epoch": 1})
+
+    ask(1.0, "r1", 1)
+    ask(1.1, "r2", 2)
+    echo(1.2, "r1", 1)
+    assert state.pulse()["pending"] == {"workers": 2}
+    ask(1.3, "r3", 1)
+    echo(1.4, "r2", 2)
+    assert state.pulse()["pending"] == {"workers": 1}
+    echo(1.5, "r3", 1)
+    assert state.pulse()["pending"] == {"workers": 1}
+    # `a`, then W before the change lands: the applied event leaves the newer request pending.
+    ask(1.6, "r4", 2)
+    state.apply({"t": 1.7, "kind": "settings", "rank": 0, "status": "applied", "epoch": 0,
+                 "step": 5, "settings": {**base, "workers": 1}})
+    assert state.pulse()["pending"] == {"workers": 2}
+    echo(1.8, "r4", 2)
+    assert state.pulse()["pending"] == {"workers": 2} and state.pulse()["settings"]["workers"] == 1

@@ -192,7 +192,8 @@ def handle_commands(p: Parts, commands: list[dict]) -> None:
             p.state.pending.update(cmd["settings"])
             if p.me.is_main:
                 p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
-                                   epoch=p.sampler.epoch + 1, status="pending")
+                                   epoch=p.sampler.epoch + 1, status="pending",
+                                   request=cmd.get("request"))
 
 
 @torch.no_grad()

@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+import uuid
 
 # kind -> the fields a consumer may rely on (beyond t, kind, rank).
 KINDS: dict[str, tuple[str, ...]] = {
@@ -45,6 +46,14 @@ PARENT = -1
 def event(kind: str, rank: int, **fields) -> dict:
     """A new event stamped with the current time."""
     return {"t": round(time.time(), 3), "kind": kind, "rank": rank, **fields}
+
+
+def settings_request(settings: dict) -> tuple[dict, dict]:
+    """A settings change as the parent's own "requested" event and the command for rank 0, under
+    one id: rank 0's "pending" echo names it, so a view can tell an echo that later keys overtook."""
+    rid = uuid.uuid4().hex[:8]
+    return (event("settings", PARENT, settings=settings, status="requested", request=rid),
+            {"op": "settings", "settings": settings, "request": rid})
 
 
 def encode(ev: dict) -> str:
