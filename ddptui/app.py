@@ -198,7 +198,9 @@ class DashboardApp(App[int]):
     def action_pause(self) -> None:
         if not self._can_steer():
             return
-        if self.view and self.view["paused"]:
+        # What was last asked for, if the ranks are not there yet: space space is pause, resume.
+        p = self.source.state.pulse()
+        if p["paused"] if p["pause_asked"] is None else p["pause_asked"]:
             self.source.resume()
             self.notify("resuming every rank")
         else:

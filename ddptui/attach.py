@@ -68,10 +68,12 @@ class Attach:
 
     # -- steering: commands go to the world's rank 0, which agrees them with the others --------
     def pause(self) -> None:
-        self._command({"op": "pause"})
+        if self._command({"op": "pause"}):
+            self._record(event("run", PARENT, status="pausing"))
 
     def resume(self) -> None:
-        self._command({"op": "resume"})
+        if self._command({"op": "resume"}):
+            self._record(event("run", PARENT, status="resuming"))
 
     def checkpoint(self) -> None:
         self._command({"op": "checkpoint"})

@@ -91,6 +91,7 @@ class RunState:
         self.meta = dict(meta or {})  # model, data, epochs, world_size, device_kind, log
         self.status = "starting"
         self.paused = False
+        self.pause_asked: bool | None = None  # space pressed, the ranks not there yet
         self.started_t: float | None = None
         self.first_step_t: float | None = None
         self.ended_t: float | None = None
@@ -247,6 +248,7 @@ class RunState:
         self.meta["world_size"] = ev.get("size")
         if ev.get("generation"):  # a change (generation 0 is the launch)
             self.marks.append((t, f"world {ev.get('size')}"))
+            self.pause_asked = None  # the new world agreed its state; a lost order stays lost
             where = f" at epoch {ev['epoch']} step {ev['step']}" if "epoch" in ev else ""
             size = ev.get("size")
             self._line(t, "info", f"world: {count(size, 'rank')} "
@@ -258,8 +260,12 @@ class RunState:
             self.started_t = t
             self.meta.update({k: v for k, v in ev.items() if k not in ("t", "kind", "rank")})
             self.status = "starting"
+        elif status in ("pausing", "resuming"):  # asked for; the ranks' word comes later
+            self.pause_asked = status == "pausing"
         elif status in ("paused", "resumed"):
             self.paused = status == "paused"
+            if self.pause_asked == self.paused:
+                self.pause_asked = None
             if rank in self.ranks and ev.get("global_step") is not None:
                 self.ranks[rank].global_step = ev["global_step"]  # exact, unlike the sampled steps
             if rank in (0, PARENT):
@@ -340,7 +346,8 @@ class RunState:
             return self._pulse()
 
     def _pulse(self) -> dict:
-        return {"status": self.status, "paused": self.paused, "settings": dict(self.settings),
+        return {"status": self.status, "paused": self.paused, "pause_asked": self.pause_asked,
+                "settings": dict(self.settings),
                 "pending": dict(self.pending),
                 "throughput": self._throughput(self._now()) if self.status == "running" else 0.0}
 

@@ -9,7 +9,7 @@ import queue
 
 from ddptui.outcome import EXIT_INTERRUPTED
 from ddptui.processes import RankProcess
-from trainer.protocol.events import JsonlWriter, settings_request
+from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 
 class Steering:
@@ -21,9 +21,11 @@ class Steering:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
 
     def pause(self) -> None:
+        self.state.apply(event("run", PARENT, status="pausing"))
         self._commands.put({"op": "pause"})
 
     def resume(self) -> None:
+        self.state.apply(event("run", PARENT, status="resuming"))
         self._commands.put({"op": "resume"})
 
     def checkpoint(self) -> None:

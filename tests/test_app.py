@@ -152,7 +152,12 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
             await pilot.pause(0.2)
         rows = _cells(app.query_one(RankTable))
         assert all(row[3] != "-" and row[4] != "-" for row in rows)  # loss and img/s shown
-        await pilot.press("space")
+        # Space three times, faster than the ranks answer: pause, resume, pause (each press
+        # builds on the one before, not on the ranks' last word).
+        await pilot.press("space", "space", "space")
+        await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
+                                     if e["rank"] == 0] == ["paused", "resumed", "paused"],
+                     "paused, resumed, paused")
         await _until(pilot, lambda: app.view["paused"], "pause")
         await pilot.press("space")
         await _until(pilot, lambda: not app.view["paused"], "resume")
@@ -209,7 +214,12 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         await pilot.press("a")  # nothing pending yet: refused, nothing sent
         # Paused first: an epoch ending between the request and `a` would take the new
         # setting at its boundary, and `a` would find nothing pending.
-        await pilot.press("space")
+        # Space three times, faster than the ranks answer: pause, resume, pause (each press
+        # builds on the one before, not on the ranks' last word).
+        await pilot.press("space", "space", "space")
+        await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
+                                     if e["rank"] == 0] == ["paused", "resumed", "paused"],
+                     "paused, resumed, paused")
         await _until(pilot, lambda: app.view["paused"], "pause")
         # Each key builds on the one before, though no view is drawn between them: 1, 2, 1.
         await pilot.press("W", "W", "w", "a")

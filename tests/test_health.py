@@ -6,6 +6,7 @@ from __future__ import annotations
 from ddptui.health import Seen, Stragglers, judge_stalls, stall_limit
 from ddptui.runstate import RunState
 from ddptui.stacks import innermost
+from ddptui.widgets.header import RunHeader
 
 NOW = 1000.0
 
@@ -178,3 +179,26 @@ def test_rank_0s_echo_of_an_older_request_does_not_undo_keys_pressed_since():
     assert state.pulse()["pending"] == {"workers": 2}
     echo(1.8, "r4", 2)
     assert state.pulse()["pending"] == {"workers": 2} and state.pulse()["settings"]["workers"] == 1
+
+
+def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
+    """What the keys build on and what the header says while the ranks have not answered."""
+    state = RunState({"epochs": 2}, live=False)
+    header = RunHeader()
+
+    def run(t, rank, status):
+        state.apply({"t": t, "kind": "run", "rank": rank, "status": status})
+        header.view = state.view()
+        return header.render().plain
+
+    run(0.0, -1, "started")
+    state.apply(_step(0.5, 0, 1, 0.1))
+    assert " PAUSING " in run(1.0, -1, "pausing")
+    assert state.pulse()["pause_asked"] is True and not state.pulse()["paused"]
+    assert " RUNNING " in run(1.1, -1, "resuming")  # where the two orders leave the ranks
+    # The first order's answer: the second is still on its way, and the header says so.
+    assert " RESUMING " in run(1.2, 0, "paused")
+    assert state.pulse()["paused"] and state.pulse()["pause_asked"] is False
+    assert " RUNNING " in run(1.3, 0, "resumed")
+    assert state.pulse()["pause_asked"] is None
+    assert " PAUSED " in run(1.4, 0, "paused")  # paused from elsewhere (attach, the autotuner)

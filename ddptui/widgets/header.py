@@ -21,7 +21,12 @@ class RunHeader(Static):
         meta = v["meta"]
         world = meta.get("world_size") or len(v["ranks"])
         kind = "GPU" if meta.get("device_kind") == "cuda" else "CPU"
-        status = "PAUSED" if v["paused"] and v["status"] == "running" else v["status"].upper()
+        status = v["status"].upper()
+        asked = v.get("pause_asked")
+        if status == "RUNNING" and asked is not None and asked != v["paused"]:
+            status = "PAUSING" if asked else "RESUMING"  # asked for, not yet agreed by the ranks
+        elif status == "RUNNING" and v["paused"]:
+            status = "PAUSED"
         line1 = Text.assemble(
             ("ddptui ", "bold"), (f"{meta.get('model', '?')}", "bold cyan"),
             f" · {meta.get('data', '?')} · {world} × {kind} · bs {meta.get('batch_size', '?')}/rank  ",
@@ -41,5 +46,5 @@ class RunHeader(Static):
 
 def _status_style(status: str) -> str:
     return {"RUNNING": "black on green", "DONE": "black on cyan", "FAILED": "white on red",
-            "PAUSED": "black on yellow", "INTERRUPTED": "black on yellow"}.get(status,
-                                                                              "black on white")
+            "PAUSED": "black on yellow", "PAUSING": "black on yellow", "RESUMING": "black on green",
+            "INTERRUPTED": "black on yellow"}.get(status, "black on white")

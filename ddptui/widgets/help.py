@@ -19,7 +19,7 @@ HELP = """\
 | k | kill it (a stalled rank above all): the others go on through crash recovery |
 | t | its Python stacks, every thread (taken by the supervisor when a rank stalls) |
 | g | the GPU screen: each GPU's load, memory and power over five minutes, clocks, traffic, other processes |
-| space | pause / resume: every rank waits at the same step (GPUs go idle) |
+| space | pause / resume: every rank waits at the same step (GPUs go idle); PAUSING until it does |
 | p | prefetcher on/off, from the next epoch on every rank |
 | w / W | DataLoader workers -1 / +1, from the next epoch |
 | b | cudnn.benchmark on/off, from the next epoch |

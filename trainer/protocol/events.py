@@ -20,7 +20,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "settings": ("settings", "epoch"),
     "rank": ("state",),  # a RankState value, pid, reason (and standby: warming|ready)
     "world": ("size", "ranks"),
-    "run": ("status",),  # started|done|failed|interrupted
+    "run": ("status",),  # started|done|failed|interrupted; paused|resumed (pausing|resuming: asked)
     "message": ("level", "text"),  # progress and warnings for the event pane
     "checkpoint": ("path", "epoch", "step"),
 }
