@@ -347,8 +347,7 @@ class RunState:
 
     def _pulse(self) -> dict:
         return {"status": self.status, "paused": self.paused, "pause_asked": self.pause_asked,
-                "settings": dict(self.settings),
-                "pending": dict(self.pending),
+                "settings": dict(self.settings), "pending": dict(self.pending),
                 "throughput": self._throughput(self._now()) if self.status == "running" else 0.0}
 
     def _now(self) -> float:
