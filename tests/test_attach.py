@@ -159,8 +159,18 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
         while not (app.view and app.view["ranks"] and app.view["status"] == "running"):
             assert time.monotonic() < deadline, "rank 0 never showed"
             await pilot.pause(0.1)
-        await pilot.press("space")
+        await pilot.press("space", "space")  # faster than rank 0 answers: pause, then resume
         assert rank0.poll(5) and receive(rank0) == {"op": "pause"}
+        assert rank0.poll(5) and receive(rank0) == {"op": "resume"}
+        await pilot.press("W", "W")
+        first, second = (receive(rank0) if rank0.poll(5) else None for _ in range(2))
+        assert (first["settings"], second["settings"]) == ({"workers": 1}, {"workers": 2})
+        # Rank 0 echoes the first request late: the second stays pending, and W builds on it.
+        send(rank0, {"t": time.time(), "kind": "settings", "rank": 0, "status": "pending",
+                     "request": first["request"], "settings": {"workers": 1}, "epoch": 1})
+        await pilot.pause(0.5)
+        await pilot.press("W")
+        assert rank0.poll(5) and receive(rank0)["settings"] == {"workers": 3}
         await pilot.press("s")
         await pilot.pause(0.5)
         assert any("belongs to its launcher" in line.text for line in app.events.lines)
