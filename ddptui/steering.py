@@ -19,6 +19,7 @@ class Steering:
     def __init__(self):
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._told: dict[str, int] = {}  # settings request id -> the leader it was sent to
 
     def pause(self) -> None:
         self.state.apply(event("run", PARENT, status="pausing"))
@@ -83,6 +84,23 @@ class Steering:
     def say(self, text: str, level: str = "info", **fields) -> None:
         """A message of the supervisor's own, in the log and the event pane (its thread only)."""
         self._emit("message", level=level, text=text, **fields)
+
+    def _send(self, cmd: dict) -> None:
+        # The world's rank 0 is the authority: it offers commands to every rank at an agreed step.
+        if self.members:
+            self.slots[self.members[0]].tell(cmd)
+            if cmd.get("request"):
+                self._told[cmd["request"]] = self.members[0]
+
+    def _ask_again(self) -> None:
+        """Settings requests still unanswered by a leader that has left the world (stopped or
+        died with them in its pipe) go to the new leader; rank 0's answer names each."""
+        with self.state.lock:
+            asked = dict(self.state.asked)
+        self._told = {rid: slot for rid, slot in self._told.items() if rid in asked}
+        for rid, settings in asked.items():
+            if self.members and self._told.get(rid, self.members[0]) not in self.members:
+                self._send({"op": "settings", "settings": settings, "request": rid})
 
     @property
     def slots(self) -> dict[int, RankProcess]:

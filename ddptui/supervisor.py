@@ -85,6 +85,7 @@ class Supervisor(Steering):
             if not self.world.idle() and ev["generation"] == self.world.change["gen"]:
                 self.watchdog.restart_clock(self.members, ev["t"])
             self._act(self.world.world_confirmed(ev["generation"], time.time()))
+            self._ask_again()
         elif kind == "run" and ev.get("status") == "resumed" or \
                 kind == "settings" and ev.get("status") == "applied":
             self.watchdog.restart_clock(self.members, ev["t"], first_step=kind == "settings")
@@ -341,11 +342,6 @@ class Supervisor(Steering):
             return
         if not self.pool.warm_standby(slot):
             self._start_process(slot, self.slots[slot].gpu, "", standby=True)
-
-    def _send(self, cmd: dict) -> None:
-        # The world's rank 0 is the authority: it offers commands to every rank at an agreed step.
-        if self.members:
-            self.slots[self.members[0]].tell(cmd)
 
     def _begin_stop(self, status: str, code: int, reason: str) -> None:
         if self.outcome.stop is not None:  # asked twice: no more waiting

@@ -171,3 +171,25 @@ def test_max_restarts_brings_a_killed_rank_back(tmp_path):
     sup.stop()
     assert sup.wait(60) == 130
     assert_gone(sup.pids())
+
+
+@pytest.mark.timeout(180)
+def test_a_settings_request_lost_with_a_dead_leader_is_asked_again_of_the_next(tmp_path):
+    """Rank 0, stopped, holds a request unread in its pipe when it is killed. The survivor,
+    now the leader, is asked again and applies it; the view does not keep it pending for ever."""
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "8", cpus=2), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    os.kill(sup.slots[0].process.pid, signal.SIGSTOP)
+    sup.change_settings(workers=1)  # into rank 0's pipe, which nobody reads now
+    sup.kill_rank(0)
+    _wait(lambda: any(e["status"] == "applied" and e["settings"]["workers"] == 1
+                      for e in events(log, "settings")), "workers 1 applied", timeout=120)
+    assert [w["size"] for w in _worlds(log)] == [1]
+    (answer,) = [e for e in events(log, "settings") if e["status"] == "pending"]
+    assert answer["rank"] == 1 and answer["settings"]["workers"] == 1
+    assert sup.state.pulse()["pending"] == {} and sup.state.pulse()["settings"]["workers"] == 1
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())
