@@ -213,8 +213,7 @@ class RunState:
             # (W W: the echo of the first would undo the second).
             if request in self.asked:
                 ids = list(self.asked)
-                for done in ids[:ids.index(request) + 1]:
-                    del self.asked[done]
+                self.asked = {rid: self.asked[rid] for rid in ids[ids.index(request) + 1:]}
                 if self.asked:
                     return
             self._want(ev["settings"])
@@ -339,6 +338,11 @@ class RunState:
                     "rate": rel(self.rate_line.copy()), "wait": rel(self.wait_line.copy()),
                     "marks": [(t - t0, label) for t, label in self.marks],
                     "now": self._now() - t0 if t0 else 0.0}
+
+    def unanswered(self) -> dict[str, dict]:
+        """Settings requests rank 0 has not answered yet, by id, oldest first."""
+        with self.lock:
+            return dict(self.asked)
 
     def pulse(self) -> dict:
         """The few live figures a controller polls often (view() copies the histories)."""

@@ -95,8 +95,7 @@ class Steering:
     def _ask_again(self) -> None:
         """Settings requests still unanswered by a leader that has left the world (stopped or
         died with them in its pipe) go to the new leader; rank 0's answer names each."""
-        with self.state.lock:
-            asked = dict(self.state.asked)
+        asked = self.state.unanswered()
         self._told = {rid: slot for rid, slot in self._told.items() if rid in asked}
         for rid, settings in asked.items():
             if self.members and self._told.get(rid, self.members[0]) not in self.members:
