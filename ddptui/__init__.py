@@ -4,3 +4,11 @@ This package is the parent process (CLI, supervisor, Textual app); it never impo
 """
 
 __version__ = "0.1.0"
+
+
+def init(report: str | None = None):
+    """`run = ddptui.init()` in your training script: see ddptui.client.Run. Imported here only
+    when called, so `import ddptui` stays light (no torch, no Textual)."""
+    from ddptui.client import init as _init
+
+    return _init(report)

@@ -53,6 +53,30 @@ class ConfirmQuit(ModalScreen[bool]):
         self.dismiss(answer)
 
 
+class ConfirmRestart(ModalScreen[bool]):
+    """A script's ranks leave and come back together: s, r and k offer to restart them all."""
+
+    BINDINGS = [Binding("y", "answer(True)", "Restart every rank"),
+                Binding("n,escape", "answer(False)", "Stay")]
+
+    def __init__(self, rank: int, key: str):
+        super().__init__()
+        self.rank, self.key = rank, key
+
+    def compose(self) -> ComposeResult:
+        what = {"s": "stop", "r": "restart", "k": "kill"}[self.key]
+        with Vertical(id="confirm"):
+            yield Label(f"A script's ranks cannot {what} one at a time: rank {self.rank} "
+                        "would leave the others stuck in their next collective.")
+            yield Label("Restart every rank? (SIGTERM, then a fresh start with "
+                        "TORCHELASTIC_RESTART_COUNT + 1; the script's own checkpoint resumes it"
+                        + ("; this rank is killed at once" if self.key == "k" else "") + ")")
+            yield Label("[b]y[/b] restart every rank    [b]n[/b] keep running")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
 class DashboardApp(App[int]):
     """Shows a Supervisor's (live) or a Replay's run; `source.state` is the RunState."""
 
@@ -91,6 +115,7 @@ class DashboardApp(App[int]):
         self._seq = 0
         self._stacks_asked_t = 0.0
         self._tables: tuple = (0.0, None)  # when the tables were last filled, and from what
+        self._told_failed = False  # a script's failure was announced (r restarts it)
 
     @property
     def crash(self) -> Exception | None:
@@ -166,11 +191,20 @@ class DashboardApp(App[int]):
             rank = next((r for r in view["ranks"] if r.rank == screen.rank), None)
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
                 screen.stacks = rank.stacks
+        if view["status"] == "failed" and not self.source.done.is_set() and \
+                not getattr(self.source, "ranks_alone", True):
+            # A script's run that failed waits on screen: r may start it again.
+            if not self._told_failed:
+                self.notify(f"{view['reason']}\nr starts every rank again; q quits",
+                            severity="error", timeout=30)
+            self._told_failed = True
+        elif view["status"] != "failed":
+            self._told_failed = False
         pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
         self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
                                          if pending else "epochs")
         start = state.started_t
-        for seq, t, level, text in state.lines_after(self._seq):
+        for seq, t, level, text, _kind in state.lines_after(self._seq):
             self._seq = seq
             stamp = f"{t - start:7.1f}s " if start else "         "
             self.events.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
@@ -196,7 +230,7 @@ class DashboardApp(App[int]):
             self.rank_table.show(self.view, rank)
 
     def action_pause(self) -> None:
-        if not self._can_steer():
+        if not self._can_steer("pause"):
             return
         # What was last asked for, if the ranks are not there yet: space space is pause, resume.
         p = self.source.state.pulse()
@@ -208,17 +242,36 @@ class DashboardApp(App[int]):
             self.notify("pausing every rank at the next agreed step")
 
     def action_toggle(self, name: str) -> None:
-        if self._can_steer():
+        if self._can_steer("settings"):
             value = not self._desired().get(name, False)
             self.source.change_settings(**{name: value})
 
     def action_workers(self, delta: int) -> None:
-        if self._can_steer():
+        if self._can_steer("settings"):
             workers = max(0, int(self._desired().get("workers", 0)) + delta)
             self.source.change_settings(workers=workers)
 
+    def _whole_group(self, key: str) -> bool:
+        """s, r, k on a script's run: its ranks restart together (asked first while they run)."""
+        if getattr(self.source, "ranks_alone", True):
+            return False
+        rank = self.selected_rank
+        if not any(r.state in ("starting", "running", "stalled", "waiting", "slow")
+                   for r in (self.view or {}).get("ranks", [])):
+            self.source.restart_group()  # nothing runs (it failed): r starts it again
+            self.notify("starting every rank again")
+            return True
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.source.restart_group(kill=rank if key == "k" else None)
+                self.notify("restarting every rank")
+
+        self.push_screen(ConfirmRestart(rank, key), confirmed)
+        return True
+
     def action_stop_rank(self) -> None:
-        if not self._can_steer():
+        if not self._can_steer() or self._whole_group("s"):
             return
         if not self.source.owns_ranks:  # attach: it says who to ask instead
             self.source.stop_rank(self.selected_rank)
@@ -234,7 +287,7 @@ class DashboardApp(App[int]):
             self.notify(f"rank {rank.rank} leaves at the next agreed step")
 
     def action_restart_rank(self) -> None:
-        if not self._can_steer():
+        if not self._can_steer() or self._whole_group("r"):
             return
         if not self.source.owns_ranks:
             self.source.restart_rank(self.selected_rank)
@@ -251,7 +304,7 @@ class DashboardApp(App[int]):
             self.notify(f"rank {rank.rank} leaves and joins again")
 
     def action_kill_rank(self) -> None:
-        if not self._can_steer():
+        if not self._can_steer() or self._whole_group("k"):
             return
         if not self.source.owns_ranks:
             self.notify("attach does not own the ranks: kill it where it runs", severity="warning")
@@ -284,7 +337,7 @@ class DashboardApp(App[int]):
         self.push_screen(screen)
 
     def action_apply(self) -> None:
-        if not self._can_steer():
+        if not self._can_steer("settings"):
             return
         if not self.source.state.pulse()["pending"]:
             self.notify("nothing pending: change a setting with p, w/W or b first",
@@ -298,10 +351,7 @@ class DashboardApp(App[int]):
                      if r.rank == self.selected_rank), None)
 
     def action_checkpoint(self) -> None:
-        if not self._can_steer():
-            return
-        if not (self.view or {}).get("meta", {}).get("checkpoint_dir"):
-            self.notify("no --checkpoint-dir was given", severity="warning")
+        if not self._can_steer("checkpoint"):
             return
         self.source.checkpoint()
         self.notify("checkpoint requested")
@@ -335,8 +385,13 @@ class DashboardApp(App[int]):
         self.source.stop()
         self.notify("stopping: every rank finishes its step, then every process ends")
 
-    def _can_steer(self) -> bool:
-        return self.live and not self.source.done.is_set() and not self.quitting
+    def _can_steer(self, action: str | None = None) -> bool:
+        if not self.live or self.source.done.is_set() or self.quitting:
+            return False
+        why = self.source.refuse(action) if action else None
+        if why:
+            self.notify(why, severity="warning")
+        return why is None
 
     def _desired(self) -> dict:
         """The settings asked for so far, read from the state rather than the last drawn view:

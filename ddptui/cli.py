@@ -28,6 +28,8 @@ EXAMPLES = """examples:
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
+  ddptui run train.py --gpus 0,1 -- --lr 0.1  # your own torchrun script, no code change
+  ddptui run -m mypkg.train --cpus 2 -- ARGS  # ... or module (ddptui run train.py --help)
 
 keys in the dashboard: up/down select a rank, s stop it, r restart it, k kill it, t its Python
   stacks, space pause/resume, p/w/W/b change the input pipeline next epoch, a apply now,
@@ -135,28 +137,49 @@ def cmd_run(args: argparse.Namespace) -> int:
     if headless:
         print(f"ddptui: logging to {supervisor.log_path}", flush=True)
         return run_headless(supervisor)
+    return run_dashboard(supervisor)
+
+
+def cmd_run_script(argv: list[str]) -> int:
+    """`ddptui run SCRIPT.py ... -- args` and `ddptui run -m MODULE ...`: the script's ranks."""
+    from ddptui.script.options import parse_script_args
+
+    config = parse_script_args(argv, resolve_devices)
+    from ddptui.headless import ScriptConsole
+    from ddptui.script.run import ScriptRun
+
+    run = ScriptRun(config)
+    if config.headless:
+        # stdout is the script's own, as under torchrun: ddptui speaks on stderr.
+        print(f"ddptui: logging to {run.log_path}", file=sys.stderr, flush=True)
+        return run_headless(run, ScriptConsole(run.state))
+    return run_dashboard(run)
+
+
+def run_dashboard(source) -> int:
+    """The dashboard over a run that ddptui owns (built-in trainer or script) until it ends."""
     from ddptui.app import DashboardApp
 
-    app = DashboardApp(supervisor)
+    app = DashboardApp(source)
 
     def on_signal(code: int) -> None:
         # Signal handlers run on the app's own thread: call_from_thread would deadlock. Ask the
-        # supervisor to stop; the app's refresh tick exits once it is done.
+        # run to stop; the app's refresh tick exits once it is done.
         app.quitting = True
-        supervisor.stop(code=code)
-        threading.Thread(target=_exit_when_done, args=(supervisor, code), daemon=True).start()
+        source.stop(code=code)
+        threading.Thread(target=_exit_when_done, args=(source, code), daemon=True).start()
 
     _stop_on_signals(on_signal)
     try:
         app.run()
     finally:
-        code = _end_after_dashboard(supervisor)
+        code = _end_after_dashboard(source)
     if app.crash is not None:  # the dashboard broke: the run was stopped, say why
         error = app.crash
         print(f"ddptui: the dashboard failed ({type(error).__name__}: {error}); the run was "
-              f"stopped, log: {supervisor.log_path}", file=sys.stderr)
+              f"stopped, log: {source.log_path}", file=sys.stderr)
         return 1 if code in (0, 130, None) else code
-    view = supervisor.state.view()
+    view = source.state.view()
     if code not in (0, None) and view["reason"]:
         print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
     return 1 if code is None else code
@@ -183,10 +206,10 @@ def _exit_when_done(supervisor, code: int) -> None:
     os._exit(code)
 
 
-def run_headless(supervisor) -> int:
+def run_headless(supervisor, console=None) -> int:
     from ddptui.headless import HeadlessConsole
 
-    console = HeadlessConsole(supervisor.state)
+    console = console or HeadlessConsole(supervisor.state)
     _stop_on_signals(lambda code: supervisor.stop(code=code))
     supervisor.start()
     while not supervisor.done.wait(0.25):
@@ -194,7 +217,7 @@ def run_headless(supervisor) -> int:
     console.finish()
     code = supervisor.exit_code
     view = supervisor.state.view()
-    if code == 2:
+    if code == 2 and view["status"] != "failed":  # bad input to ddptui, not a script's exit
         print(f"ddptui: error: {view['reason']}", file=sys.stderr)
     elif code not in (0, None) and view["reason"]:
         print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
@@ -262,14 +285,23 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     bytecode.enable()  # before textual, and before any rank starts
+    argv = sys.argv[1:] if argv is None else argv
+    from ddptui.script.options import is_script_form
+
+    if is_script_form(argv):
+        return _guarded(cmd_run_script, argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay}
     if args.command not in handlers:
         parser.print_help()
         return 2
+    return _guarded(handlers[args.command], args)
+
+
+def _guarded(handler, args) -> int:
     try:
-        return handlers[args.command](args)
+        return handler(args)
     except UsageError as e:
         print(f"ddptui: error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,8 @@ class EpochRow:
             "seconds": max(e.get("seconds", 0) for e in evs),
             "world_size": world,
             "ranks": len(evs),
+            "source": first.get("source"),
+            "metrics": first.get("metrics") or {},
         }
 
 

@@ -52,11 +52,9 @@ class HeadlessConsole:
         self.next_status = time.monotonic() + STATUS_EVERY_S
 
     def poll(self) -> None:
-        for seq, _t, level, text in self.state.lines_after(self.seq):
+        for seq, _t, level, text, kind in self.state.lines_after(self.seq):
             self.seq = seq
-            # Message lines name their level already (describe()); others get it here.
-            named = level == "info" or f"{level}: " in text
-            print(text if named else f"{level}: {text}", file=self.out, flush=True)
+            self.line(level, text, kind)
         now = time.monotonic()
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
@@ -64,7 +62,30 @@ class HeadlessConsole:
             if view["status"] == "running":
                 print(status_line(view), file=self.out, flush=True)
 
+    def line(self, level: str, text: str, kind: str) -> None:
+        # Message lines name their level already (describe()); others get it here.
+        named = level == "info" or f"{level}: " in text
+        print(text if named else f"{level}: {text}", file=self.out, flush=True)
+
     def finish(self) -> None:
         self.next_status = float("inf")
         self.poll()
         print(summary(self.state.view()), file=self.out, flush=True)
+
+
+class ScriptConsole(HeadlessConsole):
+    """For a script's run: stdout is the ranks' own, as under torchrun; ddptui adds only its
+    warnings (stalls, stacks, restarts) on stderr, and no status or summary lines."""
+
+    def __init__(self, state: RunState, out=sys.stderr):
+        super().__init__(state, out)
+        self.next_status = float("inf")
+
+    def line(self, level: str, text: str, kind: str) -> None:
+        # How the run ended is said once, at the end, by the caller: a rank's crash, its error
+        # and the run's failure would say it three times more.
+        if level == "warning" and kind != "rank:crashed":
+            print(f"ddptui: {text}", file=self.out, flush=True)
+
+    def finish(self) -> None:
+        self.poll()

@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from ddptui.epochs import EpochRow, LiveEpoch
+from ddptui.text import plain
 from ddptui.timeline import Recent, Timeline
 from trainer.protocol.events import PARENT, count, describe
 
@@ -52,6 +53,13 @@ class RankView:
     stacks: str | None = None  # its Python stacks, last taken
     stacks_t: float = 0.0
     step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES))  # ms
+    # A script's rank, seen from outside (output and process events):
+    last_line: str = ""
+    status: str = ""  # its process: running, sleeping, stopped...
+    cpu_percent: float | None = None
+    rss: int | None = None  # MiB
+    gpu_mem: int | None = None  # MiB
+    error: list = field(default_factory=list)  # its traceback's last lines, when it failed
 
 
 @dataclass
@@ -107,7 +115,7 @@ class RunState:
         self.wait_line = Timeline()  # their mean share of a step spent waiting for input, %
         self.marks: deque = deque(maxlen=200)  # (t, label): world and settings changes
         self.live_epoch = LiveEpoch()  # the epoch (or part) now running, for its row
-        self.lines: deque = deque(maxlen=500)  # (seq, t, level, text) for the event pane
+        self.lines: deque = deque(maxlen=500)  # (seq, t, level, text, kind) for the event pane
         self.seq = 0
         self.exit_code: int | None = None
         self.reason = ""
@@ -124,9 +132,12 @@ class RunState:
         with self.lock:
             self._line(t or time.time(), level, text)
 
-    def _line(self, t: float, level: str, text: str) -> None:
+    def _line(self, t: float, level: str, text: str, kind: str = "message") -> None:
+        """`kind`: the event the line tells of, `rank:STATE` for a rank's (a console may show
+        some kinds only)."""
         self.seq += 1
-        self.lines.append((self.seq, t, level, text))
+        # Text from ranks and remote peers: no escape sequence reaches a terminal raw.
+        self.lines.append((self.seq, t, level, plain(text), kind))
 
     def _apply(self, ev: dict) -> None:
         kind, rank, t = ev["kind"], ev["rank"], ev.get("t", time.time())
@@ -134,10 +145,11 @@ class RunState:
         handler = getattr(self, f"_on_{kind}", None)
         if handler:
             handler(ev, rank, t)
-        if kind not in ("epoch", "message", "run", "step", "gpu", "world"):
+        if kind not in ("epoch", "message", "run", "step", "gpu", "world", "error"):
             text = describe(ev)
             if text:
-                self._line(t, "warning" if ev.get("state") in TROUBLE else "info", text)
+                self._line(t, "warning" if ev.get("state") in TROUBLE else "info", text,
+                           f"rank:{ev.get('state')}" if kind == "rank" else kind)
 
     def _rank(self, rank: int) -> RankView:
         if rank not in self.ranks:
@@ -239,7 +251,7 @@ class RunState:
             r.standby, r.standby_t = standby, t
         for name in ("pid", "device", "gpu", "host", "reason"):
             if ev.get(name) is not None:
-                setattr(r, name, ev[name])
+                setattr(r, name, plain(ev[name]) if isinstance(ev[name], str) else ev[name])
         if ev.get("node"):
             r.host = ev["node"]
 
@@ -255,8 +267,8 @@ class RunState:
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:
         status = ev.get("status")
-        if status == "started":
-            self.started_t = t
+        if status == "started":  # the launch (a script's group may be started again)
+            self.started_t, self.ended_t, self.exit_code, self.reason = t, None, None, ""
             self.meta.update({k: v for k, v in ev.items() if k not in ("t", "kind", "rank")})
             self.status = "starting"
         elif status in ("pausing", "resuming"):  # asked for; the ranks' word comes later
@@ -274,7 +286,7 @@ class RunState:
             self.exit_code = ev.get("exit_code")
             self.reason = ev.get("reason", "")
             self._line(t, "error" if status == "failed" else "info",
-                       f"run {status}" + (f": {self.reason}" if self.reason else ""))
+                       f"run {status}" + (f": {self.reason}" if self.reason else ""), "run")
 
     def _on_message(self, ev: dict, rank: int, t: float) -> None:
         for name in ("steps_per_epoch", "num_train", "num_classes", "params"):
@@ -284,6 +296,18 @@ class RunState:
             r = self._rank(ev["stacks_of"])
             r.stacks, r.stacks_t = ev.get("stacks") or "", t
         self._line(t, ev.get("level", "info"), describe(ev))
+
+    def _on_output(self, ev: dict, rank: int, t: float) -> None:
+        self._rank(rank).last_line = plain(ev.get("text") or "")
+
+    def _on_process(self, ev: dict, rank: int, t: float) -> None:
+        r = self._rank(rank)
+        r.status, r.cpu_percent = ev.get("status", ""), ev.get("cpu_percent")
+        r.rss, r.gpu_mem = ev.get("rss"), ev.get("gpu_mem")
+
+    def _on_error(self, ev: dict, rank: int, t: float) -> None:
+        self._rank(rank).error = [plain(str(line)) for line in ev.get("traceback") or []]
+        self._line(t, "error", describe(ev), "error")
 
     def _on_checkpoint(self, ev: dict, rank: int, t: float) -> None:
         self.checkpoint_t = t
@@ -357,7 +381,7 @@ class RunState:
     def _now(self) -> float:
         return self.ended_t or (time.time() if self.live else self.last_t)
 
-    def lines_after(self, seq: int) -> list[tuple[int, float, str, str]]:
+    def lines_after(self, seq: int) -> list[tuple[int, float, str, str, str]]:
         with self.lock:
             return [line for line in self.lines if line[0] > seq]
 

@@ -25,11 +25,12 @@ class StackRequests:
     def __init__(self):
         self.pending: dict[int, _Request] = {}
 
-    def ask(self, slot: int, pid: int, path: str, now: float) -> bool:
+    def ask(self, slot: int, pid: int, path: str, now: float,
+            sig: int = signal.SIGUSR1) -> bool:
         try:
             with open(path, "w"):  # empty it: the rank appends
                 pass
-            os.kill(pid, signal.SIGUSR1)
+            os.kill(pid, sig)
         except OSError:
             return False
         self.pending[slot] = _Request(pid, path, now + STACKS_WAIT_S)

@@ -65,6 +65,12 @@ class Steering:
         With a stalled rank nothing waits for it. A second call ends every process at once."""
         self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
 
+    def refuse(self, action: str) -> str | None:
+        """Why `action` (pause, checkpoint, settings...) cannot be done; None when it can."""
+        if action == "checkpoint" and not self.config.checkpoint_dir:
+            return "no --checkpoint-dir was given"
+        return None
+
     @property
     def started(self) -> bool:
         return self._thread.ident is not None

@@ -27,6 +27,8 @@ class RunHeader(Static):
             status = "PAUSING" if asked else "RESUMING"  # asked for, not yet agreed by the ranks
         elif status == "RUNNING" and v["paused"]:
             status = "PAUSED"
+        if meta.get("script"):
+            return Text("\n").join(self._script(v, meta, world, kind, status))
         line1 = Text.assemble(
             ("ddptui ", "bold"), (f"{meta.get('model', '?')}", "bold cyan"),
             f" · {meta.get('data', '?')} · {world} × {kind} · bs {meta.get('batch_size', '?')}/rank  ",
@@ -42,6 +44,25 @@ class RunHeader(Static):
             f"{duration(v['elapsed'])}  ", (f"{v['throughput']:,.0f} img/s", "bold"),
             f"  best {'val_acc ' if wide else ''}{'-' if best is None else f'{100 * best:.1f}%'}")
         return Text("\n").join([line1, line2])
+
+
+    def _script(self, v: dict, meta: dict, world: int, kind: str, status: str) -> list[Text]:
+        """A script's run: what was launched, and what its output and processes tell."""
+        restart = f" · restart {meta['restart']}" if meta.get("restart") else ""
+        line1 = Text.assemble(("ddptui ", "bold"), (meta["script"], "bold cyan"),
+                              f" · {world} × {kind}{restart}  ", (f" {status} ",
+                                                                  _status_style(status)))
+        epoch = v["progress"][0]
+        losses = [r.loss for r in v["ranks"] if r.loss is not None]
+        parts = [f"epoch {epoch}" if v["epochs"] or losses else "no figures printed yet",
+                 f"elapsed {duration(v['elapsed'])}"]
+        if losses:
+            parts.append(f"loss {sum(losses) / len(losses):.4f} (mean of ranks)")
+        if v["throughput"]:
+            parts.append(f"{v['throughput']:,.0f} samples/s")
+        if v["best_val_acc"] is not None:
+            parts.append(f"best val_acc {100 * v['best_val_acc']:.1f}%")
+        return [line1, Text("  ".join(parts))]
 
 
 def _status_style(status: str) -> str:

@@ -48,22 +48,59 @@ class RankTable(DataTable):
 
     COLUMNS = ("rank", "state", "epoch/step", "loss", "img/s", "step ms", "step times", "wait",
                "workers", "pid", "device")
+    # A script's ranks, seen from outside: their processes and the last line each printed.
+    SCRIPT_COLUMNS = ("rank", "state", "epoch/step", "loss", "output", "process", "CPU", "RSS",
+                      "GPU mem", "samples/s", "pid", "device")
     SPARK = 12  # cells of the step-time sparkline
+    OUTPUT = 48  # characters of a rank's last line
     can_focus = False
 
     def on_mount(self) -> None:
         small_caches(self)
         self.cursor_type = "row"
         self.zebra_stripes = True
+        self.script = False
         for name in self.COLUMNS:
             self.add_column(name, key=name)
 
     def show(self, view: dict, selected: int) -> None:
+        script = bool(view["meta"].get("script"))
+        if script != self.script:  # a script's run (or its replay) has columns of its own
+            self.script = script
+            self.clear(columns=True)
+            for name in self.SCRIPT_COLUMNS if script else self.COLUMNS:
+                self.add_column(name, key=name)
+        columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
+        rows = [self._script_cells(r, view["now"]) for r in view["ranks"]] if script else \
+            self._cells(view)
+        for r, cells in zip(view["ranks"], rows, strict=True):
+            key = str(r.rank)
+            if key in self.rows:  # widen as values grow ("-" at the first row, "12,937" later)
+                update_row(self, key, dict(zip(columns, cells, strict=True)), widen=True)
+            else:
+                self.add_row(*cells, key=key)
+        index = next((i for i, r in enumerate(view["ranks"]) if r.rank == selected), 0)
+        if self.row_count and self.cursor_row != index:
+            self.move_cursor(row=index)
+
+    def _script_cells(self, r, now: float) -> tuple:
+        stepped = bool(r.last_step_t)
+        out = r.last_line if len(r.last_line) <= self.OUTPUT else r.last_line[:self.OUTPUT - 1] + "…"
+        return (str(r.rank), state_cell(r, now), f"{r.epoch}/{r.step}" if stepped else "-",
+                _fmt(r.loss, ".4f"), Text(out, style="dim"),
+                Text(r.status or "-", style="bold red" if r.status in ("stopped", "zombie")
+                     else ""),
+                _fmt(r.cpu_percent, ".0f") + ("%" if r.cpu_percent is not None else ""),
+                _mib(r.rss), _mib(r.gpu_mem), _fmt(r.samples_per_s or None, ",.0f"),
+                str(r.pid or "-"), r.device or "-")
+
+    def _cells(self, view: dict) -> list[tuple]:
         workers = view["settings"].get("workers", "-")
         several_hosts = len({r.host for r in view["ranks"] if r.host}) > 1  # attach, multi-node
         # One scale for every rank, so the slow one's bars stand taller than the others'.
         times = [ms for r in view["ranks"] for ms in list(r.step_times)[-self.SPARK:]]
         lo, hi = (0.8 * min(times), max(times)) if times else (0.0, 1.0)
+        rows = []
         for r in view["ranks"]:
             device = f"{r.host} {r.device}" if several_hosts else r.device
             current = r.state in ("running", "slow", "stalled", "waiting")
@@ -71,22 +108,15 @@ class RankTable(DataTable):
             # A figure whose steps stopped coming says how old it is, never passes as current.
             stale = current and age > max(2.0, 3 * r.step_ms / 1000)
             rate = _fmt(r.samples_per_s if current else None, ",.0f")
-            cells = (
+            rows.append((
                 str(r.rank), state_cell(r, view["now"]), f"{r.epoch}/{r.step}",
                 _fmt(r.loss, ".4f"),
                 Text(f"{rate} {age:.0f}s ago", style="dim") if stale else rate,
                 _fmt(r.step_ms if current and not stale else None, ".1f"),
                 spark(list(r.step_times), self.SPARK, lo, hi,
                       style="cyan" if current and not stale else "dim"),
-                f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), device or "-")
-            key = str(r.rank)
-            if key in self.rows:  # widen as values grow ("-" at the first row, "12,937" later)
-                update_row(self, key, dict(zip(self.COLUMNS, cells, strict=True)), widen=True)
-            else:
-                self.add_row(*cells, key=key)
-        index = next((i for i, r in enumerate(view["ranks"]) if r.rank == selected), 0)
-        if self.row_count and self.cursor_row != index:
-            self.move_cursor(row=index)
+                f"{100 * r.data_wait:.0f}%", str(workers), str(r.pid or "-"), device or "-"))
+        return rows
 
 
 def state_cell(r, now: float) -> Text:
@@ -121,6 +151,7 @@ class EpochTable(DataTable):
             self.add_column(name, key=name, width=width)
 
     def show(self, view: dict) -> None:
+        self.script = bool(view["meta"].get("script"))
         new = [e for e in view["epochs"] if f"{e['epoch']}:{e['start_step']}" not in self.rows]
         live = view.get("live_epoch")
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
@@ -135,8 +166,9 @@ class EpochTable(DataTable):
         if new:
             self.scroll_end(animate=False)
 
-    @staticmethod
-    def _cells(e: dict) -> tuple:
+    script = False  # a script's run: no settings, and rates only where it reports them
+
+    def _cells(self, e: dict) -> tuple:
         s = e["settings"]
         label = str(e["epoch"])
         if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
@@ -145,25 +177,36 @@ class EpochTable(DataTable):
             label += " quit"
         elif e["rolled_back"]:
             label += " rolled back"
-        return (label, _onoff(s.get("prefetch")), str(s.get("workers", "-")),
-                _onoff(s.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
-                f"{100 * e['data_wait']:.0f}%", _fmt(e["train_loss"], ".4f"),
+        return (label, *_setting_cells(s, e, self.script), _fmt(e["train_loss"], ".4f"),
                 _fmt(e["val_loss"], ".4f"),
                 "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%",
                 str(e["bad_samples"]), str(e["world_size"]))
 
-    @staticmethod
-    def _live_cells(e: dict) -> tuple:
+    def _live_cells(self, e: dict) -> tuple:
         """The running epoch so far: its progress and time, the mean img/s and input wait of
         its steps, the latest loss; validation and bad samples come at its end."""
         s, style = e["settings"], "italic"
         label = f"{e['epoch']}" + (f" ·{e['start_step']}-" if e["start_step"] else "") + \
             f" {100 * min(e['progress'], 1.0):.0f}% {duration(e['seconds'])}"
-        cells = (label, _onoff(s.get("prefetch")), str(s.get("workers", "-")),
-                 _onoff(s.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
-                 f"{100 * e['data_wait']:.0f}%", _fmt(e["loss"], ".4f"), "…", "…", "…",
+        cells = (label, *_setting_cells(s, e, self.script), _fmt(e["loss"], ".4f"), "…", "…", "…",
                  str(e["world_size"] or "-"))
         return tuple(Text(c, style=style) for c in cells)
+
+
+def _setting_cells(settings: dict, e: dict, script: bool) -> tuple:
+    """prefetch, workers, bench, img/s, wait: a script has no settings of ours to show."""
+    if script and not settings:
+        rate = e["samples_per_s"]
+        return ("-", "-", "-", f"{rate:,.0f}" if rate else "-", "-")
+    return (_onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
+            _onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
+            f"{100 * e['data_wait']:.0f}%")
+
+
+def _mib(mib: int | None) -> str:
+    if mib is None:
+        return "-"
+    return f"{mib / 1024:.1f}G" if mib >= 1024 else f"{mib}M"
 
 
 def _onoff(value) -> str:

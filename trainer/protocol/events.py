@@ -23,6 +23,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "run": ("status",),  # started|done|failed|interrupted; paused|resumed (pausing|resuming: asked)
     "message": ("level", "text"),  # progress and warnings for the event pane
     "checkpoint": ("path", "epoch", "step"),
+    # A script's ranks, watched from outside (ddptui run SCRIPT):
+    "output": ("text",),  # its latest line (final: a whole line, else a progress bar's state)
+    "process": ("pid", "status", "cpu_percent", "rss"),  # gpu_mem: MiB on its GPU (or null)
+    "error": ("text", "traceback", "exit_code"),  # how it failed: its traceback's last lines
 }
 
 
@@ -111,8 +115,10 @@ def describe(ev: dict) -> str | None:
                if ev.get("val_acc") is not None else "")
         # A rank's own event is per rank; the run state's merged row sums its `ranks`.
         n = ev.get("ranks")
+        if ev.get("source") == "output":  # read from a script's output: no rates, no settings
+            return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{_metrics(ev)}"
         rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
-        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}  "
+        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{_metrics(ev)}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
                 f"[prefetch {'on' if s.get('prefetch') else 'off'}, workers {s.get('workers')}, "
@@ -131,6 +137,8 @@ def describe(ev: dict) -> str | None:
         reason = f" ({ev['reason']})" if ev.get("reason") else ""
         standby = f", standby {ev['standby']}" if isinstance(ev.get("standby"), str) else ""
         return f"rank {ev['rank']} {ev.get('state')}{reason}{standby}"
+    if kind == "error":
+        return f"rank {ev['rank']} failed (exit code {ev.get('exit_code')}): {ev.get('text', '')}"
     if kind == "run" and ev.get("status") in ("paused", "resumed"):
         return f"run {ev['status']} at step {ev.get('global_step')}"
     return None
@@ -147,6 +155,12 @@ def epoch_label(ev: dict) -> str:
     if start or ev.get("partial"):
         return f"epoch {ev['epoch']} steps {start}-{end}"
     return f"epoch {ev['epoch']}"
+
+
+def _metrics(ev: dict) -> str:
+    """A script's other figures of the epoch (--metric, run.log): '  acc 93.1  lr 0.01'."""
+    return "".join(f"  {k} {v:.4g}" if isinstance(v, (int, float)) else f"  {k} {v}"
+                   for k, v in (ev.get("metrics") or {}).items())
 
 
 def _num(v) -> str:

@@ -1,0 +1,311 @@
+"""The rank side of ddptui for your own script: `run = ddptui.init()`, then `run.step(loss,
+samples=n)` in the loop. Under `ddptui run SCRIPT` it reports to the dashboard; under torchrun
+with DDPTUI_REPORT=HOST:PORT to `ddptui attach`; otherwise every call is a no-op.
+
+Nothing here waits on the device: the loss is summed where it lives and read an interval late.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainer.elastic.control import Control, Mailbox
+from trainer.protocol.channel import load_key, parse_address
+from trainer.telemetry.gpu import DeviceSampler
+from trainer.telemetry.remote import RemoteLink, node_name
+from trainer.telemetry.reporter import Reporter
+
+STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
+CONTROLS = ["pause", "checkpoint", "stop"]  # what the dashboard may ask of a script that steps
+# run.log() names that fill the epochs table's columns (the rest show beside the row)
+ALIASES = {"val_loss": "val_loss", "eval_loss": "val_loss", "valid_loss": "val_loss",
+           "val_acc": "val_acc", "val_accuracy": "val_acc", "eval_accuracy": "val_acc",
+           "eval_acc": "val_acc"}
+
+
+class LagMeter:
+    """Losses summed where they are (a device tensor, or floats); read() gives the mean of an
+    earlier interval, copied to pinned memory behind an event, so it never syncs the device."""
+
+    def __init__(self):
+        self.sum: torch.Tensor | None = None
+        self.floats = 0.0
+        self.n = 0
+        self._pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
+        self.last: float | None = None
+
+    def add(self, loss) -> None:
+        self.n += 1
+        if not isinstance(loss, torch.Tensor):
+            self.floats += float(loss)
+            return
+        value = loss.detach().float().reshape(())
+        if self.sum is None or self.sum.device != value.device:
+            self.sum = torch.zeros((), device=value.device)
+        self.sum += value
+
+    def read(self) -> float | None:
+        if not self.n:
+            return self.last
+        if self.sum is None or self.sum.device.type != "cuda":
+            total = self.floats + (self.sum.item() if self.sum is not None else 0.0)
+            self.last, self.floats, self.n = total / self.n, 0.0, 0
+            if self.sum is not None:
+                self.sum.zero_()
+            return self.last
+        if self._pending is not None:
+            host, done, n = self._pending
+            if not done.query():  # not landed yet: keep summing, copy once this one is read
+                return self.last
+            self.last = host.item() / n
+        host = torch.empty((), pin_memory=True)
+        host.copy_(self.sum, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._pending = (host, done, self.n)
+        self.sum.zero_()
+        self.n = 0
+        return self.last
+
+
+class Run:
+    """What ddptui.init() returns. Inactive (no dashboard to report to), every call is a no-op
+    but epochs(), which still counts epochs and calls set_epoch."""
+
+    def __init__(self, report: str | None, hz: float = STEPS_HZ):
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.active = bool(report)
+        self.should_stop = False  # q: end the loop (every rank sees it at the same step)
+        self.should_checkpoint = False  # c: save now (true for the step after the order)
+        self.paused = False
+        self.global_step = 0
+        self._interval = 1.0 / hz
+        self._callbacks: list[Callable[[], None]] = []
+        self._epoch: int | None = None
+        self._epoch_open = False
+        self._done = False
+        if not self.active:
+            return
+        self._supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid())
+        self.reporter = Reporter(self.rank)
+        self.link = RemoteLink(parse_address(report, "DDPTUI_REPORT"), load_key()[0],
+                               node_name(), lambda text: print(f"ddptui: rank {self.rank}: "
+                                                               f"{text}", file=sys.stderr))
+        self.reporter.sinks.append(self.link)
+        self._mailbox = Mailbox(self.link.inbox)
+        self._control: Control | None = None
+        self._meter = LagMeter()
+        self._epoch_meter = LagMeter()
+        self._threads = [] if self._supervised else [DeviceSampler(
+            self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
+        self._begin_interval()
+        self._begin_epoch_figures()
+        self._announce()
+        atexit.register(self.done)
+
+    # -- the calls a script makes ----------------------------------------------------------------
+    def step(self, loss=None, samples: int = 0) -> None:
+        """After each optimizer step: `loss` a tensor (never read now) or a float, `samples` the
+        batch size on this rank."""
+        if not self.active:
+            return
+        self.should_checkpoint = False
+        self.global_step += 1
+        self._steps += 1
+        self._samples += samples
+        self._epoch_samples += samples
+        if loss is not None:
+            self._meter.add(loss)
+            self._epoch_meter.add(loss)
+        self._apply(self._agreed())
+        now = time.perf_counter()
+        if now - self._start >= self._interval:
+            self._send_step(now)
+
+    def epochs(self, n: int, sampler=None, start: int = 0) -> Iterator[int]:
+        """for epoch in run.epochs(10, loader): calls set_epoch on a DistributedSampler (given,
+        or the loader's) and marks each epoch's row."""
+        sampler = getattr(sampler, "sampler", sampler)  # a DataLoader: its sampler
+        for e in range(start, n):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(e)
+            self.epoch(e)
+            yield e
+            if self.should_stop:
+                break
+        self._end_epoch()
+
+    def epoch(self, e: int) -> None:
+        """For a script with an epoch loop of its own: epoch `e` begins (the last one ended)."""
+        if not self.active:
+            return
+        self._end_epoch()
+        self._epoch, self._epoch_open = e, True
+        self._begin_epoch_figures()
+
+    def log(self, **scalars) -> None:
+        """Figures of the epoch (val_loss, val_acc, lr...): the epochs table shows them."""
+        if not self.active:
+            return
+        for name, value in scalars.items():
+            value = float(value.item() if isinstance(value, torch.Tensor) else value)
+            self._figures[ALIASES.get(name, name)] = value
+
+    def on_checkpoint(self, fn: Callable[[], None]) -> None:
+        """Call `fn` on every rank at the same step when the dashboard asks for a checkpoint."""
+        self._callbacks.append(fn)
+
+    def done(self) -> None:
+        """The end of training (called at exit if the script does not)."""
+        if not self.active or self._done:
+            return
+        self._done = True
+        self._send_step(time.perf_counter())
+        self._end_epoch()
+        self.reporter.emit("rank", state="done", pid=os.getpid())
+        if self.rank == 0 and not self._supervised:
+            self.reporter.emit("run", status="done", exit_code=0)
+        for thread in self._threads:
+            thread.stop()
+        self.reporter.close()
+
+    # -- inside --------------------------------------------------------------------------------
+    def _announce(self) -> None:
+        device = _device_name(self.local_rank)
+        self.reporter.emit("rank", state="running", pid=os.getpid(), device=device,
+                           gpu=_physical_gpu(), host=socket.gethostname(), control=CONTROLS,
+                           api="ddptui.init")
+        if self.rank == 0 and not self._supervised:  # under torchrun: attach learns the job
+            self.reporter.emit("run", status="started", model=os.path.basename(sys.argv[0]),
+                               script=" ".join(sys.argv), data="", epochs=0,
+                               world_size=self.world_size,
+                               device_kind="cuda" if device.startswith("GPU") else "cpu")
+        for thread in self._threads:
+            thread.start()
+
+    def _say(self, text: str, level: str = "info") -> None:
+        if self.rank == 0 or level != "info":
+            self.reporter.emit("message", level=level, text=text)
+
+    def _begin_interval(self) -> None:
+        self._start, self._steps, self._samples = time.perf_counter(), 0, 0
+
+    def _begin_epoch_figures(self) -> None:
+        self._epoch_start, self._epoch_steps0 = time.perf_counter(), self.global_step
+        self._epoch_samples = 0
+        self._figures: dict[str, float] = {}
+
+    def _send_step(self, now: float) -> None:
+        if not self._steps:
+            return
+        elapsed = max(now - self._start, 1e-9)
+        epoch_steps = self.global_step - self._epoch_steps0
+        self.reporter.emit("step", epoch=self._epoch or 0, step=epoch_steps,
+                           global_step=self.global_step, loss=self._meter.read(),
+                           steps=self._steps, samples_per_s=round(self._samples / elapsed, 2),
+                           step_ms=round(1000 * elapsed / self._steps, 3), data_wait=0.0)
+        self._begin_interval()
+
+    def _end_epoch(self) -> None:
+        if self._epoch is None or not self._epoch_open:
+            return
+        self._epoch_open = False
+        seconds = max(time.perf_counter() - self._epoch_start, 1e-9)
+        loss = self._epoch_meter.read() if self._epoch_meter.sum is None or \
+            self._epoch_meter.sum.device.type != "cuda" else _sync_mean(self._epoch_meter)
+        figures = dict(self._figures)
+        self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._epoch_steps0,
+                           samples=self._epoch_samples, seconds=round(seconds, 3),
+                           samples_per_s=round(self._epoch_samples / seconds, 2), data_wait=0.0,
+                           settings={}, train_loss=loss, val_loss=figures.pop("val_loss", None),
+                           val_acc=figures.pop("val_acc", None), metrics=figures,
+                           world_size=self.world_size)
+
+    def _agreed(self) -> list[dict]:
+        """The dashboard's orders, the same on every rank at the same step."""
+        if self._control is None:
+            group = None
+            if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+                # A gloo group of our own: a few bytes every ~50 ms, never on the script's
+                # NCCL streams. Created at the first step, which every rank reaches.
+                group = dist.new_group(backend="gloo")
+            self._control = Control(self._mailbox, self.rank, group)
+            self._alone = group is None
+        if self._alone:
+            return self._mailbox.drain() if self.rank == 0 else []
+        return self._control.poll()
+
+    def _apply(self, cmds: list[dict]) -> None:
+        for cmd in cmds:
+            op = cmd.get("op")
+            if op == "pause" and not self.paused:
+                self._pause()
+            elif op == "checkpoint":
+                self.should_checkpoint = True
+                self._say(f"checkpoint asked for at step {self.global_step}")
+                for fn in self._callbacks:
+                    fn()
+            elif op == "stop":
+                self.should_stop = True
+                self._say(f"stop asked for: ending the loop at step {self.global_step}")
+
+    def _pause(self) -> None:
+        """Every rank waits here, at the same step, until resumed (or stopped)."""
+        self.paused = True
+        if self.rank == 0:
+            self.reporter.emit("run", status="paused", global_step=self.global_step)
+        while self.paused:
+            cmds = self._mailbox.drain() if self._alone else self._control.tick_paused()
+            if self._alone:
+                time.sleep(0.1)
+            for cmd in cmds:
+                if cmd.get("op") in ("resume", "stop"):
+                    self.paused = False
+            self._apply([c for c in cmds if c.get("op") not in ("pause", "resume")])
+        if self.rank == 0:
+            self.reporter.emit("run", status="resumed", global_step=self.global_step)
+        self._begin_interval()
+
+
+def _sync_mean(meter: LagMeter) -> float | None:
+    """The epoch's mean loss: one sync at an epoch's end is fine."""
+    if not meter.n:
+        return meter.last
+    value = meter.sum.item() / meter.n
+    meter.sum.zero_()
+    meter.n = 0
+    return value
+
+
+def _physical_gpu() -> int | None:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if visible is not None:
+        ids = [v.strip() for v in visible.split(",") if v.strip()]
+        return int(ids[local]) if local < len(ids) and ids[local].isdigit() else None
+    return local if torch.cuda.is_available() else None
+
+
+def _device_name(local_rank: int) -> str:
+    gpu = _physical_gpu()
+    return f"GPU {gpu}" if gpu is not None and torch.cuda.is_available() else "cpu"
+
+
+def init(report: str | None = None) -> Run:
+    """The run object for this rank: reports to `report` (HOST:PORT), else $DDPTUI_REPORT (set
+    by `ddptui run SCRIPT`, or by you under torchrun for `ddptui attach`); without either, a
+    run whose calls do nothing."""
+    return Run(report or os.environ.get("DDPTUI_REPORT") or None)
+
+
+__all__ = ["Run", "init"]

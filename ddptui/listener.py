@@ -1,0 +1,115 @@
+"""The listening end of the ranks' report channel (trainer/protocol/channel.py): authenticates
+every connection, hands each event on, and sends commands to one rank. `ddptui attach` listens
+for torchrun and srun jobs; `ddptui run SCRIPT` for its ranks that call ddptui.init().
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+
+from trainer.protocol.channel import MessageTooLong, handshake, receive, send
+
+
+class ReportListener:
+    """start() accepts on a thread; record(ev) is called from the connections' threads."""
+
+    def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[dict], None],
+                 note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None):
+        self.key, self.record, self.note, self.closed = key, record, note, closed
+        self._listener = Listener(address)  # no authkey here: each handshake runs in its thread
+        self.address: tuple[str, int] = self._listener.address
+        self._lock = threading.Lock()
+        self._conns: dict[int, Connection] = {}  # rank -> its connection
+        self._open: set[Connection] = set()
+        self._closing = False
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="report-accept", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop listening and close every connection."""
+        self._closing = True
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._lock:
+            for conn in list(self._open):
+                conn.close()
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._open
+
+    def connected(self) -> set[int]:
+        with self._lock:
+            return set(self._conns)
+
+    def send(self, rank: int, cmd: dict) -> bool:
+        """Send a command to `rank`; False (and a warning in the log) when it cannot be."""
+        with self._lock:
+            conn = self._conns.get(rank)
+        if conn is None:
+            self.note("warning", f"rank {rank} is not connected: the command was not sent")
+            return False
+        try:
+            send(conn, cmd)
+        except (OSError, ValueError):
+            self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
+            return False
+        return True
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn = self._listener.accept()
+            except OSError:  # closed by close()
+                return
+            peer = _peer(self._listener)
+            threading.Thread(target=self._serve, args=(conn, peer), name="report-conn",
+                             daemon=True).start()
+
+    def _serve(self, conn: Connection, peer: str) -> None:
+        try:
+            handshake(conn, self.key)
+        except (AuthenticationError, EOFError, OSError) as e:
+            why = "wrong key" if isinstance(e, AuthenticationError) else "no handshake"
+            self.note("warning", f"refused a connection from {peer}: {why}")
+            conn.close()
+            return
+        with self._lock:
+            self._open.add(conn)
+        ranks: set[int] = set()
+        try:
+            while True:
+                ev = receive(conn)
+                if ev is None or "kind" not in ev:
+                    continue  # malformed: dropped, the dashboard goes on
+                ranks.add(ev["rank"])
+                with self._lock:
+                    self._conns.setdefault(ev["rank"], conn)
+                self.record(ev)
+        except MessageTooLong:
+            self.note("warning", f"dropped the connection from {peer}: message over the size "
+                      "limit")
+        except OSError as e:
+            if not self._closing:  # after close() every connection is closed on purpose
+                self.note("warning", f"lost the connection from {peer}: {e.strerror or e}")
+        except EOFError:
+            pass
+        finally:
+            conn.close()
+            with self._lock:
+                self._open.discard(conn)
+                for r in ranks:
+                    if self._conns.get(r) is conn:
+                        del self._conns[r]
+            self.closed()
+
+
+def _peer(listener: Listener) -> str:
+    addr = listener.last_accepted
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

@@ -1,0 +1,152 @@
+"""The processes of one start of a script: one per rank, each the leader of its own process group
+(setsid, as torchrun starts them), its stdout and stderr read by threads; signals go to whole
+groups, so DataLoader workers and other children are ended with their rank.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from ddptui.script.launch import Attempt, command, rank_env
+from ddptui.script.options import ScriptConfig
+from ddptui.script.output import StreamReader, last_traceback
+
+
+@dataclass
+class ScriptRank:
+    """One rank's process in one attempt."""
+
+    slot: int
+    gpu: int | None
+    popen: subprocess.Popen
+    stacks_path: str
+    readers: list[StreamReader]
+    children: set[int] = field(default_factory=set)  # pids seen under it (workers, compilers)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def traceback(self) -> list[str]:
+        """The last lines of its traceback (stderr first, where Python writes them)."""
+        for reader in reversed(self.readers):  # stderr, then stdout
+            lines = last_traceback(list(reader.tail))
+            if lines:
+                return lines
+        return []
+
+    def death(self) -> str:
+        code = self.popen.returncode
+        if code is not None and code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exited with code {code}"
+
+
+class RankGroup:
+    """start() every rank; signal(), end() them; ended() tells which have exited since."""
+
+    def __init__(self, config: ScriptConfig, stem: str, echo: bool,
+                 on_line: Callable[[int, str, bool], None]):
+        self.config, self.stem, self.echo, self.on_line = config, stem, echo, on_line
+        self.ranks: list[ScriptRank] = []
+        self._reported: set[int] = set()
+
+    def start(self, attempt: Attempt) -> None:
+        gpus = list(self.config.gpus) if self.config.gpus else [None] * self.config.world_size
+        colours_only = self.echo and os.isatty(1)
+        self.ranks = []
+        for slot, gpu in enumerate(gpus):
+            stacks = f"{self.stem}.rank{slot}.stacks"
+            if os.path.exists(stacks):
+                os.remove(stacks)  # the rank creates it when it can answer
+            out = f"{self.stem}.rank{slot}.out"
+            pipes = [os.pipe(), os.pipe()]
+            try:
+                popen = subprocess.Popen(
+                    command(self.config), env=rank_env(self.config, attempt, slot, stacks),
+                    stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
+                    start_new_session=True, close_fds=True)
+            finally:
+                os.close(pipes[0][1])
+                os.close(pipes[1][1])
+            readers = [StreamReader(read, out, (1, 2)[i] if self.echo else None, colours_only,
+                                    lambda text, final, s=slot: self.on_line(s, text, final),
+                                    f"rank{slot}-{('stdout', 'stderr')[i]}")
+                       for i, (read, _write) in enumerate(pipes)]
+            for r in readers:
+                r.start()
+            self.ranks.append(ScriptRank(slot, gpu, popen, stacks, readers))
+        self._reported = set()
+
+    def alive(self) -> list[ScriptRank]:
+        return [r for r in self.ranks if r.alive]
+
+    def ended(self) -> list[ScriptRank]:
+        """Ranks that exited since the last call, once their output has been read to the end."""
+        done = []
+        for r in self.ranks:
+            if r.slot not in self._reported and not r.alive:
+                for reader in r.readers:
+                    reader.join(2.0)  # the last lines (a traceback) before the verdict
+                self._reported.add(r.slot)
+                done.append(r)
+        return done
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every live rank's process group (itself and its children)."""
+        for r in self.alive():
+            _killpg(r.pid, sig)
+
+    def scan_children(self) -> None:
+        for r in self.alive():
+            try:
+                r.children |= {c.pid for c in psutil.Process(r.pid).children(True)}
+            except psutil.Error:
+                pass
+
+    def pids(self) -> set[int]:
+        return {r.pid for r in self.ranks} | {c for r in self.ranks for c in r.children}
+
+    def end(self, first: int | None, grace: float) -> None:
+        """`first` (SIGINT or SIGTERM) to every rank's group, SIGKILL after `grace` seconds to
+        whatever of each group is left, then to any child that left its group."""
+        self.scan_children()
+        if first is not None:
+            self.signal(first)
+        deadline = time.monotonic() + (grace if first is not None else 0)
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for r in self.ranks:
+            _killpg(r.pid, signal.SIGKILL)  # its group, even once the rank itself is gone
+            if r.alive:
+                r.popen.kill()
+            r.popen.wait()
+        strays = []
+        for pid in {c for r in self.ranks for c in r.children}:
+            try:
+                strays.append(psutil.Process(pid))
+                strays[-1].kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(strays, timeout=3)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # setsid made the rank its group's leader: group id = its pid
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,71 @@
+"""What one rank of a script is started with: torchrun --standalone's environment (so Lightning,
+Accelerate and the script itself take it for torchrun), ddptui's hooks, and its command line.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+
+from ddptui.script.options import ScriptConfig
+
+INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One start of the whole group (torchrun restarts every rank together)."""
+
+    run_id: str
+    restart: int  # TORCHELASTIC_RESTART_COUNT
+    master_port: int
+    report: str  # HOST:PORT of the parent's listener, for ddptui.init()
+    key: str  # the per-run key of that listener
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def command(config: ScriptConfig) -> list[str]:
+    """`python -u script.py args` or `python -u -m module args`, with this interpreter."""
+    target = ["-m", config.target] if config.module else [config.target]
+    return [sys.executable, "-u", *target, *config.args]
+
+
+def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,
+             base: dict | None = None) -> dict[str, str]:
+    """The environment of rank `rank`: torchrun's variables, the GPUs in --gpus order, and what
+    ddptui's sitecustomize and ddptui.init() read."""
+    env = dict(os.environ if base is None else base)
+    n = config.world_size
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(n), "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(attempt.master_port),
+        "TORCHELASTIC_RUN_ID": attempt.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt.restart),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        # torchrun's agent hosts the store; here rank 0 does, as with a plain env:// launch.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (INJECT, env.get("PYTHONPATH", "")) if p),
+        "DDPTUI_PARENT": str(os.getpid()),
+        "DDPTUI_STACKS": stacks_path,
+        "DDPTUI_STACKS_SIGNAL": str(config.stacks_signal),
+        "DDPTUI_REPORT": attempt.report,
+        "DDPTUI_AUTHKEY": attempt.key,
+    })
+    env.pop("DDPTUI_AUTHKEY_FILE", None)
+    if n > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes on one host's cores
+    if config.gpus:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's order, as --gpus names them
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpus))
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+

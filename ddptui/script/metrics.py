@@ -1,0 +1,136 @@
+"""Loss and other figures read from what a script already prints (`loss: 0.123`, `loss=0.123`,
+`'loss': 0.123`, Lightning's and Hugging Face's progress output), turned into the same step and
+epoch events as the built-in trainer sends, so the charts and the epochs table need no code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+
+NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
+# A name as a word of its own (not the tail of val_loss), quoted or not, then : or =, then the
+# number (as torch prints it too: tensor(0.123, device='cuda:0')).
+_VALUE = r"['\"]?(?:\s*[:=]\s*|\s+)(?:tensor\()?\s*(" + NUMBER + r")"
+BUILT_IN = {
+    "loss": r"(?:train_|training_)?loss(?:_step)?",
+    "val_loss": r"(?:val|valid|validation|eval|test)_loss",
+    "val_acc": r"(?:val|valid|validation|eval|test)_acc(?:uracy)?",
+    "lr": r"lr|learning_rate",
+}
+_EPOCH = re.compile(r"(?<![\w.])['\"]?epoch['\"]?\s*[:=]?\s*\[?\s*(\d+(?:\.\d+)?)", re.I)
+_STEP = re.compile(r"(?<![\w.])['\"]?(?:step|iter|iteration|batch)['\"]?\s*[:=]?\s*\[?\s*(\d+)",
+                   re.I)
+STEP_EVERY_S = 0.25  # a progress bar redraws ~10 times a second: 4 loss points are plenty
+
+
+def compile_metrics(extra: tuple[tuple[str, str | None], ...] = ()) -> dict[str, re.Pattern]:
+    """name -> a pattern whose first group is the value."""
+    found = {name: re.compile(rf"(?<![\w.])['\"]?(?:{names}){_VALUE}", re.I)
+             for name, names in BUILT_IN.items()}
+    for name, regex in extra:
+        found[name] = re.compile(regex) if regex else \
+            re.compile(rf"(?<![\w.])['\"]?{re.escape(name)}{_VALUE}", re.I)
+    return found
+
+
+def read_line(line: str, patterns: dict[str, re.Pattern]) -> dict[str, float]:
+    """The figures one line carries, by name (epoch and step included, when it says them)."""
+    values = {}
+    for name, pattern in patterns.items():
+        m = pattern.search(line)
+        if m:
+            value = _float(m.group(1))
+            if value is not None:
+                values[name] = value
+    if values:  # an epoch or step on a line of figures only: 'Epoch 3' in prose is no mark
+        for name, pattern in (("epoch", _EPOCH), ("step", _STEP)):
+            m = pattern.search(line)
+            if m:
+                values[name] = float(m.group(1))
+    return values
+
+
+def _float(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class MetricReader:
+    """One rank's figures from its output: step events with the loss (at most every
+    STEP_EVERY_S), and an epoch event each time the epoch it prints moves on."""
+
+    def __init__(self, rank: int, patterns: dict[str, re.Pattern],
+                 emit: Callable[..., None], clock: Callable[[], float] = time.time):
+        self.rank, self.patterns, self.emit, self.clock = rank, patterns, emit, clock
+        self.epoch: int | None = None
+        self.points = 0  # loss readings so far: the step count when the script prints none
+        self._sent_t = 0.0
+        self._latest: dict[str, float] = {}
+        self._epoch_start = clock()
+        self._epoch_losses: list[float] = []
+        self._epoch_figures: dict[str, float] = {}
+
+    def line(self, text: str, final: bool) -> None:
+        values = read_line(text, self.patterns)
+        if not values:
+            return
+        moved = "epoch" in values and self._epoch_moves(int(values["epoch"]), values)
+        if "loss" in values and math.isfinite(values["loss"]):
+            self.points += 1
+            self._epoch_losses.append(values["loss"])
+        if not moved:  # the figures of a line that moved the epoch on went to the last one
+            self._epoch_figures.update({k: v for k, v in values.items()
+                                        if k not in ("loss", "epoch", "step")})
+        self._latest.update(values)
+        now = self.clock()
+        if "loss" in values and (final or now - self._sent_t >= STEP_EVERY_S):
+            self._sent_t = now
+            self._send_step()
+
+    def _send_step(self) -> None:
+        v = self._latest
+        step = int(v.get("step", self.points))
+        extra = {k: x for k, x in v.items() if k not in ("loss", "epoch", "step")}
+        self.emit("step", epoch=self.epoch or 0, step=step, global_step=step,
+                  loss=v.get("loss"), steps=1, source="output", **({"metrics": extra}
+                                                                  if extra else {}))
+
+    def _epoch_moves(self, epoch: int, values: dict[str, float]) -> bool:
+        """True when this line moved the epoch on (and ended the last one's row)."""
+        if self.epoch is None:
+            self.epoch, self._epoch_start = epoch, self.clock()
+            return False
+        if epoch <= self.epoch:
+            return False
+        # The line that moves the epoch on still speaks of the one that ended: Hugging Face's
+        # evaluation says 'epoch': 1.0 once epoch 0 is done, Lightning's bar keeps val_loss.
+        self._epoch_figures.update({k: x for k, x in values.items()
+                                    if k not in ("loss", "epoch", "step")})
+        self.finish_epoch()
+        self.epoch = epoch
+        return True
+
+    def finish_epoch(self, partial: bool = False) -> None:
+        """An epoch event for the epoch read so far (at the next epoch, or at the rank's end)."""
+        if self.epoch is None or not self._epoch_losses and not self._epoch_figures:
+            return
+        now = self.clock()
+        figures = dict(self._epoch_figures)
+        losses = self._epoch_losses
+        self.emit("epoch", epoch=self.epoch, seconds=round(now - self._epoch_start, 3),
+                  samples=0, samples_per_s=0.0, data_wait=0.0, settings={},
+                  train_loss=sum(losses) / len(losses) if losses else None,
+                  val_loss=figures.pop("val_loss", None), val_acc=_fraction(
+                      figures.pop("val_acc", None)), metrics=figures, source="output",
+                  **({"partial": True, "end_step": self.points} if partial else {}))
+        self._epoch_start, self._epoch_losses, self._epoch_figures = now, [], {}
+
+
+def _fraction(acc: float | None) -> float | None:
+    """Accuracy as a fraction, as the epochs table shows it (a script may print 93.1 or 0.931)."""
+    return None if acc is None else acc / 100 if acc > 1 else acc

@@ -1,0 +1,98 @@
+"""A rank's output as it arrives: written whole to its .out file, passed on as it is (headless,
+where torchrun would show it), and cut into lines for the screen and the metric reader, with
+carriage-return progress bars (tqdm, Lightning, Hugging Face) collapsed to their latest state.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from ddptui.text import keep_colours, plain
+
+CHUNK = 1 << 16
+TAIL_LINES = 60  # kept per stream: the last lines of a traceback
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+class Lines:
+    """Bytes in, finished lines (and the live state of the line being drawn) out."""
+
+    def __init__(self):
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, data: bytes) -> tuple[list[str], str]:
+        """(lines finished by this chunk, the unfinished line's latest state: '' if none).
+        A line redrawn with \\r counts as what it last showed."""
+        text = self._partial + self._decoder.decode(data)
+        *done, self._partial = text.split("\n")
+        # An unfinished line is news only when it is being redrawn (a progress bar); else it
+        # is a write cut short, whose rest follows.
+        live = _latest(self._partial) if "\r" in self._partial else ""
+        return [_latest(line) for line in done], live
+
+
+def _latest(line: str) -> str:
+    """What a terminal shows of a line redrawn with \\r: its last non-empty segment."""
+    segments = [s for s in line.split("\r") if plain(s).strip()]
+    return plain(segments[-1]).strip() if segments else ""
+
+
+class StreamReader(threading.Thread):
+    """Reads one pipe (a rank's stdout or stderr) until EOF."""
+
+    def __init__(self, fd: int, out_path: str, echo: int | None, colours_only: bool,
+                 on_line: Callable[[str, bool], None], name: str):
+        """`on_line(text, final)`: a finished line (final) or a progress line's latest state.
+        `echo`: a descriptor the bytes are copied to as they come (headless), with escape
+        sequences other than colours removed when `colours_only` (a terminal)."""
+        super().__init__(name=name, daemon=True)
+        self.fd, self.out_path, self.echo, self.colours_only = fd, out_path, echo, colours_only
+        self.on_line = on_line
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def run(self) -> None:
+        lines = Lines()
+        # Both streams append to one file: each chunk is one write, as a terminal would mix them.
+        out = os.open(self.out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            while data := os.read(self.fd, CHUNK):
+                _write_all(out, data)
+                if self.echo is not None:
+                    _write_all(self.echo, keep_colours(data.decode("utf-8", "replace")).encode()
+                               if self.colours_only else data)
+                done, live = lines.feed(data)
+                for line in done:
+                    self.tail.append(line)
+                    self.on_line(line, True)
+                if live:
+                    self.on_line(live, False)
+        except OSError:
+            pass
+        finally:
+            os.close(self.fd)
+            os.close(out)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError:  # our own stdout closed (a pipe whose reader left): the file keeps it all
+        pass
+
+
+def last_traceback(lines: list[str], keep: int = 8) -> list[str]:
+    """The last lines of the last Python traceback among `lines` (its exception last), or the
+    last non-empty lines when there is none."""
+    # torch.distributed's excepthook prefixes every line of a rank's traceback with [rankN]:
+    lines = [_RANK_PREFIX.sub("", line) for line in lines]
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    body = lines[starts[-1]:] if starts else lines
+    body = [line for line in body if line.strip()]
+    return body[-keep:]

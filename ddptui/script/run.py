@@ -1,0 +1,369 @@
+"""A script's run: the thread that owns its ranks' processes (RankGroup), folds what they print
+and report into the run state and the log (ScriptWatch), ends them on q, Ctrl-C or SIGTERM the
+way torchrun does, and restarts the whole group after a failure or on request.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import signal
+import threading
+import time
+
+from ddptui.listener import ReportListener
+from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED
+from ddptui.processes import free_port
+from ddptui.runstate import RunState
+from ddptui.sampler import RunSampler
+from ddptui.script.group import RankGroup, ScriptRank
+from ddptui.script.launch import Attempt, command, new_run_id
+from ddptui.script.options import ScriptConfig
+from ddptui.script.watch import ScriptWatch
+from ddptui.supervisor import default_log_path
+from trainer.protocol.events import PARENT, JsonlWriter, count, event, settings_request
+
+SAMPLE_EVERY_S = 0.5
+# What a script can take once it opted in through ddptui.init() (the ranks say which).
+NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
+         "apply": "settings"}
+NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init() and "
+              "run.step(loss) in its loop (README: Your own script)")
+
+
+class ScriptRun:
+    """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
+
+    live = True
+    owns_ranks = True
+    ranks_alone = False  # s, r and k act on the whole group: a script's ranks cannot leave alone
+
+    def __init__(self, config: ScriptConfig, log_path: str | None = None):
+        self.config = config
+        self.log_path = log_path or config.log or default_log_path()
+        self.stem = os.path.splitext(self.log_path)[0]
+        self.meta = {"model": config.label, "script": " ".join(command(config)[2:]),
+                     "data": "", "epochs": 0, "world_size": config.world_size,
+                     "device_kind": config.device_kind, "gpus": list(config.gpus or []),
+                     "log": self.log_path}
+        self.state = RunState(dict(self.meta))
+        self.done = threading.Event()
+        self.exit_code: int | None = None
+        self.controls: set[str] = set()  # what the ranks opted into (ddptui.init)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._key = secrets.token_hex(16)
+        self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
+                                    lambda level, text: self._inbox.put(
+                                        event("message", PARENT, level=level, text=text)))
+        self._writer: JsonlWriter | None = None
+        self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
+        self.watch = ScriptWatch(config, self._handle, self.say)
+        self.group: RankGroup | None = None
+        self.sampler: RunSampler | None = None
+        self.run_id = new_run_id()
+        self.attempts = 0
+        self.failures = 0
+        self.failure: tuple[int, str] | None = None  # exit code, reason
+        self.stopping: tuple[str, int] | None = None  # status, exit code
+        self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
+        self._restart: bool = False  # start the group again once every rank has ended
+        self._ended = False  # the current attempt's `run` outcome was emitted
+
+    # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        self._writer = JsonlWriter(self.log_path)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        self.done.wait(timeout)
+        return self.exit_code
+
+    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
+             reason: str = "") -> None:
+        """Ctrl-C, q (130) or SIGTERM (143) to every rank; SIGKILL after --grace; a second
+        call kills at once."""
+        self._commands.put({"op": "stop", "status": status, "code": code})
+
+    def restart_group(self, kill: int | None = None) -> None:
+        """Every rank ends (SIGTERM, `kill` at once) and the group starts again."""
+        self._commands.put({"op": "restart", "kill": kill})
+
+    def stacks(self, rank: int) -> None:
+        self._commands.put({"op": "stacks", "slot": rank})
+
+    def pause(self) -> None:
+        self._command({"op": "pause"}, event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        self._command({"op": "resume"}, event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._command({"op": "checkpoint"})
+
+    def change_settings(self, **settings) -> None:
+        requested, cmd = settings_request(settings)
+        self._command(cmd, requested)
+
+    def apply_now(self) -> None:
+        self._command({"op": "apply"})
+
+    def refuse(self, action: str) -> str | None:
+        """Why the script cannot take `action` now; None when it can."""
+        need = NEEDS.get(action)
+        if need and need not in self.controls:
+            return NO_CONTROL.format(what={"pause": "pause", "checkpoint": "checkpoint order",
+                                           "settings": "input-pipeline settings"}[need])
+        return None
+
+    def pids(self) -> set[int]:
+        return self.group.pids() if self.group else set()
+
+    def say(self, text: str, level: str = "info", **fields) -> None:
+        self._handle(event("message", PARENT, level=level, text=text, **fields))
+
+    def _command(self, cmd: dict, note: dict | None = None) -> None:
+        if self._link.send(0, cmd) and note is not None:
+            self.state.apply(note)
+
+    # -- the thread ----------------------------------------------------------------------------
+    def _handle(self, ev: dict) -> None:
+        self.state.apply(ev)
+        if self._writer:
+            self._writer.write(ev)
+
+    def _main(self) -> None:
+        try:
+            self.sampler = RunSampler(self.config.gpus, self._handle,
+                                      lambda text: self.say(text, "warning"))
+            self._link.start()
+            self.group = RankGroup(self.config, self.stem, self.config.headless, self._line)
+            self._start_attempt()
+            self._loop()
+            if not self._ended:
+                self._end_attempt()
+        except Exception as e:  # a bug of ours: still end every process and say why
+            self.exit_code = EXIT_FAILED
+            self._handle(event("run", PARENT, status="failed", exit_code=EXIT_FAILED,
+                               reason=f"ddptui error: {type(e).__name__}: {e}"))
+            raise
+        finally:
+            try:
+                if self.group is not None:
+                    self.group.end(None, 0)
+                self._drain(0)
+                self.watch.flush_lines(time.time(), force=True)
+            finally:
+                self._link.close()
+                if self.sampler is not None:
+                    self.sampler.close()
+                if self._writer:
+                    self._writer.close()
+                self.done.set()
+
+    def _start_attempt(self) -> None:
+        attempt = Attempt(self.run_id, self.attempts, free_port(),
+                          f"{self._link.address[0]}:{self._link.address[1]}", self._key)
+        self.attempts += 1
+        self.failure, self._ended, self._restart, self._deadlines = None, False, False, []
+        self.controls = set()
+        self._handle(event("run", PARENT, status="started", pid=os.getpid(),
+                           restart=attempt.restart, **self.meta))
+        n = self.config.world_size
+        self.say(f"starting {count(n, 'rank')}: {' '.join(command(self.config)[2:])}"
+                 + (f" (restart {attempt.restart})" if attempt.restart else ""))
+        self.group.start(attempt)
+        self.watch.attempt([r.slot for r in self.group.ranks], time.time())
+        for r in self.group.ranks:
+            self._handle(event("rank", r.slot, state="starting", pid=r.pid, gpu=r.gpu,
+                               device=f"GPU {r.gpu}" if r.gpu is not None else "cpu"))
+        self._handle(event("world", PARENT, size=n, ranks=list(range(n)), generation=0))
+
+    def _line(self, slot: int, text: str, final: bool) -> None:
+        """From the readers' threads."""
+        self._inbox.put(("line", slot, text, final))
+
+    def _loop(self) -> None:
+        next_sample = 0.0
+        while True:
+            self._drain(0.1)
+            self._run_commands()
+            for r in self.group.ended():
+                self._rank_ended(r)
+            now = time.time()
+            if now >= next_sample:
+                next_sample = now + SAMPLE_EVERY_S
+                self._sample(now)
+            self.watch.collect_stacks({r.slot: r for r in self.group.alive()}, now)
+            self.watch.flush_lines(now)
+            self._escalate()
+            if self.group.alive():
+                continue
+            for r in self.group.ended():  # those that ended since the top of this turn
+                self._rank_ended(r)
+            if not self._ended:
+                self._end_attempt()
+            if self._restart and self.stopping is None:
+                self._start_attempt()
+            elif self.stopping is not None or self.failure is None or self.config.headless:
+                return
+            # A failed run stays on screen: r starts it again, q leaves.
+
+    def _drain(self, timeout: float) -> None:
+        try:
+            item = self._inbox.get(timeout=timeout) if timeout else self._inbox.get_nowait()
+            while True:
+                self._take(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+
+    def _take(self, item) -> None:
+        now = time.time()
+        if isinstance(item, tuple):  # a line of a rank's output
+            _, slot, text, final = item
+            self.watch.line(slot, text, final, now)
+            return
+        self.watch.reported(item, now)
+        if item["kind"] == "rank" and item.get("control"):
+            self.controls |= set(item["control"])
+        if item["kind"] == "beat":
+            return  # for the watch only
+        self._handle(item)
+
+    def _sample(self, now: float) -> None:
+        self.group.scan_children()
+        alive = self.group.alive()
+        self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
+        self.state.set_host(self.sampler.host())
+        ending = self.stopping is not None or self._restart or self.failure is not None
+        self.watch.sample(alive, self.sampler.util, self.sampler.gpu_memory, now, not ending)
+
+    # -- ranks ending, the outcome -------------------------------------------------------------
+    def _rank_ended(self, r: ScriptRank) -> None:
+        code = r.popen.returncode
+        self.watch.finished(r.slot, code == 0)
+        ours = self.stopping is not None or self._restart or self.failure is not None
+        if code == 0:
+            self._rank_state(r, "done", "")
+        elif ours:
+            self._rank_state(r, "stopped", f"ended by ddptui ({r.death()})")
+        else:
+            lines = r.traceback()
+            text = lines[-1] if lines else r.death()
+            self._rank_state(r, "crashed", text)
+            self._handle(event("error", r.slot, text=text, traceback=lines,
+                               exit_code=_exit_code(code), pid=r.pid))
+            if self.failure is None:
+                self._failed(r, text)
+
+    def _failed(self, r: ScriptRank, text: str) -> None:
+        """The first failure: the others are ended as torchrun ends them, and the group
+        restarts while --max-restarts allows."""
+        self.failure = (_exit_code(r.popen.returncode), f"rank {r.slot} {r.death()}: {text}")
+        if self.failures < self.config.max_restarts:
+            self.failures += 1
+            self._restart = True
+            self.say(f"{self.failure[1]}: restarting every rank ({self.failures} of "
+                     f"--max-restarts {self.config.max_restarts})", "warning")
+        self._end_others(signal.SIGTERM)
+
+    def _end_others(self, sig: int | None) -> None:
+        """`sig` to every rank's group now (None: they were asked to stop by a command), SIGINT
+        at half the grace period in that case, SIGKILL to what is left at its end."""
+        if not self.group.alive():
+            return
+        now, grace = time.monotonic(), self.config.grace
+        if sig is None:
+            self._deadlines = [(now + grace / 2, signal.SIGINT), (now + grace, signal.SIGKILL)]
+        else:
+            self.group.signal(sig)
+            self._deadlines = [(now + grace, signal.SIGKILL)]
+
+    def _escalate(self) -> None:
+        while self._deadlines and time.monotonic() >= self._deadlines[0][0] and \
+                self.group.alive():
+            _, sig = self._deadlines.pop(0)
+            if sig == signal.SIGKILL:
+                self.say(f"ranks did not end within --grace {self.config.grace:g} s: killing "
+                         "them", "warning")
+                self.group.end(None, 0)
+            else:
+                self.say("ranks did not end their loop: SIGINT to every rank", "warning")
+                self.group.signal(sig)
+
+    def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
+        self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
+                           exit_code=_exit_code(r.popen.returncode)))
+
+    def _end_attempt(self) -> None:
+        """The `run` event for the attempt that ended: done, failed or interrupted."""
+        self._ended = True
+        if self.stopping is not None:
+            status, code = self.stopping
+            reason = ""
+        elif self._restart and self.failure is None:
+            status, code, reason = "interrupted", EXIT_INTERRUPTED, "restarted on request"
+        elif self.failure is not None:
+            code, reason = self.failure
+            status = "failed"
+        else:
+            status, code, reason = "done", 0, ""
+        self.exit_code = code
+        started = self.state.started_t or time.time()
+        self._handle(event("run", PARENT, status=status, exit_code=code, reason=reason,
+                           seconds=round(time.time() - started, 2),
+                           restarting=self._restart and self.stopping is None))
+
+    def _run_commands(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            op = cmd["op"]
+            if op == "stop":
+                self._stop(cmd["status"], cmd["code"])
+            elif op == "stacks":
+                live = {r.slot: r for r in self.group.alive()}
+                if cmd["slot"] in live:
+                    self.watch.ask_stacks(live[cmd["slot"]], time.time())
+                else:
+                    self.say(f"rank {cmd['slot']} has no live process to ask for its stacks",
+                             "warning")
+            elif op == "restart" and self.stopping is None:
+                self._restart = True
+                self.say("restarting every rank" + ("" if self.group.alive() else " now"))
+                for r in self.group.alive():
+                    if r.slot == cmd.get("kill"):
+                        os.killpg(r.pid, signal.SIGKILL)
+                self._end_others(signal.SIGTERM)
+
+    def _stop(self, status: str, code: int) -> None:
+        if self.stopping is not None:  # asked twice: no more waiting
+            self.group.end(None, 0)
+            return
+        self.stopping = (status, code)
+        if not self.group.alive():
+            return
+        if "stop" in self.controls and self._link.send(0, {"op": "stop"}):
+            self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
+                     f"SIGKILL after {self.config.grace:g} s")
+            self._end_others(None)
+            return
+        sig = signal.SIGINT if code == EXIT_INTERRUPTED else signal.SIGTERM
+        self.say(f"stopping: {signal.Signals(sig).name} to every rank, SIGKILL after "
+                 f"{self.config.grace:g} s")
+        self._end_others(sig)
+
+
+def _exit_code(returncode: int | None) -> int:
+    """A rank's exit code as a shell reports it (a signal n is 128 + n)."""
+    if returncode is None:
+        return EXIT_FAILED
+    return 128 - returncode if returncode < 0 else returncode

@@ -1,0 +1,180 @@
+"""What the parent sees of a script's ranks from outside, turned into events: their output
+(the last line, figures read from it), their processes (state, CPU, memory, GPU memory), stall
+verdicts, and their Python stacks on request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from ddptui.script.group import ScriptRank
+from ddptui.script.metrics import MetricReader, compile_metrics
+from ddptui.script.options import ScriptConfig
+from ddptui.script.stalls import Reading, ScriptStalls, blame
+from ddptui.stacks import StackRequests, innermost
+from trainer.protocol.events import event
+from trainer.telemetry.gpu import ProcessTree
+
+LINE_EVERY_S = 0.5  # a rank's latest line goes to the log and the screen at most this often
+
+
+class Silence:
+    """When a rank last said something, and its longest silence so far."""
+
+    def __init__(self, now: float):
+        self.last: float | None = None
+        self.longest = 0.0
+        self.started = now
+
+    def heard(self, now: float) -> None:
+        if self.last is not None:
+            self.longest = max(self.longest, now - self.last)
+        self.last = now
+
+
+class ScriptWatch:
+    """Owned by the script's run thread: every call comes from it."""
+
+    def __init__(self, config: ScriptConfig, handle: Callable[[dict], None],
+                 say: Callable[..., None]):
+        self.config, self.handle, self.say = config, handle, say
+        self.patterns = compile_metrics(config.metrics)
+        self.stalls = ScriptStalls(config.stall_after)
+        self.stacks = StackRequests()
+        self.tree = ProcessTree()
+        self.readers: dict[int, MetricReader] = {}
+        self.silence: dict[int, Silence] = {}
+        self.flags: dict[int, str] = {}  # slot -> stalled | waiting
+        self.evidence: dict[int, str] = {}  # a flagged slot -> its stacks since the verdict
+        self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
+        self._line: dict[int, tuple[str, bool]] = {}  # slot -> latest line not yet sent
+        self._line_t: dict[int, float] = {}
+
+    def attempt(self, slots: list[int], now: float) -> None:
+        """A new start of the group: nothing of the last one's output or verdicts counts."""
+        for slot in slots:
+            self.readers[slot] = MetricReader(slot, self.patterns, self._emitter(slot))
+            self.silence[slot] = Silence(now)
+            self.stalls.forget(slot)
+            self.flags.pop(slot, None)
+            self.evidence.pop(slot, None)
+        self.reporting.clear()
+
+    def _emitter(self, slot: int) -> Callable[..., None]:
+        return lambda kind, **fields: self.handle(event(kind, slot, **fields))
+
+    # -- what the ranks say --------------------------------------------------------------
+    def line(self, slot: int, text: str, final: bool, now: float) -> None:
+        self._heard(slot, now)
+        if slot not in self.reporting:
+            self.readers[slot].line(text, final)
+        self._line[slot] = (text, final)
+
+    def reported(self, ev: dict, now: float) -> None:
+        """An event a rank sent itself: it speaks for its own steps from now on."""
+        slot = ev["rank"]
+        if slot in self.silence and (ev["kind"] in ("step", "epoch") or ev.get("api")):
+            self._heard(slot, now)
+            self.reporting.add(slot)
+
+    def _heard(self, slot: int, now: float) -> None:
+        """A line or a step: the first one says the rank runs (its script got going)."""
+        silence = self.silence[slot]
+        if silence.last is None and slot not in self.flags:
+            self.handle(event("rank", slot, state="running"))
+        silence.heard(now)
+
+    def flush_lines(self, now: float, force: bool = False) -> None:
+        """Each rank's latest line as an `output` event, at most every LINE_EVERY_S."""
+        for slot, (text, final) in list(self._line.items()):
+            if force or now - self._line_t.get(slot, 0.0) >= LINE_EVERY_S:
+                self.handle(event("output", slot, text=text, final=final))
+                self._line_t[slot] = now
+                del self._line[slot]
+
+    def finished(self, slot: int, whole: bool) -> None:
+        """The rank's process ended: its last epoch read so far becomes a row (`whole` when
+        it exited 0; else the part of the epoch it got through)."""
+        reader = self.readers.get(slot)
+        if reader is not None and slot not in self.reporting:
+            reader.finish_epoch(partial=not whole)
+        self.stalls.forget(slot)
+        self.flags.pop(slot, None)
+        self.evidence.pop(slot, None)
+
+    # -- what the parent sees ------------------------------------------------------------
+    def sample(self, ranks: list[ScriptRank], gpu_util: dict[int, float],
+               gpu_memory: dict[int, int], now: float, judge: bool = True) -> None:
+        """Process figures of every live rank, and (`judge`: not while the group is being
+        ended) a stall verdict where one is due."""
+        for r in ranks:
+            cpu, rss = self.tree.read(r.pid)
+            p = self.tree.process(r.pid)
+            try:
+                status = p.status() if p is not None else "gone"
+            except Exception:  # psutil.Error: ended between two calls
+                status = "gone"
+            mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
+            self.handle(event("process", r.slot, pid=r.pid, status=status, cpu_percent=cpu,
+                              rss=rss, gpu_mem=mem if r.gpu is not None else None))
+            s = self.silence[r.slot]
+            if not judge:
+                continue
+            verdict = self.stalls.judge(Reading(r.slot, status, cpu, gpu_util.get(r.gpu)
+                                                if r.gpu is not None else None, s.last,
+                                                s.longest), now)
+            self._update(r, verdict, now)
+        self.tree.forget({pid for r in ranks for pid in {r.pid} | r.children})
+
+    def _update(self, r: ScriptRank, verdict, now: float) -> None:
+        old = self.flags.get(r.slot)
+        if verdict is None:
+            if old is not None:
+                del self.flags[r.slot]
+                self.evidence.pop(r.slot, None)
+                self._rank(r, "running", "making progress again")
+            return
+        if old is not None:
+            return  # flagged already (stalled, or found waiting in a collective)
+        reason, fields = verdict
+        self.flags[r.slot] = "stalled"
+        self._rank(r, "stalled", reason, **fields)
+        self.ask_stacks(r, now)
+
+    def _rank(self, r: ScriptRank, state: str, reason: str, **fields) -> None:
+        self.handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
+                          **fields))
+
+    def ask_stacks(self, r: ScriptRank, now: float) -> None:
+        if not os.path.exists(r.stacks_path):
+            self.say(f"rank {r.slot}: no Python stacks: it has not loaded ddptui's "
+                     "sitecustomize (still starting, or run with python -S / -I)", "warning",
+                     stacks_of=r.slot, stacks="")
+            return
+        self.stacks.ask(r.slot, r.pid, r.stacks_path, now, self.config.stacks_signal)
+
+    def collect_stacks(self, ranks: dict[int, ScriptRank], now: float) -> None:
+        for slot, text in self.stacks.collect(now):
+            stalled = self.flags.get(slot) == "stalled"
+            if text is None:
+                why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
+                self.say(f"rank {slot}: no Python stacks: {why}", "warning", stacks_of=slot,
+                         stacks="")
+                continue
+            where = innermost(text)
+            self.say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
+                     "warning" if stalled else "info", stacks_of=slot, stacks=text)
+            if stalled:
+                self.evidence[slot] = text
+                self._blame(ranks)
+
+    def _blame(self, ranks: dict[int, ScriptRank]) -> None:
+        """Stalled ranks blocked in a collective while another is stuck in its own code wait
+        for that one: they are shown `waiting`, the other stays `stalled`."""
+        for slot, (where, culprits) in blame(self.evidence).items():
+            if self.flags.get(slot) == "stalled" and slot in ranks:
+                self.flags[slot] = "waiting"
+                names = ", ".join(map(str, culprits))
+                self._rank(ranks[slot], "waiting", f"in {where}: waiting for rank {names}",
+                           phase=where, waiting_for=culprits)

@@ -1,0 +1,214 @@
+"""Your own script under ddptui, run as a user runs it: `ddptui run SCRIPT -- args` starts real
+processes with torchrun's contract, shows their output and figures, flags a hung rank with its
+stacks, ends everything on Ctrl-C, q or SIGTERM, and restarts the group like torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
+
+SCRIPTS = os.path.join(ROOT, "tests", "helpers", "scripts")
+ENVDUMP = os.path.join(SCRIPTS, "envdump.py")
+LOOPING = os.path.join(SCRIPTS, "looping.py")
+PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
+SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
+
+
+def _json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _script_env(env: dict) -> dict:
+    return dict(env, OMP_NUM_THREADS="1")
+
+
+@pytest.mark.timeout(120)
+def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
+    """Same output on stdout and the same exit code as torchrun --standalone; its loss lines
+    become per-rank loss points and epoch rows."""
+    env = _script_env(env)
+    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node", "2", PLAIN, *SMALL], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=100)
+    assert torchrun.returncode == 0, torchrun.stderr[-2000:]
+    log = tmp_path / "run.jsonl"
+    ours = ddptui(["run", PLAIN, "--cpus", "2", "--log", str(log), "--", *SMALL], env, tmp_path)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    # Two ranks print at once: their lines may interleave (even within a line, as print()
+    # writes the newline apart) differently from run to run; what they say may not differ.
+    def said(text):
+        return sorted(re.findall(r"(?:rank|epoch|step|loss:) [\d.]+|done in", text))
+
+    assert said(ours.stdout) == said(torchrun.stdout) and len(said(ours.stdout)) >= 18
+    steps = events(log, "step")
+    assert {e["rank"] for e in steps} == {0, 1}
+    assert all(e["source"] == "output" and e["loss"] > 0 for e in steps)
+    assert {(e["rank"], e["epoch"]) for e in events(log, "epoch")} == \
+        {(r, ep) for r in (0, 1) for ep in (0, 1)}
+    assert (tmp_path / "run.rank1.out").read_text().count("loss:") == 2
+    assert [e["status"] for e in events(log, "run")] == ["started", "done"]
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(60)
+def test_each_rank_gets_torchruns_environment_in_its_own_session(env, tmp_path):
+    log = tmp_path / "env.jsonl"
+    r = ddptui(["run", ENVDUMP, "--cpus", "3", "--log", str(log), "--", "a", "--b"], env,
+               tmp_path)
+    assert r.returncode == 0, r.stderr
+    ranks = sorted(_json_lines(r.stdout), key=lambda d: int(d["env"]["RANK"]))
+    assert [d["env"]["RANK"] for d in ranks] == ["0", "1", "2"]
+    assert [d["env"]["LOCAL_RANK"] for d in ranks] == ["0", "1", "2"]
+    for d in ranks:
+        e = d["env"]
+        assert (e["WORLD_SIZE"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) == ("3", "3", "0")
+        assert e["ROLE_RANK"] == e["RANK"] and e["ROLE_WORLD_SIZE"] == "3"
+        assert e["MASTER_ADDR"] == "127.0.0.1" and e["MASTER_PORT"].isdigit()
+        assert e["TORCHELASTIC_RESTART_COUNT"] == "0" and e["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert e["OMP_NUM_THREADS"] == "1" and e["CUDA_VISIBLE_DEVICES"] == ""
+        assert d["argv"] == ["a", "--b"] and d["leader"] and d["unbuffered"]
+    assert len({d["env"]["TORCHELASTIC_RUN_ID"] for d in ranks}) == 1
+    assert len({d["env"]["MASTER_PORT"] for d in ranks}) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_module_runs_with_dash_m_and_a_sitecustomize_of_the_users_still_runs(env, tmp_path):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "train.py").write_text(open(ENVDUMP).read())
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['CHAINED'] = 'yes'\n")
+    env = dict(env, PYTHONPATH=os.pathsep.join([str(site), str(tmp_path), env["PYTHONPATH"]]))
+    r = ddptui(["run", "-m", "mypkg.train", "--cpus", "2", "--log", str(tmp_path / "m.jsonl")],
+               env, tmp_path)
+    assert r.returncode == 0, r.stderr
+    ranks = _json_lines(r.stdout)
+    assert len(ranks) == 2 and all(d["env"]["CHAINED"] == "yes" for d in ranks)
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_rank_gives_its_exit_code_traceback_and_ends_the_others(env, tmp_path):
+    log = tmp_path / "fail.jsonl"
+    r = ddptui(["run", PLAIN, "--cpus", "2", "--grace", "5", "--log", str(log), "--", *SMALL,
+                "--fail-at-epoch", "1"], _script_env(env), tmp_path)
+    assert r.returncode == 1, r.stderr[-2000:]
+    ours = [line for line in r.stderr.splitlines() if line.startswith("ddptui:")]
+    assert ours[-1].startswith("ddptui: failed: rank 1 exited with code 1: RuntimeError: rank 1 "
+                               "gave up at epoch 1"), r.stderr[-2000:]
+    assert "Traceback" in r.stderr  # the script's own, passed through as torchrun shows it
+    error = events(log, "error")[0]
+    assert error["rank"] == 1 and error["exit_code"] == 1
+    assert error["traceback"][-1] == "RuntimeError: rank 1 gave up at epoch 1"
+    assert any("misbehave" in line for line in error["traceback"])
+    assert [e["status"] for e in events(log, "run")] == ["started", "failed"]
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(60)
+def test_max_restarts_starts_every_rank_again_with_the_count(env, tmp_path):
+    log = tmp_path / "flaky.jsonl"
+    r = ddptui(["run", LOOPING, "--cpus", "2", "--max-restarts", "1", "--grace", "5", "--log",
+                str(log), "--", "--fail-first", "--steps", "3"], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    runs = events(log, "run")
+    assert [(e["status"], e.get("restart")) for e in runs if e["status"] == "started"] == \
+        [("started", 0), ("started", 1)]
+    assert [e["status"] for e in runs if e["status"] != "started"] == ["failed", "done"]
+    assert events(log, "error")[0]["text"] == "ValueError: the first attempt of rank 1 fails"
+    assert r.stdout.count("finished") == 2  # the second attempt's two ranks
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(90)
+def test_a_hung_rank_is_flagged_with_its_stacks_and_ctrl_c_ends_everything(env, tmp_path):
+    """Rank 1 sleeps for ever in stuck_here(): it is the stalled one and `t`'s stacks name the
+    function; rank 0, blocked in DDP's all-reduce, waits for it. Ctrl-C: nothing is left."""
+    log = tmp_path / "hang.jsonl"
+    p = start_ddptui(["run", PLAIN, "--cpus", "2", "--stall-after", "3", "--grace", "3",
+                      "--log", str(log), "--", *SMALL, "--epochs", "50", "--hang-at-epoch",
+                      "1"], _script_env(env), tmp_path)
+    try:
+        stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 60)
+        assert "misbehave" in stacks["text"] and "plain_ddp.py" in stacks["text"]
+        stalled = [e for e in events(log, "rank") if e.get("state") == "stalled"]
+        assert stalled and stalled[0]["rank"] == 1 or {e["rank"] for e in stalled} == {0, 1}
+        waiting = wait_for_event(log, lambda e: e.get("state") == "waiting", 15)
+        assert waiting["rank"] == 0 and waiting["waiting_for"] == [1]
+        pids = run_pids(log)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert [e["status"] for e in events(log, "run")] == ["started", "interrupted"]
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(60)
+def test_a_sigstopped_rank_is_flagged_stopped_and_sigterm_kills_it_after_the_grace(env,
+                                                                                   tmp_path):
+    log = tmp_path / "stop.jsonl"
+    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--stall-after", "2", "--grace", "2",
+                      "--log", str(log)], env, tmp_path)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
+        victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1 and e.get("pid"))
+        pids = run_pids(log)
+        os.kill(victim, signal.SIGSTOP)
+        flagged = wait_for_event(log, lambda e: e.get("state") == "stalled", 30)
+        assert flagged["rank"] == 1 and flagged["cause"] == "stopped"
+        assert flagged["reason"].startswith("process stopped")
+        no_stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1, 15)
+        assert "stopped" in no_stacks["text"]
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 143, err
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(60)
+def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
+    log = tmp_path / "orphan.jsonl"
+    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--log", str(log)], env, tmp_path)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
+        pids = run_pids(log)
+        p.kill()
+        p.wait(10)
+    finally:
+        p.kill()
+    assert_gone(pids)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "nosuch.py"], "no such script: nosuch.py"),
+    (["run", "-m", "nosuchpkg.train"], "module not found: nosuchpkg.train"),
+    (["run", LOOPING, "--steps", "3"], "--steps is not a ddptui option: put the script's own "
+                                        "arguments after --"),
+    (["run", LOOPING, "--metric", "acc=([0-9]"], "bad --metric 'acc=([0-9]'"),
+    (["run", LOOPING, "--metric", "acc=[0-9]+"], "needs exactly one (group)"),
+    (["run", LOOPING, "--stacks-signal", "SIGKILL"], "cannot carry stacks"),
+    (["run", LOOPING, "--cpus", "0"], "--cpus must be at least 1"),
+    (["run", LOOPING, "--", "--bogus"], "rank 0 exited with code 2: looping.py: error: "
+                                        "unrecognized arguments: --bogus"),
+])
+@pytest.mark.timeout(60)
+def test_bad_input_is_one_line_and_its_exit_code(args, says, env, tmp_path):
+    r = ddptui(args, env, tmp_path, timeout=50)
+    assert r.returncode == 2, r.stderr
+    ours = [line for line in r.stderr.splitlines() if line.startswith("ddptui: ")
+            and "logging to" not in line]
+    assert len(ours) == 1 and says in ours[0], r.stderr
+    assert "Traceback" not in r.stderr
+

@@ -1,0 +1,132 @@
+"""A script's run driven as a user drives it: the dashboard over real rank processes (Pilot key
+presses), and the three lines of ddptui.init() taking pause, checkpoint and stop at one step."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+
+import pytest
+
+from ddptui.app import ConfirmRestart, DashboardApp
+from ddptui.cli import resolve_devices
+from ddptui.script.options import parse_script_args
+from ddptui.script.run import ScriptRun
+from ddptui.widgets.tables import RankTable
+from tests.conftest import ROOT, assert_gone, events, run_pids, wait_for_event
+
+LOOPING = os.path.join(ROOT, "tests", "helpers", "scripts", "looping.py")
+WITH_DDPTUI = os.path.join(ROOT, "examples", "with_ddptui.py")
+
+
+def _run(args: list[str], log) -> ScriptRun:
+    config = parse_script_args([*args[:1], "--log", str(log), *args[1:]], resolve_devices)
+    return ScriptRun(dataclasses.replace(config, headless=False))
+
+
+@pytest.fixture
+def script_env(env, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+async def _until(pilot, predicate, timeout: float = 60) -> None:
+    for _ in range(int(timeout / 0.1)):
+        if predicate():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError("the dashboard never showed it")
+
+
+def _rank_pids(log) -> set[int]:
+    """The ranks' processes and their children (the run's own pid is this test's)."""
+    return {pid for pid in run_pids(log) if pid != os.getpid()}
+
+
+def _row(app, rank: int) -> dict:
+    table = app.query_one(RankTable)
+    if rank >= table.row_count:
+        return {}
+    return {str(c.label): str(v) for c, v in zip(table.ordered_columns,
+                                                  table.get_row_at(rank), strict=True)}
+
+
+@pytest.mark.timeout(120)
+async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(script_env,
+                                                                               tmp_path):
+    log = tmp_path / "dash.jsonl"
+    run = _run([LOOPING, "--cpus", "2", "--grace", "3"], log)
+    app = DashboardApp(run)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", ""))
+        row = _row(app, 1)
+        assert row["state"] == "running" and row["process"] in ("running", "sleeping")
+        assert row["CPU"].endswith("%") and row["RSS"].endswith("M")
+        assert float(row["loss"]) > 0
+        await pilot.press("space")  # no ddptui.init() in it: nothing to pause, and it says so
+        assert run.state.pulse()["pause_asked"] is None
+        await pilot.press("down", "s")
+        assert isinstance(app.screen, ConfirmRestart)
+        await pilot.press("n")
+        assert not isinstance(app.screen, ConfirmRestart)
+        first = _rank_pids(log)
+        await pilot.press("k")
+        await pilot.press("y")
+        await _until(pilot, lambda: any(e.get("restart") == 1 for e in events(log, "run")))
+        await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", "") and
+                     _row(app, 1)["state"] == "running")
+        assert_gone(first)
+        pids = _rank_pids(log)
+        await pilot.press("q")
+        await _until(pilot, run.done.is_set, 30)
+        await pilot.pause(0.3)
+    assert run.exit_code == 130
+    states = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("reason", "")
+              .startswith("ended by ddptui")]
+    assert sorted(states) == [(0, "stopped"), (0, "stopped"), (1, "stopped"), (1, "stopped")]
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(120)
+async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("CHECKPOINT_DIR", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(ROOT, "examples"),
+                                                      os.environ["PYTHONPATH"]]))
+    log = tmp_path / "api.jsonl"
+    run = _run([WITH_DDPTUI, "--cpus", "2", "--grace", "20", "--", "--epochs", "1000",
+                "--samples", "2048", "--image-size", "16"], log)
+    run.start()
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 60)
+        for rank in (0, 1):
+            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
+        steps = events(log, "step")
+        assert {e["rank"] for e in steps} == {0, 1}
+        assert all(e.get("source") is None and e["samples_per_s"] > 0 for e in steps)
+        assert "pause" in run.controls and run.refuse("pause") is None
+        epoch = events(log, "epoch")[0]
+        assert epoch["samples"] == 1024 and "train_acc" in epoch["metrics"]
+        run.pause()
+        paused = wait_for_event(log, lambda e: e.get("status") == "paused", 30)
+        run.checkpoint()  # taken while paused, at the step they paused at
+        wait_for_event(log, lambda e: "checkpoint asked for" in e.get("text", ""), 30)
+        run.resume()
+        resumed = wait_for_event(log, lambda e: e.get("status") == "resumed", 30)
+        assert resumed["global_step"] == paused["global_step"]
+        assert any(name.startswith("epoch") for name in os.listdir(tmp_path)
+                   if name.endswith(".pt"))
+        pids = _rank_pids(log)
+        run.stop()
+        assert run.wait(60) == 130
+    finally:
+        run.stop()
+        run.stop()
+        run.wait(30)
+    # q ended the loop at an agreed step: both ranks finished cleanly, nothing was killed.
+    ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
+    assert sorted(ends) == [(0, "done"), (1, "done")]
+    assert_gone(pids)
+    await asyncio.sleep(0)

@@ -1,0 +1,125 @@
+"""The pure parts of watching a script: figures read from its output, progress bars collapsed,
+escape sequences made inert, stall verdicts and who waits for whom. No process is started."""
+
+from __future__ import annotations
+
+from ddptui.runstate import RunState
+from ddptui.script.metrics import MetricReader, compile_metrics, read_line
+from ddptui.script.output import Lines, last_traceback
+from ddptui.script.stalls import Reading, ScriptStalls, blame
+from ddptui.text import keep_colours, plain
+from trainer.protocol.events import event
+
+PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))
+
+
+def test_loss_is_read_as_scripts_and_frameworks_print_it():
+    cases = {
+        "rank 0 epoch 2 step 30 loss: 0.123": {"loss": 0.123, "epoch": 2, "step": 30},
+        "Epoch 0:  50%|#####     | 5/10 [00:01<00:01, 4.5it/s, loss=0.693, v_num=0]":
+            {"loss": 0.693, "epoch": 0},
+        "{'loss': 0.6931, 'grad_norm': 1.2, 'learning_rate': 5e-05, 'epoch': 0.5}":
+            {"loss": 0.6931, "lr": 5e-05, "epoch": 0.5},
+        "{'eval_loss': 0.6, 'eval_accuracy': 0.81, 'epoch': 1.0}":
+            {"val_loss": 0.6, "val_acc": 0.81, "epoch": 1.0},
+        "Epoch [3/10], Step [100/600], Loss: 0.2345 acc=93.1 top-5: 99.0":
+            {"loss": 0.2345, "acc": 93.1, "top5": 99.0, "epoch": 3, "step": 100},
+        "train_loss=tensor(0.5000, device='cuda:0')": {"loss": 0.5},
+        "val_loss 0.25": {"val_loss": 0.25},
+        "no figures in epoch 3": {},
+        "the loss of 3 samples": {},
+    }
+    for line, expected in cases.items():
+        assert read_line(line, PATTERNS) == expected, line
+
+
+def test_epoch_rows_come_from_the_epochs_a_script_prints():
+    sent = []
+    clock = iter(range(100))
+    reader = MetricReader(0, PATTERNS, lambda kind, **f: sent.append((kind, f)),
+                          clock=lambda: float(next(clock)))
+    for line in ["{'loss': 0.9, 'epoch': 0.5}", "{'loss': 0.7, 'epoch': 0.9}",
+                 "{'eval_loss': 0.6, 'eval_accuracy': 0.8, 'epoch': 1.0}",
+                 "{'loss': 0.5, 'epoch': 1.5}"]:
+        reader.line(line, True)
+    reader.finish_epoch(partial=True)
+    epochs = [f for kind, f in sent if kind == "epoch"]
+    # Hugging Face's evaluation says 'epoch': 1.0 once epoch 0 is done: it belongs to epoch 0.
+    assert [(e["epoch"], e["val_loss"], e["val_acc"]) for e in epochs] == \
+        [(0, 0.6, 0.8), (1, None, None)]
+    assert abs(epochs[0]["train_loss"] - 0.8) < 1e-9 and epochs[1].get("partial")
+    steps = [f for kind, f in sent if kind == "step"]
+    assert [s["loss"] for s in steps] == [0.9, 0.7, 0.5]
+
+
+def test_a_progress_bar_collapses_to_what_it_last_showed():
+    lines = Lines()
+    done, live = lines.feed(b"start\n\r 10%|#  | loss=0.9\r 20%|## | loss=0.8")
+    assert done == ["start"] and live == "20%|## | loss=0.8"
+    done, live = lines.feed(b"\r100%|###| loss=0.1\n\xe2\x9c")  # a UTF-8 character cut in two
+    assert done == ["100%|###| loss=0.1"] and live == ""
+    done, live = lines.feed(b"\x93 ok\n\x1b[31mred\x1b[0m text\n")
+    assert done == ["✓ ok", "red text"]
+    done, live = lines.feed(b"a write cut sh")
+    assert live == ""  # not a redraw: its rest follows
+
+
+def test_escape_sequences_never_reach_the_terminal_raw():
+    hostile = "a\x1b[2J\x1b]0;pwned\x07b \x1b[31mred\x1b[0m\r50%\x07\x1b[10;5H\x9b2J"
+    assert plain(hostile) == "ab red50%"  # the C1 CSI (\\x9b) goes whole too
+    assert keep_colours(hostile) == "ab \x1b[31mred\x1b[0m\r50%"
+    state = RunState()
+    state.apply(event("message", 1, level="warning", text="x\x1b]0;title\x07\x1b[2Jy"))
+    state.apply(event("rank", 1, state="crashed", reason="boom\x1b[H", host="h\x07"))
+    assert all("\x1b" not in line[3] and "\x07" not in line[3] for line in state.lines_after(0))
+    assert state.ranks[1].reason == "boom" and state.ranks[1].host == "h"
+
+
+def test_the_last_traceback_is_found_among_the_output():
+    lines = ["step 1", "Traceback (most recent call last):", '  File "a.py", line 1', "old",
+             "retrying", "Traceback (most recent call last):", '  File "t.py", line 9, in f',
+             "    raise ValueError('x')", "ValueError: x", ""]
+    assert last_traceback(lines, keep=3) == ['  File "t.py", line 9, in f',
+                                              "    raise ValueError('x')", "ValueError: x"]
+    assert last_traceback(["just", "a line"]) == ["just", "a line"]
+
+
+def _reading(slot=0, status="sleeping", cpu=0.0, gpu=None, last=None, gap=0.0) -> Reading:
+    return Reading(slot, status, cpu, gpu, last, gap)
+
+
+def test_a_rank_is_stalled_once_stopped_idle_or_silent_for_the_whole_limit():
+    s = ScriptStalls(10)
+    assert s.judge(_reading(status="stopped"), 100) is None
+    why, fields = s.judge(_reading(status="stopped"), 110)
+    assert why.startswith("process stopped for 10 s") and fields["cause"] == "stopped"
+    s = ScriptStalls(10)  # busy, then idle: the clock starts when it goes idle
+    assert s.judge(_reading(cpu=90, last=99), 100) is None
+    assert s.judge(_reading(cpu=1, gpu=50, last=99), 101) is None  # its GPU works
+    assert s.judge(_reading(cpu=1, gpu=2, last=105), 105) is None
+    assert s.judge(_reading(cpu=1, gpu=2, last=108), 115) is None  # cool, but it prints
+    why, fields = s.judge(_reading(cpu=1, gpu=2, last=108, gap=5), 118)
+    assert fields["cause"] == "idle" and "GPU idle" in why
+    s = ScriptStalls(10)  # busy but silent: 3 x its longest gap, at least the limit
+    assert s.judge(_reading(cpu=100, last=100, gap=6), 117) is None
+    why, fields = s.judge(_reading(cpu=100, last=100, gap=6), 118)
+    assert fields["cause"] == "silent" and why.startswith("no output for 18 s")
+    assert ScriptStalls(10).judge(_reading(cpu=100), 1000) is None  # never printed: no verdict
+
+
+def _stacks(*frames: str) -> str:
+    body = "\n".join(f'  File "{path}", line 1 in {fn}' for path, fn in frames)
+    return ("Thread 0x1 (most recent call first):\n  File \"threading.py\", line 1 in run\n\n"
+            f"Current thread 0x2 (most recent call first):\n{body}")
+
+
+def test_ranks_blocked_in_a_collective_wait_for_the_one_stuck_in_its_own_code():
+    in_allreduce = _stacks(("/x/torch/distributed/distributed_c10d.py", "all_reduce"),
+                           ("/x/torch/distributed/c10d_logger.py", "wrapper"),
+                           ("train.py", "main"))
+    in_backward = _stacks(("/x/torch/autograd/graph.py", "_engine_run_backward"),
+                          ("train.py", "main"))
+    stuck = _stacks(("train.py", "stuck_here"), ("train.py", "main"))
+    assert blame({0: in_allreduce, 1: stuck, 2: in_backward}) == {
+        0: ("all_reduce", [1]), 2: ("backward (DDP's gradient all-reduce)", [1])}
+    assert blame({0: in_allreduce, 2: in_backward}) == {}  # none singled out
