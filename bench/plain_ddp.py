@@ -2,7 +2,8 @@
 
 torchrun --standalone --nproc-per-node 2 bench/plain_ddp.py --model resnet18 --steps 300
 Synthetic data on the device, bf16 autocast, channels_last, SGD (or fused AdamW); prints one JSON
-line (rank 0).
+line (rank 0). --ddptui adds ddptui's three lines (ddptui.init(), run.step(loss, samples=n)), to
+measure what they cost (bench/script_overhead.py).
 """
 
 import argparse
@@ -25,6 +26,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    ap.add_argument("--ddptui", action="store_true", help="with ddptui.init() and run.step()")
     args = ap.parse_args()
     t_launch = float(os.environ.get("BENCH_T0", time.time()))
     local = int(os.environ["LOCAL_RANK"])
@@ -41,6 +43,10 @@ def main() -> None:
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch_size,), device="cuda")
     first_step = None
+    if args.ddptui:
+        import ddptui
+
+        run = ddptui.init()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             torch.cuda.synchronize()
@@ -50,6 +56,8 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if args.ddptui:
+            run.step(loss, samples=args.batch_size)
         if first_step is None:
             torch.cuda.synchronize()
             first_step = time.time() - t_launch

@@ -32,48 +32,75 @@ ALIASES = {"val_loss": "val_loss", "eval_loss": "val_loss", "valid_loss": "val_l
 
 
 class LagMeter:
-    """Losses summed where they are (a device tensor, or floats); read() gives the mean of an
-    earlier interval, copied to pinned memory behind an event, so it never syncs the device."""
+    """Losses summed where they are (one in-place add on the device a step, or floats); read()
+    gives the mean of an earlier interval, copied to pinned memory behind an event, so it never
+    syncs the device; epoch_mean() syncs once, at an epoch's end."""
 
     def __init__(self):
         self.sum: torch.Tensor | None = None
+        self.n = 0  # steps summed in `sum` (or in floats) not yet copied out
         self.floats = 0.0
-        self.n = 0
         self._pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
+        self._total, self._total_n = 0.0, 0  # read since the epoch began
         self.last: float | None = None
 
     def add(self, loss) -> None:
+        """A tensor (any device, any float dtype) or a float: the same kind every step."""
         self.n += 1
         if not isinstance(loss, torch.Tensor):
             self.floats += float(loss)
             return
-        value = loss.detach().float().reshape(())
+        value = loss.detach().reshape(())
         if self.sum is None or self.sum.device != value.device:
             self.sum = torch.zeros((), device=value.device)
         self.sum += value
 
     def read(self) -> float | None:
+        """The latest interval's mean that has landed on the host (None before any)."""
+        if self._pending is not None:
+            if not self._pending[1].query():  # not landed: keep summing, copy once it has
+                return self.last
+            self._land()
         if not self.n:
             return self.last
         if self.sum is None or self.sum.device.type != "cuda":
-            total = self.floats + (self.sum.item() if self.sum is not None else 0.0)
-            self.last, self.floats, self.n = total / self.n, 0.0, 0
-            if self.sum is not None:
-                self.sum.zero_()
-            return self.last
-        if self._pending is not None:
-            host, done, n = self._pending
-            if not done.query():  # not landed yet: keep summing, copy once this one is read
-                return self.last
-            self.last = host.item() / n
-        host = torch.empty((), pin_memory=True)
-        host.copy_(self.sum, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._pending = (host, done, self.n)
-        self.sum.zero_()
-        self.n = 0
+            self._count(self.floats + (self.sum.item() if self.sum is not None else 0.0), self.n)
+        else:
+            host = torch.empty((), pin_memory=True)
+            host.copy_(self.sum, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            self._pending = (host, done, self.n)
+        self._restart()
         return self.last
+
+    def epoch_mean(self) -> float | None:
+        """The mean of every loss since the last call (one wait for the device)."""
+        if self._pending is not None:
+            self._pending[1].synchronize()
+            self._land()
+        if self.n:
+            self._count(self.floats + (self.sum.item() if self.sum is not None else 0.0), self.n)
+            self._restart()
+        mean = self._total / self._total_n if self._total_n else None
+        self._total, self._total_n = 0.0, 0
+        return mean
+
+    def _land(self) -> None:
+        host, _done, n = self._pending
+        self._pending = None
+        self._count(host.item(), n)
+
+    def _count(self, total: float, n: int) -> None:
+        self._total += total
+        self._total_n += n
+        if n:
+            self.last = total / n
+
+    def _restart(self) -> None:
+        self.n, self.floats = 0, 0.0
+        if self.sum is not None:
+            self.sum.zero_()
 
 
 class Run:
@@ -105,7 +132,6 @@ class Run:
         self._mailbox = Mailbox(self.link.inbox)
         self._control: Control | None = None
         self._meter = LagMeter()
-        self._epoch_meter = LagMeter()
         self._threads = [] if self._supervised else [DeviceSampler(
             self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
         self._begin_interval()
@@ -126,7 +152,6 @@ class Run:
         self._epoch_samples += samples
         if loss is not None:
             self._meter.add(loss)
-            self._epoch_meter.add(loss)
         self._apply(self._agreed())
         now = time.perf_counter()
         if now - self._start >= self._interval:
@@ -221,8 +246,7 @@ class Run:
             return
         self._epoch_open = False
         seconds = max(time.perf_counter() - self._epoch_start, 1e-9)
-        loss = self._epoch_meter.read() if self._epoch_meter.sum is None or \
-            self._epoch_meter.sum.device.type != "cuda" else _sync_mean(self._epoch_meter)
+        loss = self._meter.epoch_mean()
         figures = dict(self._figures)
         self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._epoch_steps0,
                            samples=self._epoch_samples, seconds=round(seconds, 3),
@@ -275,16 +299,6 @@ class Run:
         if self.rank == 0:
             self.reporter.emit("run", status="resumed", global_step=self.global_step)
         self._begin_interval()
-
-
-def _sync_mean(meter: LagMeter) -> float | None:
-    """The epoch's mean loss: one sync at an epoch's end is fine."""
-    if not meter.n:
-        return meter.last
-    value = meter.sum.item() / meter.n
-    meter.sum.zero_()
-    meter.n = 0
-    return value
 
 
 def _physical_gpu() -> int | None:

@@ -123,3 +123,20 @@ def test_ranks_blocked_in_a_collective_wait_for_the_one_stuck_in_its_own_code():
     assert blame({0: in_allreduce, 1: stuck, 2: in_backward}) == {
         0: ("all_reduce", [1]), 2: ("backward (DDP's gradient all-reduce)", [1])}
     assert blame({0: in_allreduce, 2: in_backward}) == {}  # none singled out
+
+
+def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
+    import torch
+
+    from ddptui.client import LagMeter
+
+    meter = LagMeter()
+    assert meter.read() is None
+    for value in (1.0, 2.0, 3.0):
+        meter.add(torch.tensor(value, dtype=torch.bfloat16))
+    assert meter.read() == 2.0
+    meter.add(torch.tensor(6.0))
+    assert meter.read() == 6.0 and meter.read() == 6.0  # nothing new: the last interval's
+    assert meter.epoch_mean() == 3.0
+    meter.add(5.0)
+    assert meter.epoch_mean() == 5.0 and meter.epoch_mean() is None

@@ -52,7 +52,7 @@ class RankTable(DataTable):
     SCRIPT_COLUMNS = ("rank", "state", "epoch/step", "loss", "output", "process", "CPU", "RSS",
                       "GPU mem", "samples/s", "pid", "device")
     SPARK = 12  # cells of the step-time sparkline
-    OUTPUT = 48  # characters of a rank's last line
+    OUTPUT = 36  # characters of a rank's last line
     can_focus = False
 
     def on_mount(self) -> None:
