@@ -11,12 +11,12 @@ import time
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal
 from textual.reactive import reactive
-from textual.screen import ModalScreen
-from textual.widgets import Footer, Label, RichLog
+from textual.widgets import Footer, RichLog
 
 from ddptui.widgets.charts import RunCharts
+from ddptui.widgets.confirm import ConfirmQuit, ConfirmRestart
 from ddptui.widgets.devices import DevicePanel
 from ddptui.widgets.gpus import GpuScreen
 from ddptui.widgets.header import RunHeader
@@ -32,49 +32,6 @@ TABLES_S = 0.5
 CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
                    "kill_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
-
-
-class ConfirmQuit(ModalScreen[bool]):
-    """Asked only when a checkpoint directory is set and the last checkpoint is stale."""
-
-    BINDINGS = [Binding("y", "answer(True)", "Quit"), Binding("n,escape", "answer(False)", "Stay")]
-
-    def __init__(self, age: float | None):
-        super().__init__()
-        self.age = age
-
-    def compose(self) -> ComposeResult:
-        age = "no checkpoint yet" if self.age is None else f"last checkpoint {self.age:.0f} s ago"
-        with Vertical(id="confirm"):
-            yield Label(f"Quit the run? ({age}; a final checkpoint is written first)")
-            yield Label("[b]y[/b] quit    [b]n[/b] keep training")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-
-class ConfirmRestart(ModalScreen[bool]):
-    """A script's ranks leave and come back together: s, r and k offer to restart them all."""
-
-    BINDINGS = [Binding("y", "answer(True)", "Restart every rank"),
-                Binding("n,escape", "answer(False)", "Stay")]
-
-    def __init__(self, rank: int, key: str):
-        super().__init__()
-        self.rank, self.key = rank, key
-
-    def compose(self) -> ComposeResult:
-        what = {"s": "stop", "r": "restart", "k": "kill"}[self.key]
-        with Vertical(id="confirm"):
-            yield Label(f"A script's ranks cannot {what} one at a time: rank {self.rank} "
-                        "would leave the others stuck in their next collective.")
-            yield Label("Restart every rank? (SIGTERM, then a fresh start with "
-                        "TORCHELASTIC_RESTART_COUNT + 1; the script's own checkpoint resumes it"
-                        + ("; this rank is killed at once" if self.key == "k" else "") + ")")
-            yield Label("[b]y[/b] restart every rank    [b]n[/b] keep running")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
 
 
 class DashboardApp(App[int]):

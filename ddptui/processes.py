@@ -48,14 +48,7 @@ class RankProcess:
                 pass
 
     def death(self) -> str:
-        """How it ended, in words, from its exit code alone."""
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with code {code}"
+        return ended_how(self.process.exitcode)
 
 
 class ProcessPool:
@@ -164,6 +157,16 @@ class ProcessPool:
         for r in self.procs:
             r.telemetry.close()
             r.inbox.close()
+
+
+def ended_how(code: int | None) -> str:
+    """How a process ended, in words, from its exit code alone (negative: a signal)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 def _join_all(processes, seconds: float) -> None:

@@ -5,20 +5,18 @@ what the run says about itself (its processes, its world, how it ended).
 
 from __future__ import annotations
 
-import queue
-
 from ddptui.outcome import EXIT_INTERRUPTED
+from ddptui.owned import OwnedRun
 from ddptui.processes import RankProcess
-from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
+from trainer.protocol.events import PARENT, event, settings_request
 
 
-class Steering:
+class Steering(OwnedRun):
     """Base of the Supervisor, which keeps `state` (the RunState), `pool`, `world` (the
-    Membership), `done`, `exit_code` and the thread these calls talk to."""
+    Membership), and the thread these calls talk to."""
 
     def __init__(self):
-        # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        OwnedRun.__init__(self)
         self._told: dict[str, int] = {}  # settings request id -> the leader it was sent to
 
     def pause(self) -> None:
@@ -70,18 +68,6 @@ class Steering:
         if action == "checkpoint" and not self.config.checkpoint_dir:
             return "no --checkpoint-dir was given"
         return None
-
-    @property
-    def started(self) -> bool:
-        return self._thread.ident is not None
-
-    def start(self) -> None:
-        self._writer = JsonlWriter(self.log_path)
-        self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
 
     def pids(self) -> set[int]:
         """Every process of the run seen so far: ranks and their workers."""

@@ -9,7 +9,6 @@ for every rank that is out of the world, ready to join.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from multiprocessing.connection import wait as wait_any
@@ -22,7 +21,7 @@ from ddptui.sampler import RunSampler
 from ddptui.steering import Steering
 from ddptui.watchdog import Member, Watchdog
 from trainer.config import RunConfig
-from trainer.protocol.events import PARENT, JsonlWriter, RankState, count, event
+from trainer.protocol.events import PARENT, RankState, count, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
@@ -37,9 +36,6 @@ class Supervisor(Steering):
     """Start with start(); steer with the Steering calls; wait() returns the exit code. Only
     this class (through its ProcessPool) starts or kills processes."""
 
-    live = True  # there are ranks to steer (a Replay has none)
-    owns_ranks = True  # q stops them (an Attach only detaches)
-
     def __init__(self, config: RunConfig, log_path: str | None = None):
         self.config = config
         self.log_path = log_path or config.log or default_log_path()
@@ -53,13 +49,9 @@ class Supervisor(Steering):
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
         self._restarts = 0
         self._autotuner = None
-        self.exit_code: int | None = None
-        self.done = threading.Event()
         Steering.__init__(self)
         self.outcome = Outcome()
         self._stop_deadline: float | None = None
-        self._writer: JsonlWriter | None = None
-        self.sampler: RunSampler | None = None
         self.watchdog = Watchdog(config.stall_after, config.on_stall == "recover",
                                  config.telemetry_hz > 0, self._emit_health, self.say,
                                  self._kill, lambda pid: self.sampler.process(pid))
@@ -154,11 +146,7 @@ class Supervisor(Steering):
             finally:
                 self.exit_code = code if self.exit_code is None else self.exit_code
                 self.pool.close()
-                if self.sampler is not None:
-                    self.sampler.close()
-                if self._writer:
-                    self._writer.close()
-                self.done.set()
+                self._closed()
 
     def _spawn(self) -> None:
         world = self.config.world_size
@@ -308,11 +296,7 @@ class Supervisor(Steering):
 
     # -- commands ------------------------------------------------------------------------------
     def _run_commands(self) -> None:
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for cmd in self._queued():
             op = cmd["op"]
             if op == "stop":
                 self._begin_stop(cmd["status"], cmd["code"], cmd["reason"])

@@ -178,3 +178,30 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
         await pilot.pause()
     assert attach.done.is_set()
     rank0.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_env, tmp_path):
+    """examples/with_ddptui.py under plain torchrun with DDPTUI_REPORT: attach sees each rank's
+    own loss and samples, and the epochs; the script's output is its own, as without ddptui."""
+    listen = f"127.0.0.1:{_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+                               listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(keyed_env, DDPTUI_REPORT=listen, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "examples"), keyed_env["PYTHONPATH"]]))
+    job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", os.path.join(ROOT, "examples", "with_ddptui.py"),
+                          "--epochs", "2", "--samples", "16384", "--image-size", "16"], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=100)
+    assert job.returncode == 0, job.stderr[-2000:]
+    out, err = attach.communicate(timeout=30)
+    assert attach.returncode == 0, err
+    evs = events(log)
+    steps = [e for e in evs if e["kind"] == "step"]
+    assert {e["rank"] for e in steps} == {0, 1} and all(e["samples_per_s"] > 0 for e in steps)
+    assert {(e["rank"], e["epoch"]) for e in evs if e["kind"] == "epoch"} == \
+        {(r, ep) for r in (0, 1) for ep in (0, 1)}
+    assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
+    assert any(e["kind"] == "gpu" for e in evs)  # each rank samples its own device there

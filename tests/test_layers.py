@@ -26,3 +26,16 @@ def test_importing_the_rank_side_imports_nothing_of_the_dashboard():
 def test_the_dashboard_and_supervisor_start_without_torch():
     loaded = _imported_after("import ddptui.cli, ddptui.app, ddptui.supervisor, ddptui.headless")
     assert "torch" not in loaded
+
+
+def test_import_ddptui_in_a_users_script_is_light():
+    """`import ddptui` in a training script brings neither Textual nor Rich (nor torch, which the
+    script imports itself); ddptui.init() imports its client only when called."""
+    loaded = _imported_after("import ddptui")
+    assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch")}
+    assert "ddptui.client" not in loaded
+
+
+def test_a_scripts_run_starts_without_torch():
+    loaded = _imported_after("import ddptui.script.run, ddptui.script.options, ddptui.cli")
+    assert "torch" not in loaded

@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from ddptui.app import ConfirmRestart, DashboardApp
+from ddptui.app import DashboardApp
+from ddptui.widgets.confirm import ConfirmRestart
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from ddptui.processes import ended_how
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback
@@ -47,13 +48,7 @@ class ScriptRank:
         return []
 
     def death(self) -> str:
-        code = self.popen.returncode
-        if code is not None and code < 0:
-            try:
-                return f"killed by {signal.Signals(-code).name}"
-            except ValueError:
-                return f"killed by signal {-code}"
-        return f"exited with code {code}"
+        return ended_how(self.popen.returncode)
 
 
 class RankGroup:

@@ -14,6 +14,7 @@ import time
 
 from ddptui.listener import ReportListener
 from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED
+from ddptui.owned import OwnedRun
 from ddptui.processes import free_port
 from ddptui.runstate import RunState
 from ddptui.sampler import RunSampler
@@ -22,7 +23,7 @@ from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
 from ddptui.supervisor import default_log_path
-from trainer.protocol.events import PARENT, JsonlWriter, count, event, settings_request
+from trainer.protocol.events import PARENT, count, event, settings_request
 
 SAMPLE_EVERY_S = 0.5
 # What a script can take once it opted in through ddptui.init() (the ranks say which).
@@ -32,11 +33,9 @@ NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init()
               "run.step(loss) in its loop (README: Your own script)")
 
 
-class ScriptRun:
+class ScriptRun(OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
-    live = True
-    owns_ranks = True
     ranks_alone = False  # s, r and k act on the whole group: a script's ranks cannot leave alone
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
@@ -48,20 +47,16 @@ class ScriptRun:
                      "device_kind": config.device_kind, "gpus": list(config.gpus or []),
                      "log": self.log_path}
         self.state = RunState(dict(self.meta))
-        self.done = threading.Event()
-        self.exit_code: int | None = None
+        OwnedRun.__init__(self)
         self.controls: set[str] = set()  # what the ranks opted into (ddptui.init)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._key = secrets.token_hex(16)
         self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
                                     lambda level, text: self._inbox.put(
                                         event("message", PARENT, level=level, text=text)))
-        self._writer: JsonlWriter | None = None
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
         self.watch = ScriptWatch(config, self._handle, self.say)
         self.group: RankGroup | None = None
-        self.sampler: RunSampler | None = None
         self.run_id = new_run_id()
         self.attempts = 0
         self.failures = 0
@@ -72,18 +67,6 @@ class ScriptRun:
         self._ended = False  # the current attempt's `run` outcome was emitted
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
-    @property
-    def started(self) -> bool:
-        return self._thread.ident is not None
-
-    def start(self) -> None:
-        self._writer = JsonlWriter(self.log_path)
-        self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
-
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
              reason: str = "") -> None:
         """Ctrl-C, q (130) or SIGTERM (143) to every rank; SIGKILL after --grace; a second
@@ -160,11 +143,7 @@ class ScriptRun:
                 self.watch.flush_lines(time.time(), force=True)
             finally:
                 self._link.close()
-                if self.sampler is not None:
-                    self.sampler.close()
-                if self._writer:
-                    self._writer.close()
-                self.done.set()
+                self._closed()
 
     def _start_attempt(self) -> None:
         attempt = Attempt(self.run_id, self.attempts, free_port(),
@@ -321,11 +300,7 @@ class ScriptRun:
                            restarting=self._restart and self.stopping is None))
 
     def _run_commands(self) -> None:
-        while True:
-            try:
-                cmd = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for cmd in self._queued():
             op = cmd["op"]
             if op == "stop":
                 self._stop(cmd["status"], cmd["code"])

@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from ddptui.runstate import GPU_HISTORY_S
+from ddptui.views import GPU_HISTORY_S
 from ddptui.widgets.bars import mib
 from ddptui.widgets.charts import Chart
 

@@ -40,6 +40,12 @@ go on (`--max-restarts K` brings crashed ranks back by itself). A rank that fini
 for `--stall-after` seconds shows *stalled*, the ranks blocked on it *waiting*; a rank 15%
 slower than the others shows *slow* with the likely cause.
 
+Your own script (`ddptui run train.py`): its ranks leave and come back together, so *s*, *r*
+and *k* offer to restart every rank (*k* kills the selected one at once; *r* on a failed run
+starts it again). *t*, *g* and *q* work with no code change; *space*, *c* and a clean *q*
+(`run.should_stop`) need `ddptui.init()` and `run.step()` in its loop; the input-pipeline keys
+are the built-in trainer's.
+
 Press **escape**, **?** or **q** to close.
 """
 
