@@ -118,6 +118,7 @@ class Run:
         self.global_step = 0
         self._interval = 1.0 / hz
         self._callbacks: list[Callable[[], None]] = []
+        self._loaders: list = []  # run.loader()'s, whose settings the dashboard steers
         self._epoch: int | None = None
         self._epoch_open = False
         self._done = False
@@ -186,6 +187,27 @@ class Run:
             value = float(value.item() if isinstance(value, torch.Tensor) else value)
             self._figures[ALIASES.get(name, name)] = value
 
+    def loader(self, dataset, batch_size: int = 1, sampler=None, **kwargs):
+        """A DataLoader (same arguments) whose num_workers, pinned memory and side-stream
+        prefetcher follow the dashboard's p and w/W, and cudnn.benchmark its b: from the next
+        epoch, or at the next agreed step with a, on every rank at the same step. Inactive: a
+        plain DataLoader."""
+        if not self.active:
+            from torch.utils.data import DataLoader
+
+            return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
+        from ddptui.loader import LiveLoader
+
+        live = LiveLoader(dataset, batch_size, sampler, **kwargs)
+        self._loaders.append(live)
+        if len(self._loaders) == 1:  # the first one's settings are the run's
+            live.on_applied = self._applied
+            self.reporter.emit("rank", state="running", control=[*CONTROLS, "settings"])
+            if self.rank == 0:
+                self.reporter.emit("settings", settings=dict(live.settings), epoch=self._epoch
+                                   or 0, status="applied")
+        return live
+
     def on_checkpoint(self, fn: Callable[[], None]) -> None:
         """Call `fn` on every rank at the same step when the dashboard asks for a checkpoint."""
         self._callbacks.append(fn)
@@ -235,10 +257,12 @@ class Run:
             return
         elapsed = max(now - self._start, 1e-9)
         epoch_steps = self.global_step - self._epoch_steps0
+        waited = self._loaders[0].take_wait() if self._loaders else 0.0
         self.reporter.emit("step", epoch=self._epoch or 0, step=epoch_steps,
                            global_step=self.global_step, loss=self._meter.read(),
                            steps=self._steps, samples_per_s=round(self._samples / elapsed, 2),
-                           step_ms=round(1000 * elapsed / self._steps, 3), data_wait=0.0)
+                           step_ms=round(1000 * elapsed / self._steps, 3),
+                           data_wait=round(min(1.0, waited / elapsed), 4))
         self._begin_interval()
 
     def _end_epoch(self) -> None:
@@ -251,7 +275,8 @@ class Run:
         self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._epoch_steps0,
                            samples=self._epoch_samples, seconds=round(seconds, 3),
                            samples_per_s=round(self._epoch_samples / seconds, 2), data_wait=0.0,
-                           settings={}, train_loss=loss, val_loss=figures.pop("val_loss", None),
+                           settings=dict(self._loaders[0].settings) if self._loaders else {},
+                           train_loss=loss, val_loss=figures.pop("val_loss", None),
                            val_acc=figures.pop("val_acc", None), metrics=figures,
                            world_size=self.world_size)
 
@@ -282,6 +307,23 @@ class Run:
             elif op == "stop":
                 self.should_stop = True
                 self._say(f"stop asked for: ending the loop at step {self.global_step}")
+            elif op == "settings" and self._loaders:
+                for live in self._loaders:
+                    live.pending.update(cmd["settings"])
+                if self.rank == 0:
+                    first = self._loaders[0]
+                    self.reporter.emit("settings", settings={**first.settings, **first.pending},
+                                       epoch=(self._epoch or 0) + 1, status="pending",
+                                       request=cmd.get("request"))
+            elif op == "apply":
+                for live in self._loaders:
+                    live.switch = bool(live.pending)
+
+    def _applied(self, settings: dict) -> None:
+        """The first loader put new settings in force (rank 0 says so)."""
+        if self.rank == 0:
+            self.reporter.emit("settings", settings=settings, epoch=self._epoch or 0,
+                               step=self._loaders[0].taken, status="applied")
 
     def _pause(self) -> None:
         """Every rank waits here, at the same step, until resumed (or stopped)."""

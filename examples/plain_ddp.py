@@ -36,7 +36,7 @@ def model(classes: int) -> nn.Module:
 
 
 def setup(args: argparse.Namespace):
-    """The process group, the data sharded by a DistributedSampler, the DDP model."""
+    """The process group, the data and its DistributedSampler, the DDP model."""
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -48,11 +48,9 @@ def setup(args: argparse.Namespace):
     labels = torch.randint(0, 10, (args.samples,))
     data = TensorDataset(images, labels)
     sampler = DistributedSampler(data)
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
-                        num_workers=args.workers, pin_memory=cuda)
     net = DDP(model(10).to(device), device_ids=[local_rank] if cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
-    return device, sampler, loader, net, opt
+    return device, data, sampler, net, opt
 
 
 def misbehave(args: argparse.Namespace, epoch: int) -> None:
@@ -65,7 +63,9 @@ def misbehave(args: argparse.Namespace, epoch: int) -> None:
 
 def main() -> None:
     args = get_args()
-    device, sampler, loader, net, opt = setup(args)
+    device, data, sampler, net, opt = setup(args)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.workers, pin_memory=device.type == "cuda")
     rank = dist.get_rank()
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):

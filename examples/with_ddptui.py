@@ -1,5 +1,6 @@
 """examples/plain_ddp.py with ddptui's three lines: every rank's own loss and samples/s, epoch
-rows, and q, c and space from the dashboard, with no device sync added to the step.
+rows, and q, c and space from the dashboard, with no device sync added to the step; and
+run.loader(), whose workers and prefetcher follow p, w/W and a.
 
     ddptui run examples/with_ddptui.py --cpus 2 -- --epochs 3
     torchrun --standalone --nproc-per-node 2 examples/with_ddptui.py   # runs as before
@@ -19,8 +20,10 @@ import ddptui
 
 def main() -> None:
     args = get_args()
-    device, sampler, loader, net, opt = setup(args)
+    device, data, sampler, net, opt = setup(args)
     run = ddptui.init()  # 1: report to the dashboard (or to nothing)
+    loader = run.loader(data, batch_size=args.batch_size, sampler=sampler,
+                        num_workers=args.workers)  # optional: live DataLoader settings
     loss_fn = nn.CrossEntropyLoss()
     for epoch in run.epochs(args.epochs, sampler):  # 2: set_epoch, and a row per epoch
         misbehave(args, epoch)

@@ -10,10 +10,10 @@ import os
 import pytest
 
 from ddptui.app import DashboardApp
-from ddptui.widgets.confirm import ConfirmRestart
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
+from ddptui.widgets.confirm import ConfirmRestart
 from ddptui.widgets.tables import RankTable
 from tests.conftest import ROOT, assert_gone, events, run_pids, wait_for_event
 
@@ -119,6 +119,19 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         assert resumed["global_step"] == paused["global_step"]
         assert any(name.startswith("epoch") for name in os.listdir(tmp_path)
                    if name.endswith(".pt"))
+        # run.loader(): w/W then a, every rank at the same step, no sample lost or seen twice.
+        assert run.refuse("settings") is None
+        run.change_settings(workers=1)
+        wait_for_event(log, lambda e: e["kind"] == "settings" and e.get("status") == "pending"
+                       and e["settings"]["workers"] == 1, 30)
+        run.apply_now()
+        applied = wait_for_event(log, lambda e: e["kind"] == "settings" and
+                                 e.get("status") == "applied" and e["settings"]["workers"] == 1, 30)
+        later = applied["epoch"] + 1
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] == later, 60)
+        rows = [e for e in events(log, "epoch") if e["epoch"] <= later]
+        assert all(e["samples"] == 1024 for e in rows)  # each rank's share, whole, every epoch
+        assert {e["settings"]["workers"] for e in rows if e["epoch"] == later} == {1}
         pids = _rank_pids(log)
         run.stop()
         assert run.wait(60) == 130

@@ -140,3 +140,26 @@ def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
     assert meter.epoch_mean() == 3.0
     meter.add(5.0)
     assert meter.epoch_mean() == 5.0 and meter.epoch_mean() is None
+
+
+def test_a_live_loader_switches_settings_mid_epoch_without_losing_a_sample():
+    import torch
+
+    from ddptui.loader import LiveLoader
+
+    data = torch.utils.data.TensorDataset(torch.arange(50))
+    torch.manual_seed(0)
+    applied = []
+    live = LiveLoader(data, batch_size=4, shuffle=True, drop_last=False,
+                      on_applied=applied.append)
+    seen = []
+    for i, (batch,) in enumerate(live):
+        seen += batch.tolist()
+        if i == 3:  # the dashboard's w/W then a, agreed after this step
+            live.pending = {"workers": 1}
+            live.switch = True
+    assert sorted(seen) == list(range(50)) and seen == live.epoch_order
+    assert applied == [{"prefetch": False, "workers": 1, "cudnn_benchmark": False}]
+    live.pending = {"workers": 0}  # at the next epoch, without a
+    assert sorted(b for (batch,) in live for b in batch.tolist()) == list(range(50))
+    assert live.settings["workers"] == 0 and len(applied) == 2

@@ -30,7 +30,7 @@ SAMPLE_EVERY_S = 0.5
 NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
          "apply": "settings"}
 NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init() and "
-              "run.step(loss) in its loop (README: Your own script)")
+              "run.step(loss) in its loop{loader} (README: Your own script)")
 
 
 class ScriptRun(OwnedRun):
@@ -101,7 +101,9 @@ class ScriptRun(OwnedRun):
         need = NEEDS.get(action)
         if need and need not in self.controls:
             return NO_CONTROL.format(what={"pause": "pause", "checkpoint": "checkpoint order",
-                                           "settings": "input-pipeline settings"}[need])
+                                           "settings": "input-pipeline settings"}[need],
+                                     loader=", and make its DataLoader with run.loader()"
+                                     if need == "settings" else "")
         return None
 
     def pids(self) -> set[int]:

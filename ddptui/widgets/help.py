@@ -43,8 +43,8 @@ slower than the others shows *slow* with the likely cause.
 Your own script (`ddptui run train.py`): its ranks leave and come back together, so *s*, *r*
 and *k* offer to restart every rank (*k* kills the selected one at once; *r* on a failed run
 starts it again). *t*, *g* and *q* work with no code change; *space*, *c* and a clean *q*
-(`run.should_stop`) need `ddptui.init()` and `run.step()` in its loop; the input-pipeline keys
-are the built-in trainer's.
+(`run.should_stop`) need `ddptui.init()` and `run.step()` in its loop; *p*, *w*/*W*, *b* and
+*a* need its DataLoader made by `run.loader()`.
 
 Press **escape**, **?** or **q** to close.
 """

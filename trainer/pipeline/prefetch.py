@@ -60,8 +60,7 @@ def plain_batches(loader: Iterable, prepare) -> Iterator[tuple[torch.Tensor, tor
         yield prepare(batch)
 
 
-def prefetched_batches(loader: Iterable, device: torch.device,
-                       prepare) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def prefetched_batches(loader: Iterable, device: torch.device, prepare) -> Iterator:
     """The APEX data_prefetcher idea: copy batch k+1 on a side stream while step k computes.
 
     record_stream tells the caching allocator that the compute stream uses the tensors, so their
@@ -81,14 +80,37 @@ def prefetched_batches(loader: Iterable, device: torch.device,
         return
     while nxt is not None:
         compute.wait_stream(stream)
-        images, labels = nxt
-        images.record_stream(compute)
-        labels.record_stream(compute)
+        batch = nxt
+        for t in tensors_of(batch):  # images and labels, or whatever a user's batch holds
+            t.record_stream(compute)
         try:
             nxt = load(next(it))
         except StopIteration:
             nxt = None
-        yield images, labels
+        yield batch
+
+
+def tensors_of(batch) -> list[torch.Tensor]:
+    """Every tensor in a batch: a tensor, or tuples, lists and dicts of them."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        return [t for item in batch for t in tensors_of(item)]
+    return []
+
+
+def to_device(batch, device: torch.device):
+    """A user's batch (tensors, tuples, lists, dicts of them) with every tensor on `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        moved = [to_device(v, device) for v in batch]
+        return type(batch)(*moved) if hasattr(batch, "_fields") else type(batch)(moved)
+    return batch
 
 
 def threaded_batches(loader: Iterable, device: torch.device, prepare, depth: int = 2,

@@ -1,0 +1,107 @@
+"""run.loader(): a DataLoader for your own script whose workers, pinned memory and side-stream
+prefetcher follow the dashboard (p, w/W), with cudnn.benchmark (b): at the next epoch, or with
+`a` at the next agreed step, every rank at the same step, without skipping or repeating a
+sample (the epoch's order is drawn once, and a new loader takes it up where the old one was).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from trainer.pipeline.prefetch import prefetched_batches, to_device
+
+
+class _Order(Sampler):
+    """This epoch's indices from a given position: what a rebuilt loader still has to load."""
+
+    def __init__(self, indices: list[int]):
+        self.indices = indices
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class LiveLoader:
+    """Iterate it as a DataLoader, once per epoch. `settings`: prefetch, workers,
+    cudnn_benchmark (the dashboard's names); `pending`: asked for, not yet in force."""
+
+    def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
+                 num_workers: int = 0, device: torch.device | str | None = None,
+                 on_applied: Callable[[dict], None] = lambda settings: None, **kwargs):
+        self.dataset, self.batch_size, self.sampler, self.shuffle = dataset, batch_size, sampler, \
+            shuffle
+        self.kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
+        cuda = torch.cuda.is_available()
+        self.device = torch.device(device) if device is not None else torch.device(
+            "cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.settings = {"prefetch": False, "workers": num_workers,
+                         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
+        self.pending: dict = {}
+        self.on_applied = on_applied
+        self.switch = False  # `a` was agreed: apply pending settings before the next batch
+        self.epoch_order: list[int] = []
+        self.taken = 0  # batches handed out this epoch
+        self.waited = 0.0  # seconds the loop waited for a batch, since take_wait()
+
+    def __len__(self) -> int:
+        return len(self._loader(self._indices()))
+
+    def __iter__(self) -> Iterator:
+        self._apply()  # an epoch boundary: whatever is pending takes effect
+        self.epoch_order, self.taken = self._indices(), 0
+        while True:
+            batches = self._batches(self.epoch_order[self.taken * self.batch_size:])
+            try:
+                asked = time.perf_counter()
+                for batch in batches:
+                    self.waited += time.perf_counter() - asked
+                    self.taken += 1
+                    yield batch
+                    if self.switch:
+                        break
+                    asked = time.perf_counter()
+                else:
+                    return
+            finally:
+                batches.close()  # its workers end here, before new ones start
+            self._apply()
+
+    def take_wait(self) -> float:
+        waited, self.waited = self.waited, 0.0
+        return waited
+
+    def _apply(self) -> None:
+        self.switch = False
+        if not self.pending:
+            return
+        self.settings.update(self.pending)
+        self.pending = {}
+        torch.backends.cudnn.benchmark = bool(self.settings["cudnn_benchmark"])
+        self.on_applied(dict(self.settings))
+
+    def _indices(self) -> list[int]:
+        """The epoch's order, drawn once (a DistributedSampler's share after set_epoch)."""
+        if self.sampler is not None:
+            return list(iter(self.sampler))
+        if self.shuffle:
+            return torch.randperm(len(self.dataset)).tolist()
+        return list(range(len(self.dataset)))
+
+    def _loader(self, indices: list[int]) -> DataLoader:
+        prefetch = self.settings["prefetch"] and self.device.type == "cuda"
+        return DataLoader(self.dataset, batch_size=self.batch_size, sampler=_Order(indices),
+                          num_workers=int(self.settings["workers"]), pin_memory=prefetch,
+                          **self.kwargs)
+
+    def _batches(self, indices: list[int]) -> Iterator:
+        loader = self._loader(indices)
+        if self.settings["prefetch"] and self.device.type == "cuda":
+            return prefetched_batches(loader, self.device, lambda b: to_device(b, self.device))
+        return (batch for batch in loader)
