@@ -357,11 +357,16 @@ def _device_name(local_rank: int) -> str:
     return f"GPU {gpu}" if gpu is not None and torch.cuda.is_available() else "cpu"
 
 
+_RUN: list[Run] = []  # a process has one link to its dashboard, however often init() is called
+
+
 def init(report: str | None = None) -> Run:
     """The run object for this rank: reports to `report` (HOST:PORT), else $DDPTUI_REPORT (set
     by `ddptui run SCRIPT`, or by you under torchrun for `ddptui attach`); without either, a
-    run whose calls do nothing."""
-    return Run(report or os.environ.get("DDPTUI_REPORT") or None)
+    run whose calls do nothing. Called again (a framework callback and the script), the same."""
+    if not _RUN:
+        _RUN.append(Run(report or os.environ.get("DDPTUI_REPORT") or None))
+    return _RUN[0]
 
 
 __all__ = ["Run", "init"]

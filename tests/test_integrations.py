@@ -1,0 +1,60 @@
+"""The framework callbacks with the real frameworks, on 2 gloo ranks under `ddptui run`:
+each rank's own loss per step, epoch rows with the framework's validation metric, and the
+dashboard's c and q reaching every rank at one step (the framework's own checkpoint file)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from ddptui.cli import resolve_devices
+from ddptui.script.options import parse_script_args
+from ddptui.script.run import ScriptRun
+from tests.conftest import ROOT, assert_gone, events, run_pids, wait_for_event
+
+pytest.importorskip("lightning")
+
+
+@pytest.fixture
+def script_env(env, monkeypatch, tmp_path):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.chdir(tmp_path)  # where the framework writes its checkpoints
+
+
+@pytest.mark.timeout(150)
+def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
+    log = tmp_path / "lightning.jsonl"
+    config = parse_script_args([os.path.join(ROOT, "examples", "lightning_ddp.py"), "--cpus",
+                                "2", "--grace", "30", "--log", str(log), "--", "--epochs",
+                                "1000"], resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=False))
+    run.start()
+    try:
+        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+        assert 0 < first["val_acc"] <= 1 and first["val_loss"] > 0 and first["samples"] == 1024
+        steps = [e for e in events(log, "step") if e["epoch"] == 0]
+        assert {e["rank"] for e in steps} == {0, 1} and all(e.get("source") is None
+                                                             for e in steps)
+        # Each rank's own loss, not an average: the two ranks' figures differ.
+        last = {e["rank"]: e["loss"] for e in steps}
+        assert last[0] != last[1]
+        run.checkpoint()
+        saved = wait_for_event(log, lambda e: "checkpoint asked for" in e.get("text", ""), 60)
+        assert saved["rank"] == 0
+        folder = tmp_path / "checkpoints"
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] >= 1 and
+                       any(f.name.startswith("ddptui-") for f in folder.glob("*.ckpt")), 60)
+        pids = {pid for pid in run_pids(log) if pid != os.getpid()}
+        run.stop()  # q: trainer.should_stop on every rank at the same step
+        assert run.wait(90) == 130
+    finally:
+        run.stop()
+        run.stop()
+        run.wait(30)
+    ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
+    assert sorted(ends) == [(0, "done"), (1, "done")]  # both left fit() cleanly
+    assert_gone(pids)
