@@ -155,7 +155,7 @@ class Run:
             self._meter.add(loss)
         self._apply(self._agreed())
         now = time.perf_counter()
-        if now - self._start >= self._interval:
+        if now - self._start >= self._interval or self.global_step == 1:  # the first at once
             self._send_step(now)
 
     def epochs(self, n: int, sampler=None, start: int = 0) -> Iterator[int]:

@@ -98,6 +98,23 @@ def run_pids(path) -> set[int]:
     return pids
 
 
+def rank_pids(path) -> set[int]:
+    """The ranks' processes and whatever they started since, without the run's parent (a run
+    driven in the test's own process: its other children are not the run's)."""
+    ranks = {e["pid"] for e in read_events(str(path)) if e["rank"] >= 0 and e.get("pid")}
+    return run_pids(path) & (ranks | _descendants(ranks))
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    found = set()
+    for pid in pids:
+        try:
+            found |= {c.pid for c in psutil.Process(pid).children(recursive=True)}
+        except psutil.Error:
+            pass
+    return found
+
+
 def assert_gone(pids: set[int], timeout: float = 30) -> None:
     """Every process ends; the timeout only keeps a leak from hanging the suite."""
     deadline = time.monotonic() + timeout

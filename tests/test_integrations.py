@@ -12,7 +12,7 @@ import pytest
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
-from tests.conftest import ROOT, assert_gone, events, run_pids, wait_for_event
+from tests.conftest import ROOT, assert_gone, events, rank_pids, wait_for_event
 
 pytest.importorskip("lightning")
 
@@ -36,9 +36,10 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
     try:
         first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
         assert 0 < first["val_acc"] <= 1 and first["val_loss"] > 0 and first["samples"] == 1024
-        steps = [e for e in events(log, "step") if e["epoch"] == 0]
-        assert {e["rank"] for e in steps} == {0, 1} and all(e.get("source") is None
-                                                             for e in steps)
+        for rank in (0, 1):
+            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
+        steps = events(log, "step")
+        assert all(e.get("source") is None for e in steps)
         # Each rank's own loss, not an average: the two ranks' figures differ.
         last = {e["rank"]: e["loss"] for e in steps}
         assert last[0] != last[1]
@@ -48,7 +49,7 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         folder = tmp_path / "checkpoints"
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] >= 1 and
                        any(f.name.startswith("ddptui-") for f in folder.glob("*.ckpt")), 60)
-        pids = {pid for pid in run_pids(log) if pid != os.getpid()}
+        pids = rank_pids(log)
         run.stop()  # q: trainer.should_stop on every rank at the same step
         assert run.wait(90) == 130
     finally:
@@ -57,4 +58,37 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         run.wait(30)
     ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
     assert sorted(ends) == [(0, "done"), (1, "done")]  # both left fit() cleanly
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(150)
+def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
+    pytest.importorskip("transformers")
+    log = tmp_path / "hf.jsonl"
+    config = parse_script_args([os.path.join(ROOT, "examples", "hf_trainer.py"), "--cpus", "2",
+                                "--grace", "30", "--log", str(log), "--", "--epochs", "1000",
+                                "--output-dir", str(tmp_path / "out")], resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=False))
+    run.start()
+    try:
+        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+        # eval_loss and eval_accuracy, as the Trainer's evaluation named them
+        assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
+        for rank in (0, 1):
+            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
+        steps = events(log, "step")
+        last = {e["rank"]: e["loss"] for e in steps}
+        assert last[0] != last[1]  # each rank's own loss, before the Trainer gathers it
+        run.checkpoint()  # control.should_save on every rank at the same step
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and
+                       any((tmp_path / "out").glob("checkpoint-*")), 60)
+        pids = rank_pids(log)
+        run.stop()  # control.should_training_stop
+        assert run.wait(90) == 130
+    finally:
+        run.stop()
+        run.stop()
+        run.wait(30)
+    ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
+    assert sorted(ends) == [(0, "done"), (1, "done")]
     assert_gone(pids)

@@ -200,8 +200,8 @@ def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
     (["run", LOOPING, "--metric", "acc=[0-9]+"], "needs exactly one (group)"),
     (["run", LOOPING, "--stacks-signal", "SIGKILL"], "cannot carry stacks"),
     (["run", LOOPING, "--cpus", "0"], "--cpus must be at least 1"),
-    (["run", LOOPING, "--", "--bogus"], "rank 0 exited with code 2: looping.py: error: "
-                                        "unrecognized arguments: --bogus"),
+    (["run", LOOPING, "--", "--bogus"], "exited with code 2: looping.py: error: "
+                                        "unrecognized arguments: --bogus"),  # either rank first
 ])
 @pytest.mark.timeout(60)
 def test_bad_input_is_one_line_and_its_exit_code(args, says, env, tmp_path):

@@ -15,7 +15,7 @@ from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
 from ddptui.widgets.confirm import ConfirmRestart
 from ddptui.widgets.tables import RankTable
-from tests.conftest import ROOT, assert_gone, events, run_pids, wait_for_event
+from tests.conftest import ROOT, assert_gone, events, rank_pids, wait_for_event
 
 LOOPING = os.path.join(ROOT, "tests", "helpers", "scripts", "looping.py")
 WITH_DDPTUI = os.path.join(ROOT, "examples", "with_ddptui.py")
@@ -39,11 +39,6 @@ async def _until(pilot, predicate, timeout: float = 60) -> None:
             return
         await pilot.pause(0.1)
     raise AssertionError("the dashboard never showed it")
-
-
-def _rank_pids(log) -> set[int]:
-    """The ranks' processes and their children (the run's own pid is this test's)."""
-    return {pid for pid in run_pids(log) if pid != os.getpid()}
 
 
 def _row(app, rank: int) -> dict:
@@ -72,14 +67,14 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         assert isinstance(app.screen, ConfirmRestart)
         await pilot.press("n")
         assert not isinstance(app.screen, ConfirmRestart)
-        first = _rank_pids(log)
+        first = rank_pids(log)
         await pilot.press("k")
         await pilot.press("y")
         await _until(pilot, lambda: any(e.get("restart") == 1 for e in events(log, "run")))
         await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", "") and
                      _row(app, 1)["state"] == "running")
         assert_gone(first)
-        pids = _rank_pids(log)
+        pids = rank_pids(log)
         await pilot.press("q")
         await _until(pilot, run.done.is_set, 30)
         await pilot.pause(0.3)
@@ -132,7 +127,7 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         rows = [e for e in events(log, "epoch") if e["epoch"] <= later]
         assert all(e["samples"] == 1024 for e in rows)  # each rank's share, whole, every epoch
         assert {e["settings"]["workers"] for e in rows if e["epoch"] == later} == {1}
-        pids = _rank_pids(log)
+        pids = rank_pids(log)
         run.stop()
         assert run.wait(60) == 130
     finally:

@@ -25,6 +25,7 @@ def test_loss_is_read_as_scripts_and_frameworks_print_it():
         "Epoch [3/10], Step [100/600], Loss: 0.2345 acc=93.1 top-5: 99.0":
             {"loss": 0.2345, "acc": 93.1, "top5": 99.0, "epoch": 3, "step": 100},
         "train_loss=tensor(0.5000, device='cuda:0')": {"loss": 0.5},
+        "{'loss': '0.6931', 'grad_norm': '1.2', 'epoch': '0.5'}": {"loss": 0.6931, "epoch": 0.5},
         "val_loss 0.25": {"val_loss": 0.25},
         "no figures in epoch 3": {},
         "the loss of 3 samples": {},

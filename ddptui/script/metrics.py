@@ -12,15 +12,16 @@ from collections.abc import Callable
 
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 # A name as a word of its own (not the tail of val_loss), quoted or not, then : or =, then the
-# number (as torch prints it too: tensor(0.123, device='cuda:0')).
-_VALUE = r"['\"]?(?:\s*[:=]\s*|\s+)(?:tensor\()?\s*(" + NUMBER + r")"
+# number, quoted or not (transformers 5 logs '0.2272'), or as torch prints it:
+# tensor(0.123, device='cuda:0').
+_VALUE = r"['\"]?(?:\s*[:=]\s*['\"]?|\s+)(?:tensor\()?\s*(" + NUMBER + r")"
 BUILT_IN = {
     "loss": r"(?:train_|training_)?loss(?:_step)?",
     "val_loss": r"(?:val|valid|validation|eval|test)_loss",
     "val_acc": r"(?:val|valid|validation|eval|test)_acc(?:uracy)?",
     "lr": r"lr|learning_rate",
 }
-_EPOCH = re.compile(r"(?<![\w.])['\"]?epoch['\"]?\s*[:=]?\s*\[?\s*(\d+(?:\.\d+)?)", re.I)
+_EPOCH = re.compile(r"(?<![\w.])['\"]?epoch['\"]?\s*[:=]?\s*['\"]?\[?\s*(\d+(?:\.\d+)?)", re.I)
 _STEP = re.compile(r"(?<![\w.])['\"]?(?:step|iter|iteration|batch)['\"]?\s*[:=]?\s*\[?\s*(\d+)",
                    re.I)
 STEP_EVERY_S = 0.25  # a progress bar redraws ~10 times a second: 4 loss points are plenty
