@@ -119,8 +119,10 @@ class RunState:
         stepping = [v for v in self.ranks.values() if v.state in STEPPING]
         if rank == min((v.rank for v in stepping), default=rank):  # one point per interval
             rate = self._throughput(t)
-            self.rate_line.add(t, rate)
-            self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) / max(1, len(stepping)))
+            if ev.get("source") != "output":  # a loss read from output says nothing of rates
+                self.rate_line.add(t, rate)
+                self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) /
+                                   max(1, len(stepping)))
             self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate)
 
     def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
@@ -205,8 +207,14 @@ class RunState:
 
     def _on_run(self, ev: dict, rank: int, t: float) -> None:
         status = ev.get("status")
-        if status == "started":  # the launch (a script's group may be started again)
-            self.started_t, self.ended_t, self.exit_code, self.reason = t, None, None, ""
+        if status == "started" and ev.get("restart") and self.started_t:
+            # A script's group started again: one timeline, with a mark where it restarted.
+            self.ended_t, self.exit_code, self.reason = None, None, ""
+            self.marks.append((t, f"restart {ev['restart']}"))
+            self.meta["restart"] = ev["restart"]
+            self.status = "starting"
+        elif status == "started":
+            self.started_t = t
             self.meta.update({k: v for k, v in ev.items() if k not in ("t", "kind", "rank")})
             self.status = "starting"
         elif status in ("pausing", "resuming"):  # asked for; the ranks' word comes later
@@ -299,6 +307,7 @@ class RunState:
             return {"loss": {rank: rel(line.copy()) for rank, line in sorted(self.loss_lines.items())},
                     "rate": rel(self.rate_line.copy()), "wait": rel(self.wait_line.copy()),
                     "marks": [(t - t0, label) for t, label in self.marks],
+                    "script": bool(self.meta.get("script")),
                     "now": self._now() - t0 if t0 else 0.0}
 
     def unanswered(self) -> dict[str, dict]:

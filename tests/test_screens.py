@@ -20,7 +20,7 @@ from ddptui.replay import Replay
 from ddptui.widgets.bars import SPARKS
 from ddptui.widgets.gpus import GpuScreen
 from tests.conftest import ROOT, fixed_hash, settle
-from tests.helpers.runlogs import gpu_run
+from tests.helpers.runlogs import gpu_run, script_run
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
@@ -56,6 +56,33 @@ async def _gpu_screen_drawn(pilot) -> None:
         await pilot.pause(0.2)
         await pilot.app.workers.wait_for_complete()
     await pilot.pause(0.2)
+
+
+def _script_app() -> DashboardApp:
+    return DashboardApp(Replay("script", speed=0, events=script_run()))
+
+
+@fixed_hash
+@pytest.mark.parametrize("size", [(120, 40), (160, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_script_snapshot(snap_compare, size):
+    assert snap_compare(_script_app(), terminal_size=size, run_before=settle)
+
+
+async def test_a_scripts_ranks_show_their_process_output_and_who_waits_for_whom():
+    app = _script_app()
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        columns = [str(c.label) for c in app.rank_table.ordered_columns]
+        assert columns[:6] == ["rank", "state", "epoch/step", "loss", "output", "process"]
+        rows = [dict(zip(columns, map(str, app.rank_table.get_row_at(i)), strict=True))
+                for i in range(2)]
+        assert rows[1]["state"].startswith("stalled") and rows[1]["process"] == "stopped"
+        assert rows[0]["state"].startswith("waiting") and rows[0]["GPU mem"] == "20.0G"
+        assert rows[1]["output"].startswith("rank 1 epoch 2 step ")
+        screen = _text(app)
+        assert "train.py --lr 0.1 · 2 × GPU" in screen and "waiting for rank 1" in screen
+        epochs = [str(app.epoch_table.get_row_at(i)[1]) for i in range(app.epoch_table.row_count)]
+        assert epochs[0] == "-"  # a script has no settings of ours to show
 
 
 @fixed_hash

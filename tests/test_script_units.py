@@ -164,3 +164,9 @@ def test_a_live_loader_switches_settings_mid_epoch_without_losing_a_sample():
     live.pending = {"workers": 0}  # at the next epoch, without a
     assert sorted(b for (batch,) in live for b in batch.tolist()) == list(range(50))
     assert live.settings["workers"] == 0 and len(applied) == 2
+
+
+def test_a_stopped_rank_is_the_culprit_without_stacks():
+    in_allreduce = _stacks(("/x/torch/distributed/distributed_c10d.py", "all_reduce"),
+                           ("train.py", "main"))
+    assert blame({0: in_allreduce}, frozen={1}) == {0: ("all_reduce", [1])}

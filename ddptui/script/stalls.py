@@ -93,11 +93,14 @@ def blocked_in_collective(stacks: str) -> str | None:
     return None
 
 
-def blame(stacks: dict[int, str]) -> dict[int, tuple[str, list[int]]]:
+def blame(stacks: dict[int, str], frozen: set[int] = frozenset()
+          ) -> dict[int, tuple[str, list[int]]]:
     """Among stalled ranks with their stacks: those blocked in a collective while another is
-    stuck elsewhere (its own code) wait for it: slot -> (where it waits, the culprits)."""
-    blocked = {slot: blocked_in_collective(text) for slot, text in stacks.items()}
-    culprits = sorted(slot for slot, where in blocked.items() if where is None)
+    stuck elsewhere (its own code, or `frozen`: a stopped process, which gives no stacks) wait
+    for it: slot -> (where it waits, the culprits)."""
+    blocked = {slot: blocked_in_collective(text) for slot, text in stacks.items()
+               if slot not in frozen}
+    culprits = sorted({slot for slot, where in blocked.items() if where is None} | set(frozen))
     if not culprits:
         return {}  # every one is in a collective: none can be told from the others
     return {slot: (where, culprits) for slot, where in blocked.items() if where is not None}

@@ -47,6 +47,8 @@ class ScriptWatch:
         self.silence: dict[int, Silence] = {}
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting
         self.evidence: dict[int, str] = {}  # a flagged slot -> its stacks since the verdict
+        self.frozen: set[int] = set()  # flagged slots whose process is stopped
+        self._ranks: list[ScriptRank] = []  # the live ranks of the last sample
         self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
         self._line: dict[int, tuple[str, bool]] = {}  # slot -> latest line not yet sent
         self._line_t: dict[int, float] = {}
@@ -59,6 +61,7 @@ class ScriptWatch:
             self.stalls.forget(slot)
             self.flags.pop(slot, None)
             self.evidence.pop(slot, None)
+            self.frozen.discard(slot)
         self.reporting.clear()
 
     def _emitter(self, slot: int) -> Callable[..., None]:
@@ -102,12 +105,14 @@ class ScriptWatch:
         self.stalls.forget(slot)
         self.flags.pop(slot, None)
         self.evidence.pop(slot, None)
+        self.frozen.discard(slot)
 
     # -- what the parent sees ------------------------------------------------------------
     def sample(self, ranks: list[ScriptRank], gpu_util: dict[int, float],
                gpu_memory: dict[int, int], now: float, judge: bool = True) -> None:
         """Process figures of every live rank, and (`judge`: not while the group is being
         ended) a stall verdict where one is due."""
+        self._ranks = ranks
         for r in ranks:
             cpu, rss = self.tree.read(r.pid)
             p = self.tree.process(r.pid)
@@ -133,12 +138,16 @@ class ScriptWatch:
             if old is not None:
                 del self.flags[r.slot]
                 self.evidence.pop(r.slot, None)
+                self.frozen.discard(r.slot)
                 self._rank(r, "running", "making progress again")
             return
         if old is not None:
             return  # flagged already (stalled, or found waiting in a collective)
         reason, fields = verdict
         self.flags[r.slot] = "stalled"
+        if fields.get("cause") == "stopped":
+            self.frozen.add(r.slot)
+            self._blame({x.slot: x for x in self._ranks})
         self._rank(r, "stalled", reason, **fields)
         self.ask_stacks(r, now)
 
@@ -170,9 +179,10 @@ class ScriptWatch:
                 self._blame(ranks)
 
     def _blame(self, ranks: dict[int, ScriptRank]) -> None:
-        """Stalled ranks blocked in a collective while another is stuck in its own code wait
-        for that one: they are shown `waiting`, the other stays `stalled`."""
-        for slot, (where, culprits) in blame(self.evidence).items():
+        """Stalled ranks blocked in a collective while another is stuck in its own code (or
+        frozen: stopped, no stacks to take) wait for that one: they are shown `waiting`, the
+        other stays `stalled`."""
+        for slot, (where, culprits) in blame(self.evidence, self.frozen).items():
             if self.flags.get(slot) == "stalled" and slot in ranks:
                 self.flags[slot] = "waiting"
                 names = ", ".join(map(str, culprits))

@@ -72,8 +72,12 @@ class RunCharts(Vertical):
         span = max(1.0, charts["now"])
         self.query_one("#loss-chart", Chart).redraw(
             lambda plt, width: draw_loss(plt, charts, span, max(10, 2 * width)))
-        self.query_one("#rate-chart", Chart).redraw(
-            lambda plt, width: draw_rate(plt, charts, span, max(10, 2 * width)))
+        rate = self.query_one("#rate-chart", Chart)
+        # A script that reports no rates (its loss read from its output): the loss takes it all.
+        rate.display = not charts.get("script") or bool(charts["rate"])
+        self.border_title = "loss · img/s and input wait" if rate.display else "loss"
+        if rate.display:
+            rate.redraw(lambda plt, width: draw_rate(plt, charts, span, max(10, 2 * width)))
 
 
 def draw_loss(plt, charts: dict, span: float, points: int) -> None:

@@ -40,10 +40,10 @@ class ConfirmRestart(ModalScreen[bool]):
         self.rank, self.key = rank, key
 
     def compose(self) -> ComposeResult:
-        what = {"s": "stop", "r": "restart", "k": "kill"}[self.key]
+        what = {"s": "leave", "r": "restart", "k": "be killed"}[self.key]
         with Vertical(id="confirm"):
-            yield Label(f"A script's ranks cannot {what} one at a time: rank {self.rank} "
-                        "would leave the others stuck in their next collective.")
+            yield Label(f"Rank {self.rank} of a script cannot {what} on its own: the others "
+                        "would be stuck in their next collective.")
             yield Label("Restart every rank? (SIGTERM, then a fresh start with "
                         "TORCHELASTIC_RESTART_COUNT + 1; the script's own checkpoint resumes it"
                         + ("; this rank is killed at once" if self.key == "k" else "") + ")")

@@ -85,3 +85,55 @@ def _gpu_readings(t: float, ranks: int, members: list[int], i: int) -> list[dict
               "nvlink_rx": 21_000.0 if busy else 0.0, "nvlink_tx": 21_000.0 if busy else 0.0}
         out.append(ev)
     return out
+
+
+def script_run(seconds: float = 60.0, hang_at: float = 40.0) -> list[dict]:
+    """Your own script on 2 GPUs, watched from outside: its output lines (loss read from them),
+    its processes, GPU readings, an epoch row per printed epoch; at `hang_at` rank 1 is
+    SIGSTOPped: stalled, and rank 0 waits for it in DDP's all-reduce."""
+    evs: list[dict] = [{"t": T0, "kind": "run", "rank": -1, "status": "started", "pid": 100,
+                        "restart": 0, "model": "train.py", "script": "train.py --lr 0.1",
+                        "data": "", "epochs": 0, "world_size": 2, "device_kind": "cuda",
+                        "gpus": [0, 1]}]
+    evs += [{"t": T0 + 0.01, "kind": "rank", "rank": r, "state": "starting", "pid": 200 + r,
+             "gpu": r, "device": f"GPU {r}"} for r in (0, 1)]
+    evs += [{"t": T0 + 5.0, "kind": "rank", "rank": r, "state": "running"} for r in (0, 1)]
+    for i in range(1, int(seconds * 2) + 1):
+        t = T0 + 5.0 + i / 2
+        hung = t >= T0 + hang_at
+        for r in (0, 1):
+            if not hung:
+                epoch, step = divmod(i * 10, 300)
+                loss = round(2.3 * math.exp(-i / 60) + 0.01 * r, 4)
+                evs.append({"t": t, "kind": "step", "rank": r, "epoch": epoch, "step": step,
+                            "global_step": step, "loss": loss, "steps": 1, "source": "output"})
+                evs.append({"t": t, "kind": "output", "rank": r, "final": True,
+                            "text": f"rank {r} epoch {epoch} step {step} loss: {loss:.4f}"})
+                if step == 0 and epoch:
+                    evs.append({"t": t, "kind": "epoch", "rank": r, "epoch": epoch - 1,
+                                "seconds": 15.0, "samples": 0, "samples_per_s": 0.0,
+                                "data_wait": 0.0, "settings": {}, "train_loss": loss + 0.1,
+                                "val_loss": None, "val_acc": None, "metrics": {},
+                                "source": "output"})
+            stopped = hung and r == 1
+            evs.append({"t": t, "kind": "process", "rank": r, "pid": 200 + r,
+                        "status": "stopped" if stopped else "sleeping",
+                        "cpu_percent": 0.0 if hung else 101.0 + r, "rss": 3100 + 10 * r,
+                        "gpu_mem": 20480 + 512 * r})
+            evs.append({"t": t, "kind": "gpu", "rank": r, "gpu": r, "util": 100 if not hung or
+                        r == 0 else 0, "mem_used": 21000, "mem_total": 81559, "power_w": 400.0,
+                        "temp_c": 50, "sm_clock": 1980, "mem_clock": 2619, "held_down": [],
+                        "others": []})
+    t = T0 + hang_at + 10.5
+    evs.append({"t": t, "kind": "rank", "rank": 1, "state": "stalled", "pid": 201, "gpu": 1,
+                "reason": "process stopped for 10 s", "process": "stopped", "cause": "stopped",
+                "seconds": 10.0, "cpu_percent": 0.0, "gpu_activity": "idle"})
+    evs.append({"t": t, "kind": "rank", "rank": 0, "state": "stalled", "pid": 200, "gpu": 0,
+                "reason": "idle for 10 s (CPU 0%, GPU busy)", "cause": "silent", "seconds": 10.0})
+    evs.append({"t": t + 2.1, "kind": "message", "rank": -1, "level": "warning",
+                "text": "rank 1: no Python stacks: its process is stopped (SIGSTOP?)",
+                "stacks_of": 1, "stacks": ""})
+    evs.append({"t": t + 2.2, "kind": "rank", "rank": 0, "state": "waiting", "pid": 200,
+                "gpu": 0, "reason": "in backward (DDP's gradient all-reduce): waiting for rank 1",
+                "waiting_for": [1]})
+    return sorted(evs, key=lambda e: e["t"])
