@@ -152,7 +152,11 @@ class RunState:
         self.live_epoch.ended(ev, t)
         live = [r for r in self.ranks.values() if r.state in ("running", "starting")]
         if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
-            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **row.merged()}))
+            merged = row.merged()
+            if self.meta.get("device_kind") == "cpu" and merged["settings"]:
+                # The prefetcher is a CUDA side stream: CPU ranks load batches directly.
+                merged["settings"] = {**merged["settings"], "prefetch": "n/a"}
+            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **merged}))
 
     def _on_settings(self, ev: dict, rank: int, t: float) -> None:
         status, request = ev.get("status"), ev.get("request")

@@ -202,3 +202,16 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
     assert " RUNNING " in run(1.3, 0, "resumed")
     assert state.pulse()["pause_asked"] is None
     assert " PAUSED " in run(1.4, 0, "paused")  # paused from elsewhere (attach, the autotuner)
+
+
+def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
+    from ddptui.runstate import RunState
+    from trainer.protocol.events import event
+
+    state = RunState({"device_kind": "cpu"})
+    state.apply(event("rank", 0, state="running"))
+    state.apply(event("epoch", 0, epoch=0, samples=64, seconds=1.0, samples_per_s=64.0,
+                      data_wait=0.0, settings={"prefetch": True, "workers": 1,
+                                               "cudnn_benchmark": False}))
+    (line,) = [text for *_, text, kind in state.lines_after(0) if text.startswith("epoch 0")]
+    assert "[prefetch n/a, workers 1" in line

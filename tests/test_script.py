@@ -164,8 +164,9 @@ def test_a_sigstopped_rank_is_flagged_stopped_and_sigterm_kills_it_after_the_gra
         victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1 and e.get("pid"))
         pids = run_pids(log)
         os.kill(victim, signal.SIGSTOP)
-        flagged = wait_for_event(log, lambda e: e.get("state") == "stalled", 30)
-        assert flagged["rank"] == 1 and flagged["cause"] == "stopped"
+        flagged = wait_for_event(log, lambda e: e.get("state") == "stalled" and e["rank"] == 1,
+                                 30)
+        assert flagged["cause"] == "stopped"
         assert flagged["reason"].startswith("process stopped")
         no_stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1, 15)
         assert "stopped" in no_stacks["text"]

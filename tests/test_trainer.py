@@ -93,13 +93,13 @@ def _jpeg_folder(root, per_class: int = 8) -> None:
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
 def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path, decode):
     """With --decode gpu the sample is read on the prefetching thread: its error still ends
-    the run as bad input."""
+    the run as bad input (--max-bad-samples 0: the first one does)."""
     _jpeg_folder(tmp_path / "imgs")
     bad = tmp_path / "imgs" / "a" / "3.jpg"
     bad.write_bytes(b"\xff\xd8 this is not a jpeg")
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
                 f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
-                "--decode", decode, "--epochs", "1"], env, ROOT)
+                "--decode", decode, "--epochs", "1", "--max-bad-samples", "0"], env, ROOT)
     assert r.returncode == 2, r.stdout + r.stderr
     (line,) = r.stderr.strip().splitlines()
     assert "corrupt or unreadable sample" in line and str(bad) in line

@@ -205,3 +205,11 @@ def test_a_padded_last_validation_batch_scores_its_own_samples_alike():
     with torch.no_grad():
         torch.testing.assert_close(model(grown)[:5], model(images), rtol=1e-4, atol=1e-5)
     assert padded(images, 4) is images  # a full batch is left alone
+
+
+def test_the_bad_sample_limit_has_a_floor_on_small_sets():
+    """0.1% of a 200-image set is 0: one bad file would end the run. At least 10 are skipped;
+    --max-bad-samples 0 still fails at the first."""
+    assert RunConfig().bad_sample_limit(200) == 10
+    assert RunConfig().bad_sample_limit(1_281_167) == 1281
+    assert RunConfig(max_bad_samples=0).bad_sample_limit(1_281_167) == 0

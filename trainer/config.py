@@ -31,6 +31,9 @@ DEFAULT_IMAGE_SIZE = {
 }
 
 
+BAD_SAMPLES_FLOOR = 10  # --max-bad-samples' default on a small set
+
+
 class UsageError(Exception):
     """Bad input from the user: reported as one line on stderr, exit code 2."""
 
@@ -88,11 +91,13 @@ class RunConfig:
     autotune: bool = False
     stall_after: float | None = None  # None: max(10 s, 20 x the rank's median step)
     on_stall: str = "warn"  # recover: kill a stalled rank, crash recovery follows
-    max_bad_samples: int | None = None  # None: 0.1% of the training set
+    max_bad_samples: int | None = None  # None: 0.1% of the training set, at least 10
 
     def bad_sample_limit(self, num_train: int) -> int:
         """Distinct corrupt samples a run skips before it ends with exit 2."""
-        return self.max_bad_samples if self.max_bad_samples is not None else num_train // 1000
+        if self.max_bad_samples is not None:
+            return self.max_bad_samples
+        return max(BAD_SAMPLES_FLOOR, num_train // 1000)  # one bad file in 200 is no reason to stop
 
     @property
     def data_kind(self) -> str:
@@ -219,8 +224,8 @@ def _state_and_output(g, d: RunConfig) -> None:
                    "sampling: for measuring what telemetry costs)")
     g.add_argument("--max-bad-samples", type=non_negative_int, default=None, metavar="N",
                    help="corrupt or unreadable samples are skipped and counted; past N distinct "
-                   "ones the run ends with exit 2 (default: 0.1%% of the training set; 0: fail "
-                   "at the first)")
+                   "ones the run ends with exit 2 (default: 0.1%% of the training set, at least "
+                   "10; 0: fail at the first)")
     g.add_argument("--snapshot-every", type=non_negative_int, default=d.snapshot_every,
                    metavar="STEPS", help="under ddptui run: steps between host-memory rollback "
                    "points; after a rank dies the others go back at most this far and carry on "

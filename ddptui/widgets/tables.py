@@ -152,6 +152,7 @@ class EpochTable(DataTable):
 
     def show(self, view: dict) -> None:
         self.script = bool(view["meta"].get("script"))
+        self.cpu = view["meta"].get("device_kind") == "cpu"
         new = [e for e in view["epochs"] if f"{e['epoch']}:{e['start_step']}" not in self.rows]
         live = view.get("live_epoch")
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
@@ -167,6 +168,7 @@ class EpochTable(DataTable):
             self.scroll_end(animate=False)
 
     script = False  # a script's run: no settings, and rates only where it reports them
+    cpu = False  # CPU ranks: no prefetcher (a CUDA side stream) runs there
 
     def _cells(self, e: dict) -> tuple:
         s = e["settings"]
@@ -177,7 +179,7 @@ class EpochTable(DataTable):
             label += " quit"
         elif e["rolled_back"]:
             label += " rolled back"
-        return (label, *_setting_cells(s, e, self.script), _fmt(e["train_loss"], ".4f"),
+        return (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["train_loss"], ".4f"),
                 _fmt(e["val_loss"], ".4f"),
                 "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%",
                 str(e["bad_samples"]), str(e["world_size"]))
@@ -188,17 +190,17 @@ class EpochTable(DataTable):
         s, style = e["settings"], "italic"
         label = f"{e['epoch']}" + (f" ·{e['start_step']}-" if e["start_step"] else "") + \
             f" {100 * min(e['progress'], 1.0):.0f}% {duration(e['seconds'])}"
-        cells = (label, *_setting_cells(s, e, self.script), _fmt(e["loss"], ".4f"), "…", "…", "…",
+        cells = (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["loss"], ".4f"), "…", "…", "…",
                  str(e["world_size"] or "-"))
         return tuple(Text(c, style=style) for c in cells)
 
 
-def _setting_cells(settings: dict, e: dict, script: bool) -> tuple:
+def _setting_cells(settings: dict, e: dict, script: bool, cpu: bool) -> tuple:
     """prefetch, workers, bench, img/s, wait: a script has no settings of ours to show."""
     if script and not settings:
         rate = e["samples_per_s"]
         return ("-", "-", "-", f"{rate:,.0f}" if rate else "-", "-")
-    return (_onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
+    return ("n/a" if cpu else _onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
             _onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
             f"{100 * e['data_wait']:.0f}%")
 

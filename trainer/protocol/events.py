@@ -121,7 +121,7 @@ def describe(ev: dict) -> str | None:
         return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{_metrics(ev)}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
-                f"[prefetch {'on' if s.get('prefetch') else 'off'}, workers {s.get('workers')}, "
+                f"[prefetch {_onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
                 f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
     if kind == "settings":
         s = ev.get("settings") or {}
