@@ -4,7 +4,8 @@
     ddptui run examples/lightning_ddp.py --gpus 0,1 -- --epochs 3
 
 Under ddptui run, Lightning sees torchrun's environment and starts no processes of its own. A
-small classifier on random features, built here (no download).
+small classifier on random features, built here (no download); its training data comes through
+ddptui's loader, so the dashboard's w/W, p and a steer its DataLoader.
 """
 
 import argparse
@@ -13,13 +14,14 @@ import os
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+import ddptui
 from ddptui.integrations.lightning import DdptuiCallback
 
 
 class Classifier(L.LightningModule):
-    def __init__(self, features: int = 32, classes: int = 4, lr: float = 0.1):
+    def __init__(self, samples: int, features: int = 32, classes: int = 4, lr: float = 0.1):
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(torch.nn.Linear(features, 64), torch.nn.ReLU(),
@@ -40,6 +42,15 @@ class Classifier(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
+    def train_dataloader(self):
+        # ddptui's loader: its workers and prefetcher follow w/W, p and a on the dashboard
+        # (a plain DataLoader without ddptui). Lightning leaves its sampler alone: shard here.
+        train = data(self.hparams.samples, 0)
+        return ddptui.init().loader(train, batch_size=32, sampler=DistributedSampler(train))
+
+    def val_dataloader(self):
+        return DataLoader(data(self.hparams.samples // 4, 1), batch_size=64)
+
 
 def data(samples: int, seed: int) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
@@ -55,12 +66,10 @@ def main() -> None:
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     devices = args.devices or int(os.environ.get("WORLD_SIZE", 1))
-    train, val = data(args.samples, 0), data(args.samples // 4, 1)
     trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=devices, strategy="ddp",
                         max_epochs=args.epochs, callbacks=[DdptuiCallback()], logger=False,
-                        enable_progress_bar=True)  # Lightning shards the data by rank itself
-    trainer.fit(Classifier(), DataLoader(train, batch_size=32, shuffle=True),
-                DataLoader(val, batch_size=64))
+                        enable_progress_bar=True)
+    trainer.fit(Classifier(args.samples))
 
 
 if __name__ == "__main__":

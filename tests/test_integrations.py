@@ -49,6 +49,14 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         folder = tmp_path / "checkpoints"
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] >= 1 and
                        any(f.name.startswith("ddptui-") for f in folder.glob("*.ckpt")), 60)
+        # The module's loader is ddptui's: w then a reach its DataLoader within the epoch.
+        assert run.refuse("settings") is None
+        run.change_settings(workers=1)
+        run.apply_now()
+        applied = wait_for_event(log, lambda e: e["kind"] == "settings" and
+                                 e.get("status") == "applied" and e["settings"]["workers"] == 1, 60)
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] > applied["epoch"], 60)
+        assert all(e["samples"] == 1024 for e in events(log, "epoch"))  # none lost or repeated
         pids = rank_pids(log)
         run.stop()  # q: trainer.should_stop on every rank at the same step
         assert run.wait(90) == 130
