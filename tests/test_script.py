@@ -64,7 +64,8 @@ def test_each_rank_gets_torchruns_environment_in_its_own_session(env, tmp_path):
     r = ddptui(["run", ENVDUMP, "--cpus", "3", "--log", str(log), "--", "a", "--b"], env,
                tmp_path)
     assert r.returncode == 0, r.stderr
-    ranks = sorted(_json_lines(r.stdout), key=lambda d: int(d["env"]["RANK"]))
+    # Each rank's own file: on the shared stdout three ranks' lines may interleave.
+    ranks = [_json_lines((tmp_path / f"env.rank{i}.out").read_text())[0] for i in range(3)]
     assert [d["env"]["RANK"] for d in ranks] == ["0", "1", "2"]
     assert [d["env"]["LOCAL_RANK"] for d in ranks] == ["0", "1", "2"]
     for d in ranks:
@@ -91,8 +92,8 @@ def test_a_module_runs_with_dash_m_and_a_sitecustomize_of_the_users_still_runs(e
     r = ddptui(["run", "-m", "mypkg.train", "--cpus", "2", "--log", str(tmp_path / "m.jsonl")],
                env, tmp_path)
     assert r.returncode == 0, r.stderr
-    ranks = _json_lines(r.stdout)
-    assert len(ranks) == 2 and all(d["env"]["CHAINED"] == "yes" for d in ranks)
+    ranks = [_json_lines((tmp_path / f"m.rank{i}.out").read_text())[0] for i in range(2)]
+    assert all(d["env"]["CHAINED"] == "yes" for d in ranks)
 
 
 @pytest.mark.timeout(120)
