@@ -115,6 +115,23 @@ def _descendants(pids: set[int]) -> set[int]:
     return found
 
 
+def assert_stops_cleanly(run, log) -> None:
+    """q on a script that opted in: every rank leaves its loop at one step and exits 0, the run
+    says 130 (interrupted), and nothing of it is left."""
+    pids = rank_pids(log)
+    try:
+        run.stop()
+        assert run.wait(90) == 130
+    finally:
+        run.stop()
+        run.stop()  # a second stop ends every process at once
+        run.wait(30)
+    ends = [(e["rank"], e["state"]) for e in read_events(str(log))
+            if e["kind"] == "rank" and e.get("exit_code") is not None]
+    assert sorted(ends) == [(0, "done"), (1, "done")]
+    assert_gone(pids)
+
+
 def assert_gone(pids: set[int], timeout: float = 30) -> None:
     """Every process ends; the timeout only keeps a leak from hanging the suite."""
     deadline = time.monotonic() + timeout

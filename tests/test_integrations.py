@@ -12,7 +12,7 @@ import pytest
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
-from tests.conftest import ROOT, assert_gone, events, rank_pids, wait_for_event
+from tests.conftest import ROOT, assert_stops_cleanly, events, wait_for_event
 
 pytest.importorskip("lightning")
 
@@ -57,16 +57,11 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
                                  e.get("status") == "applied" and e["settings"]["workers"] == 1, 60)
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] > applied["epoch"], 60)
         assert all(e["samples"] == 1024 for e in events(log, "epoch"))  # none lost or repeated
-        pids = rank_pids(log)
-        run.stop()  # q: trainer.should_stop on every rank at the same step
-        assert run.wait(90) == 130
-    finally:
+    except BaseException:
         run.stop()
         run.stop()
-        run.wait(30)
-    ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
-    assert sorted(ends) == [(0, "done"), (1, "done")]  # both left fit() cleanly
-    assert_gone(pids)
+        raise
+    assert_stops_cleanly(run, log)  # q: trainer.should_stop on every rank at the same step
 
 
 @pytest.mark.timeout(150)
@@ -90,13 +85,8 @@ def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, t
         run.checkpoint()  # control.should_save on every rank at the same step
         wait_for_event(log, lambda e: e["kind"] == "epoch" and
                        any((tmp_path / "out").glob("checkpoint-*")), 60)
-        pids = rank_pids(log)
-        run.stop()  # control.should_training_stop
-        assert run.wait(90) == 130
-    finally:
+    except BaseException:
         run.stop()
         run.stop()
-        run.wait(30)
-    ends = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
-    assert sorted(ends) == [(0, "done"), (1, "done")]
-    assert_gone(pids)
+        raise
+    assert_stops_cleanly(run, log)  # q: control.should_training_stop
