@@ -43,7 +43,8 @@ class DdptuiCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         losses, self._losses = self._losses, []
-        loss = sum(losses) / len(losses) if losses else None  # device ops: no sync
+        # The micro-batches' mean, on the device (no sync); one micro-batch needs no kernel.
+        loss = losses[0] if len(losses) == 1 else sum(losses) / len(losses) if losses else None
         self.run.step(loss, samples=self._samples)
         self._samples = 0
         if self.run.should_checkpoint:
