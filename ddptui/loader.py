@@ -51,7 +51,10 @@ class LiveLoader:
         self.waited = 0.0  # seconds the loop waited for a batch, since take_wait()
 
     def __len__(self) -> int:
-        return len(self._loader(self._indices()))
+        """Batches in an epoch, counted: drawing the epoch's order here would use up the random
+        state that shuffles it (a framework asks for the length more than once an epoch)."""
+        n = len(self.sampler) if self.sampler is not None else len(self.dataset)
+        return n // self.batch_size if self.kwargs.get("drop_last") else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator:
         self._apply()  # an epoch boundary: whatever is pending takes effect

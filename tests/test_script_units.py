@@ -170,3 +170,16 @@ def test_a_stopped_rank_is_the_culprit_without_stacks():
     in_allreduce = _stacks(("/x/torch/distributed/distributed_c10d.py", "all_reduce"),
                            ("train.py", "main"))
     assert blame({0: in_allreduce}, frozen={1}) == {0: ("all_reduce", [1])}
+
+
+def test_a_live_loaders_length_is_counted_and_leaves_the_random_state_alone():
+    import torch
+
+    from ddptui.loader import LiveLoader
+
+    data = torch.utils.data.TensorDataset(torch.arange(50))
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    assert len(LiveLoader(data, batch_size=4, shuffle=True)) == 13
+    assert len(LiveLoader(data, batch_size=4, shuffle=True, drop_last=True)) == 12
+    assert torch.equal(torch.random.get_rng_state(), before)
