@@ -213,8 +213,6 @@ class ScriptRun(OwnedRun):
         self.watch.reported(item, now)
         if item["kind"] == "rank" and item.get("control"):
             self.controls |= set(item["control"])
-        if item["kind"] == "beat":
-            return  # for the watch only
         self._handle(item)
 
     def _sample(self, now: float) -> None:
@@ -222,17 +220,16 @@ class ScriptRun(OwnedRun):
         alive = self.group.alive()
         self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
         self.state.set_host(self.sampler.host())
-        ending = self.stopping is not None or self._restart or self.failure is not None
-        self.watch.sample(alive, self.sampler.util, self.sampler.gpu_memory, now, not ending)
+        self.watch.sample(alive, self.sampler.util, self.sampler.gpu_memory, now,
+                          judge=not self._ending)
 
     # -- ranks ending, the outcome -------------------------------------------------------------
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
         self.watch.finished(r.slot, code == 0)
-        ours = self.stopping is not None or self._restart or self.failure is not None
         if code == 0:
             self._rank_state(r, "done", "")
-        elif ours:
+        elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
             self._rank_state(r, "stopped", f"ended by ddptui ({r.death()})")
         else:
             lines = r.traceback()
@@ -242,6 +239,11 @@ class ScriptRun(OwnedRun):
                                exit_code=_exit_code(code), pid=r.pid))
             if self.failure is None:
                 self._failed(r, text)
+
+    @property
+    def _ending(self) -> bool:
+        """The group is being ended: by a stop, a restart, or after a rank failed."""
+        return self.stopping is not None or self._restart or self.failure is not None
 
     def _failed(self, r: ScriptRank, text: str) -> None:
         """The first failure: the others are ended as torchrun ends them, and the group
