@@ -15,6 +15,8 @@ from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.widgets import Footer, RichLog
 
+from ddptui.source import RunSource
+from ddptui.views import RankView, RunView
 from ddptui.widgets.charts import RunCharts
 from ddptui.widgets.confirm import ConfirmQuit, ConfirmRestart
 from ddptui.widgets.devices import DevicePanel
@@ -35,7 +37,8 @@ LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 
 
 class DashboardApp(App[int]):
-    """Shows a Supervisor's (live) or a Replay's run; `source.state` is the RunState."""
+    """Shows any RunSource: a run ddptui owns, an attach, a replay; `source.state` is the
+    RunState, and the source's flags say which keys apply."""
 
     CSS_PATH = "ddptui.tcss"
     TITLE = "ddptui"
@@ -61,12 +64,11 @@ class DashboardApp(App[int]):
 
     selected_rank: reactive[int] = reactive(0)
 
-    def __init__(self, source, refresh_s: float = REFRESH_S):
+    def __init__(self, source: RunSource, refresh_s: float = REFRESH_S):
         super().__init__()
         self.source = source
-        self.live = getattr(source, "live", True)
         self.refresh_s = refresh_s
-        self.view: dict | None = None
+        self.view: RunView | None = None
         self.quitting = False
         self.closing = False
         self._seq = 0
@@ -127,37 +129,37 @@ class DashboardApp(App[int]):
         view = self.view = state.view()
         self.header.view = view
         self.devices.view = view
-        self.devices.border_title = "GPUs" if view["meta"].get("device_kind") == "cuda" else \
+        self.devices.border_title = "GPUs" if view.meta.get("device_kind") == "cuda" else \
             "CPU ranks and host"
-        self.devices.compact = len(view["devices"]) > 4 or self.size.height < 30
-        shape = (tuple((r.rank, r.state, r.standby) for r in view["ranks"]), len(view["epochs"]),
-                 view["live_epoch"] is None)
+        self.devices.compact = len(view.devices) > 4 or self.size.height < 30
+        shape = (tuple((r.rank, r.state, r.standby) for r in view.ranks), len(view.epochs),
+                 view.live_epoch is None)
         # At most every TABLES_S of run time; once no more events can come (a run that has
         # ended, a replay played out), the final state once more: a draw just before the end
         # would otherwise stay on screen (a snapshot test caught a sparkline in the wrong colour).
-        tables = view["now"] - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
-            (self.source.done.is_set() and view["now"] != self._tables[0])
+        tables = view.now - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
+            (self.source.done.is_set() and view.now != self._tables[0])
         if tables:
-            self._tables = (view["now"], shape)
+            self._tables = (view.now, shape)
             self.rank_table.show(view, self.selected_rank)
             self.epoch_table.show(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):
             screen.view = view
         if isinstance(screen, StacksScreen):
-            rank = next((r for r in view["ranks"] if r.rank == screen.rank), None)
+            rank = next((r for r in view.ranks if r.rank == screen.rank), None)
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
                 screen.stacks = rank.stacks
-        if view["status"] == "failed" and not self.source.done.is_set() and \
-                not getattr(self.source, "ranks_alone", True):
+        if view.status == "failed" and not self.source.done.is_set() and \
+                self.source.group_restart:
             # A script's run that failed waits on screen: r may start it again.
             if not self._told_failed:
-                self.notify(f"{view['reason']}\nr starts every rank again; q quits",
+                self.notify(f"{view.reason}\nr starts every rank again; q quits",
                             severity="error", timeout=30)
             self._told_failed = True
-        elif view["status"] != "failed":
+        elif view.status != "failed":
             self._told_failed = False
-        pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view["pending"].items())
+        pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view.pending.items())
         self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
                                          if pending else "epochs")
         start = state.started_t
@@ -172,12 +174,12 @@ class DashboardApp(App[int]):
 
     # -- keys -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in CONTROL_ACTIONS and not self.live:
+        if action in CONTROL_ACTIONS and not self.source.can_steer:
             return False  # a replay has nothing to steer: hide those keys
         return True
 
     def action_select(self, delta: int) -> None:
-        ranks = [r.rank for r in (self.view or {}).get("ranks", [])]
+        ranks = [r.rank for r in self.view.ranks] if self.view else []
         if ranks:
             i = ranks.index(self.selected_rank) if self.selected_rank in ranks else 0
             self.selected_rank = ranks[max(0, min(len(ranks) - 1, i + delta))]
@@ -191,7 +193,7 @@ class DashboardApp(App[int]):
             return
         # What was last asked for, if the ranks are not there yet: space space is pause, resume.
         p = self.source.state.pulse()
-        if p["paused"] if p["pause_asked"] is None else p["pause_asked"]:
+        if p.paused if p.pause_asked is None else p.pause_asked:
             self.source.resume()
             self.notify("resuming every rank")
         else:
@@ -210,11 +212,10 @@ class DashboardApp(App[int]):
 
     def _whole_group(self, key: str) -> bool:
         """s, r, k on a script's run: its ranks restart together (asked first while they run)."""
-        if getattr(self.source, "ranks_alone", True):
+        if not self.source.group_restart:
             return False
         rank = self.selected_rank
-        if not any(r.state in ("starting", "running", "stalled", "waiting", "slow")
-                   for r in (self.view or {}).get("ranks", [])):
+        if not any(r.state.is_member or r.state.is_coming for r in self._ranks()):
             self.source.restart_group()  # nothing runs (it failed): r starts it again
             self.notify("starting every rank again")
             return True
@@ -234,7 +235,7 @@ class DashboardApp(App[int]):
             self.source.stop_rank(self.selected_rank)
             return
         rank = self._selected()
-        running = [r.rank for r in self.view["ranks"] if r.state == "running"]
+        running = [r.rank for r in self.view.ranks if r.state == "running"]
         if rank is None or rank.rank not in running:
             self.notify(f"rank {self.selected_rank} is not running", severity="warning")
         elif running == [rank.rank]:
@@ -250,11 +251,11 @@ class DashboardApp(App[int]):
             self.source.restart_rank(self.selected_rank)
             return
         rank = self._selected()
-        if rank is None or rank.state in ("starting", "restarting"):
+        if rank is None or rank.state.is_coming:
             self.notify(f"rank {self.selected_rank} is already on its way", severity="warning")
             return
         self.source.restart_rank(rank.rank)
-        if rank.state in ("stopped", "crashed"):  # queued until its standby is warm
+        if rank.state.can_rejoin:  # queued until its standby is warm
             self.notify(f"rank {rank.rank} joins again now" if rank.standby == "ready" else
                         f"rank {rank.rank} joins again as soon as its standby is warm")
         else:
@@ -267,7 +268,7 @@ class DashboardApp(App[int]):
             self.notify("attach does not own the ranks: kill it where it runs", severity="warning")
             return
         rank = self._selected()
-        if rank is None or rank.state not in ("running", "stalled", "waiting", "slow"):
+        if rank is None or not rank.state.is_member:
             self.notify(f"rank {self.selected_rank} is not in the world", severity="warning")
             return
         self.source.kill_rank(rank.rank)
@@ -277,11 +278,11 @@ class DashboardApp(App[int]):
         rank = self._selected()
         if rank is None:
             return
-        asked = self.live and self.source.owns_ranks and not self.source.done.is_set() \
-            and rank.state not in ("stopped", "crashed", "done")
+        asked = self.source.can_steer and self.source.owns_ranks and not self.source.done.is_set() \
+            and not rank.state.is_final
         screen = StacksScreen(rank.rank, asked)
         if asked:
-            self._stacks_asked_t = (self.view or {}).get("now", 0.0)
+            self._stacks_asked_t = self.view.now if self.view else 0.0
             self.source.stacks(rank.rank)
         else:  # a replay, or a rank with no live process: the last stacks taken, if any
             self._stacks_asked_t = 0.0
@@ -296,7 +297,7 @@ class DashboardApp(App[int]):
     def action_apply(self) -> None:
         if not self._can_steer("settings"):
             return
-        if not self.source.state.pulse()["pending"]:
+        if not self.source.state.pulse().pending:
             self.notify("nothing pending: change a setting with p, w/W or b first",
                         severity="warning")
             return
@@ -304,8 +305,10 @@ class DashboardApp(App[int]):
         self.notify("pending settings apply at the next agreed step")
 
     def _selected(self):
-        return next((r for r in (self.view or {}).get("ranks", [])
-                     if r.rank == self.selected_rank), None)
+        return next((r for r in self._ranks() if r.rank == self.selected_rank), None)
+
+    def _ranks(self) -> list[RankView]:
+        return self.view.ranks if self.view else []
 
     def action_checkpoint(self) -> None:
         if not self._can_steer("checkpoint"):
@@ -317,7 +320,7 @@ class DashboardApp(App[int]):
         self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        if self.source.done.is_set() or not self.live or not self.source.owns_ranks:
+        if self.source.done.is_set() or not self.source.can_steer or not self.source.owns_ranks:
             # Nothing of ours to stop: a replay, a finished run, or an attach (which detaches).
             self.source.stop()
             self._close(self.source.exit_code)
@@ -325,10 +328,9 @@ class DashboardApp(App[int]):
         if self.quitting:  # asked twice: end everything now
             self.source.stop()
             return
-        view = self.view or {}
-        last = view.get("checkpoint_t")
+        last = self.view.checkpoint_t if self.view else None
         age = None if last is None else time.time() - last
-        if view.get("meta", {}).get("checkpoint_dir") and (age is None or age > 60):
+        if self.view and self.view.meta.get("checkpoint_dir") and (age is None or age > 60):
             self.push_screen(ConfirmQuit(age), self._confirmed)
         else:
             self._begin_quit()
@@ -343,7 +345,7 @@ class DashboardApp(App[int]):
         self.notify("stopping: every rank finishes its step, then every process ends")
 
     def _can_steer(self, action: str | None = None) -> bool:
-        if not self.live or self.source.done.is_set() or self.quitting:
+        if not self.source.can_steer or self.source.done.is_set() or self.quitting:
             return False
         why = self.source.refuse(action) if action else None
         if why:
@@ -354,7 +356,7 @@ class DashboardApp(App[int]):
         """The settings asked for so far, read from the state rather than the last drawn view:
         keys pressed in quick succession (W W, W a) each see the one before."""
         v = self.source.state.pulse()
-        return {**v["settings"], **v["pending"]}
+        return {**v.settings, **v.pending}
 
 
 def _boxed(widget, title: str):

@@ -9,6 +9,7 @@ import threading
 
 from ddptui.listener import ReportListener
 from ddptui.runstate import RunState
+from ddptui.source import RunSource
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
@@ -16,10 +17,9 @@ DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun resta
              "(Ctrl-C to torchrun, scancel for SLURM)")
 
 
-class Attach:
+class Attach(RunSource):
     """The source behind the dashboard: start(), steer like a Supervisor, stop() detaches."""
 
-    live = True
     owns_ranks = False  # q detaches; training goes on
 
     def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str):
@@ -39,10 +39,6 @@ class Attach:
                    f"(key: {self.key_source})")
         self._link.start()
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
-
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         """Detach: close the listener and every connection (the ranks keep training)."""
         if self.exit_code is None:
@@ -51,12 +47,6 @@ class Attach:
         if self._writer:
             self._writer.close()
         self.done.set()
-
-    def pids(self) -> set[int]:
-        return set()  # none of them are ours
-
-    def refuse(self, action: str) -> str | None:
-        return None  # rank 0 answers (a command it cannot take is ignored there)
 
     # -- steering: commands go to the world's rank 0, which agrees them with the others --------
     def pause(self) -> None:

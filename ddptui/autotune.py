@@ -41,7 +41,7 @@ class Autotuner:
             return
         now = time.monotonic() if now is None else now
         view = self.sup.state.pulse()  # every supervisor tick: the cheap read
-        if view["status"] != "running" or view["paused"] or self.sup.world_changing():
+        if view.status != "running" or view.paused or self.sup.world_changing():
             return
         if self.index < 0:
             if not self.phase_end:
@@ -51,14 +51,14 @@ class Autotuner:
             elif now >= self.phase_end:
                 self._next(now)
             return
-        if view["pending"]:  # the trial's settings have not landed yet
+        if view.pending:  # the trial's settings have not landed yet
             self.phase_end = now + SETTLE_S
             return
         if not self.measuring:
             if now >= self.phase_end:
                 self.measuring, self.samples, self.phase_end = True, [], now + MEASURE_S
             return
-        self.samples.append(view["throughput"])
+        self.samples.append(view.throughput)
         if now >= self.phase_end:
             rate = sum(self.samples) / max(1, len(self.samples))
             self.results.append((self.trials[self.index], rate))
@@ -79,7 +79,7 @@ class Autotuner:
         self.sup.autotune_done(best, rate, self.results)
 
     def _apply(self, settings: dict) -> None:
-        current = self.sup.state.pulse()["settings"]
+        current = self.sup.state.pulse().settings
         changes = {k: v for k, v in settings.items() if current.get(k) != v}
         if changes:
             self.sup.change_settings(**changes)

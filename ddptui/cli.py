@@ -180,8 +180,8 @@ def run_dashboard(source) -> int:
               f"stopped, log: {source.log_path}", file=sys.stderr)
         return 1 if code in (0, 130, None) else code
     view = source.state.view()
-    if code not in (0, None) and view["reason"]:
-        print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
+    if code not in (0, None) and view.reason:
+        print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
     return 1 if code is None else code
 
 
@@ -217,10 +217,10 @@ def run_headless(supervisor, console=None) -> int:
     console.finish()
     code = supervisor.exit_code
     view = supervisor.state.view()
-    if code == 2 and view["status"] != "failed":  # bad input to ddptui, not a script's exit
-        print(f"ddptui: error: {view['reason']}", file=sys.stderr)
-    elif code not in (0, None) and view["reason"]:
-        print(f"ddptui: {view['status']}: {view['reason']}", file=sys.stderr)
+    if code == 2 and view.status != "failed":  # bad input to ddptui, not a script's exit
+        print(f"ddptui: error: {view.reason}", file=sys.stderr)
+    elif code not in (0, None) and view.reason:
+        print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
     return 1 if code is None else code
 
 

@@ -8,22 +8,23 @@ import sys
 import time
 
 from ddptui.runstate import RunState
+from ddptui.views import RunView
 
 STATUS_EVERY_S = 5.0
 
 
-def status_line(view: dict) -> str:
-    epoch, epochs, step, _steps, done = view["progress"]
-    loss = next((r.loss for r in view["ranks"] if r.loss is not None), None)
-    devices = " ".join(_device(d) for d in view["devices"])
-    mins, secs = divmod(int(view["elapsed"]), 60)
-    paused = "  PAUSED" if view["paused"] else ""
-    troubled = [f"rank {r.rank} {r.state}" for r in view["ranks"]
-                if r.state in ("stalled", "waiting", "slow")]
+def status_line(view: RunView) -> str:
+    epoch, epochs, step, _steps, done = view.progress
+    loss = next((r.loss for r in view.ranks if r.loss is not None), None)
+    devices = " ".join(_device(d) for d in view.devices)
+    mins, secs = divmod(int(view.elapsed), 60)
+    paused = "  PAUSED" if view.paused else ""
+    troubled = [f"rank {r.rank} {r.state}" for r in view.ranks
+                if r.state.is_troubled]
     trouble = f"  [{', '.join(troubled)}]" if troubled else ""
     return (f"[{mins:02d}:{secs:02d}] epoch {epoch + 1}/{epochs} step {step} "
             f"({100 * done:.0f}%)  loss {'-' if loss is None else f'{loss:.4f}'}  "
-            f"{view['throughput']:,.0f} img/s  {devices}{paused}{trouble}")
+            f"{view.throughput:,.0f} img/s  {devices}{paused}{trouble}")
 
 
 def _device(d) -> str:
@@ -33,14 +34,14 @@ def _device(d) -> str:
     return f"{text} (last, {d.age:.0f} s ago)" if d.stale else text
 
 
-def summary(view: dict) -> str:
-    epochs = view["epochs"]
+def summary(view: RunView) -> str:
+    epochs = view.epochs
     rate = (sum(e["samples_per_s"] for e in epochs) / len(epochs)) if epochs else 0.0
     finished = len([e for e in epochs if not e["partial"]])
-    best = view["best_val_acc"]
-    return (f"{view['status']} in {view['elapsed']:.1f} s: {finished} epochs, "
+    best = view.best_val_acc
+    return (f"{view.status} in {view.elapsed:.1f} s: {finished} epochs, "
             f"{rate:,.0f} img/s mean, best val_acc "
-            f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view['meta'].get('log')}")
+            f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view.meta.get('log')}")
 
 
 class HeadlessConsole:
@@ -59,7 +60,7 @@ class HeadlessConsole:
         if now >= self.next_status:
             self.next_status = now + STATUS_EVERY_S
             view = self.state.view()
-            if view["status"] == "running":
+            if view.status == "running":
                 print(status_line(view), file=self.out, flush=True)
 
     def line(self, level: str, text: str, kind: str) -> None:

@@ -9,14 +9,12 @@ import queue
 import threading
 from collections.abc import Iterator
 
+from ddptui.source import RunSource
 from trainer.protocol.events import JsonlWriter
 
 
-class OwnedRun:
+class OwnedRun(RunSource):
     """Subclasses set `log_path`, `_thread` (their main loop), and `sampler` once it exists."""
-
-    live = True  # there are ranks to steer (a Replay has none)
-    owns_ranks = True  # q stops them (an Attach only detaches)
 
     def __init__(self):
         self.done = threading.Event()
@@ -33,10 +31,6 @@ class OwnedRun:
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
         self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
 
     def _queued(self) -> Iterator[dict]:
         """The commands the steering calls queued, oldest first (the run's thread only)."""

@@ -19,7 +19,6 @@ from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
-FINAL = (RankState.DONE, RankState.CRASHED, RankState.STOPPED)
 
 
 @dataclass

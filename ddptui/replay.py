@@ -10,13 +10,14 @@ import time
 from collections.abc import Iterator
 
 from ddptui.runstate import RunState
+from ddptui.source import RunSource
 from trainer.protocol.events import decode
 
 
-class Replay:
+class Replay(RunSource):
     """Feeds a JSONL log's events into `state` in a thread, at `speed` x the recorded pace."""
 
-    live = False  # no ranks to steer: the dashboard hides the control keys
+    can_steer = False  # no ranks to steer: the dashboard hides the control keys
     owns_ranks = False
 
     def __init__(self, path: str, speed: float = 1.0, events: list[dict] | None = None):
@@ -31,10 +32,6 @@ class Replay:
 
     def start(self) -> None:
         self._thread.start()
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        self.done.wait(timeout)
-        return self.exit_code
 
     def stop(self, status: str = "interrupted", code: int = 0) -> None:
         self._halt.set()

@@ -14,13 +14,12 @@ from dataclasses import replace
 from ddptui.epochs import EpochRow, LiveEpoch
 from ddptui.text import plain
 from ddptui.timeline import Timeline
-from ddptui.views import DeviceView, RankView
-from trainer.protocol.events import PARENT, count, describe
+from ddptui.views import DeviceView, Progress, Pulse, RankView, RunView
+from trainer.protocol.events import PARENT, RankState, count, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
 FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
-STEPPING = ("running", "slow")  # states whose figures are current
 TROUBLE = ("stalled", "crashed", "slow")  # rank states the event pane shows as warnings
 
 
@@ -96,7 +95,8 @@ class RunState:
 
     def _on_step(self, ev: dict, rank: int, t: float) -> None:
         r = self._rank(rank)
-        r.state = "running" if r.state in ("starting", "restarting") else r.state
+        if r.state.is_coming:
+            r.state = RankState.RUNNING
         r.epoch, r.step = ev.get("epoch", r.epoch), ev.get("step", r.step)
         r.global_step = ev.get("global_step", r.global_step)
         if ev.get("loss") is not None:
@@ -116,7 +116,7 @@ class RunState:
             r.step_times.append(r.step_ms)
         if r.loss is not None:
             self.loss_lines.setdefault(rank, Timeline()).add(t, r.loss)
-        stepping = [v for v in self.ranks.values() if v.state in STEPPING]
+        stepping = [v for v in self.ranks.values() if v.state.is_stepping]
         if rank == min((v.rank for v in stepping), default=rank):  # one point per interval
             rate = self._throughput(t)
             if ev.get("source") != "output":  # a loss read from output says nothing of rates
@@ -187,8 +187,9 @@ class RunState:
 
     def _on_rank(self, ev: dict, rank: int, t: float) -> None:
         r = self._rank(rank)
-        if ev.get("state", r.state) != r.state:
-            r.state, r.state_t = ev["state"], t
+        state = RankState.of(ev.get("state", r.state))
+        if state != r.state:
+            r.state, r.state_t = state, t
             r.reason = ""
         standby = ev.get("standby") or ""
         if standby != r.standby:
@@ -266,38 +267,37 @@ class RunState:
         """The members' latest rates while they are fresh: a rank's figure counts for a few of
         its own steps (a 1.4 s step is not 0 img/s), never after its steps stopped coming."""
         return sum(r.samples_per_s for r in self.ranks.values()
-                   if r.state in STEPPING and now - r.last_step_t < _fresh_for(r))
+                   if r.state.is_stepping and now - r.last_step_t < _fresh_for(r))
 
     def set_host(self, host: dict) -> None:
         with self.lock:
             self.host = host
 
     # -- reading -------------------------------------------------------------------------
-    def view(self) -> dict:
+    def view(self) -> RunView:
         """A consistent copy of what the screens draw (taken under the lock)."""
         with self.lock:
             now = self._now()
-            done_epochs = [self.epochs[k].merged() for k in sorted(self.epochs)]
-            return {
-                "meta": dict(self.meta),
-                **self._pulse(),  # status, paused, settings, pending, throughput
-                "elapsed": (now - self.started_t) if self.started_t else 0.0,
-                "now": now,
+            return RunView(
+                **vars(self._pulse()),
+                meta=dict(self.meta),
+                elapsed=(now - self.started_t) if self.started_t else 0.0,
+                now=now,
                 # step_times copied: the supervisor thread appends to the original.
-                "ranks": [replace(r, step_times=deque(r.step_times))
-                          for r in sorted(self.ranks.values(), key=lambda r: r.rank)],
-                "devices": [self._copy_device(d, now) for d in sorted(self.devices.values(),
-                                                                      key=_device_order)],
-                "epochs": done_epochs,
-                "live_epoch": None if self.ended_t is not None else self.live_epoch.row(
+                ranks=[replace(r, step_times=deque(r.step_times))
+                       for r in sorted(self.ranks.values(), key=lambda r: r.rank)],
+                devices=[self._copy_device(d, now)
+                         for d in sorted(self.devices.values(), key=_device_order)],
+                epochs=[self.epochs[k].merged() for k in sorted(self.epochs)],
+                live_epoch=None if self.ended_t is not None else self.live_epoch.row(
                     now, self.settings, self.meta.get("world_size")),
-                "best_val_acc": self.best_val_acc,
-                "progress": self._progress(),
-                "exit_code": self.exit_code,
-                "reason": self.reason,
-                "checkpoint_t": self.checkpoint_t,
-                "host": dict(self.host),
-            }
+                best_val_acc=self.best_val_acc,
+                progress=self._progress(),
+                exit_code=self.exit_code,
+                reason=self.reason,
+                checkpoint_t=self.checkpoint_t,
+                host=dict(self.host),
+            )
 
     def charts(self) -> dict:
         """The run's series for the charts: loss per rank, img/s, input wait, change marks, with
@@ -319,15 +319,16 @@ class RunState:
         with self.lock:
             return dict(self.asked)
 
-    def pulse(self) -> dict:
+    def pulse(self) -> Pulse:
         """The few live figures a controller polls often (view() copies the histories)."""
         with self.lock:
             return self._pulse()
 
-    def _pulse(self) -> dict:
-        return {"status": self.status, "paused": self.paused, "pause_asked": self.pause_asked,
-                "settings": dict(self.settings), "pending": dict(self.pending),
-                "throughput": self._throughput(self._now()) if self.status == "running" else 0.0}
+    def _pulse(self) -> Pulse:
+        return Pulse(status=self.status, paused=self.paused, pause_asked=self.pause_asked,
+                     settings=dict(self.settings), pending=dict(self.pending),
+                     throughput=self._throughput(self._now()) if self.status == "running"
+                     else 0.0)
 
     def _now(self) -> float:
         return self.ended_t or (time.time() if self.live else self.last_t)
@@ -341,8 +342,8 @@ class RunState:
         return replace(d, history=d.history.copy(), age=max(0.0, now - d.seen_t),
                        stale=self.ended_t is not None or now - d.seen_t > STALE_S)
 
-    def _progress(self) -> tuple[int, int, int, int, float]:
-        """(epoch, epochs, step in epoch, steps per epoch, fraction of the run done) from the
+    def _progress(self) -> Progress:
+        """Epoch, step and the fraction of the run done, from the
         member furthest on; the fraction comes from the ranks' own sampler, so it stays right
         when a smaller world takes more steps per epoch."""
         ranks = list(self.ranks.values())
@@ -351,7 +352,7 @@ class RunState:
         done = min(1.0, (r.epoch + min(r.progress, 1.0)) / epochs) if epochs else 0.0
         if self.status == "done":
             done = 1.0
-        return (r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
+        return Progress(r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:

@@ -15,7 +15,7 @@ from multiprocessing.connection import wait as wait_any
 
 from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 from ddptui.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
-from ddptui.processes import FINAL, ProcessPool, RankProcess, free_port, prepare_data
+from ddptui.processes import ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.runstate import RunState
 from ddptui.sampler import RunSampler
 from ddptui.steering import Steering
@@ -95,7 +95,7 @@ class Supervisor(Steering):
             return  # another rank met it too: each file is named once in the run
         if ev["kind"] == "rank" and slot in self.slots:
             rp, state = self.slots[slot], ev.get("state")
-            if state == "running" and rp.state not in FINAL:
+            if state == "running" and not rp.state.is_final:
                 rp.state = RankState.RUNNING
                 self.world.entered(slot)
                 self.watchdog.restart_clock([slot], ev["t"])
@@ -218,7 +218,7 @@ class Supervisor(Steering):
     def _reap(self) -> None:
         for r in self.pool.procs:
             code = r.process.exitcode
-            if code is None or r.state in FINAL:
+            if code is None or r.state.is_final:
                 continue
             self._drain_telemetry()
             current = self.slots[r.slot] is r
@@ -254,7 +254,7 @@ class Supervisor(Steering):
 
     def _set_state(self, r: RankProcess, state: RankState, reason: str | None) -> None:
         r.state = state
-        if state in FINAL:
+        if state.is_final:
             self.watchdog.forget(r.slot)
         self._handle(event("rank", r.slot, state=state.value, pid=r.process.pid, gpu=r.gpu,
                            reason=reason, exit_code=r.process.exitcode))

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ddptui.timeline import Recent
+from trainer.protocol.events import RankState
 
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline
@@ -15,7 +17,7 @@ STEP_TIMES = 16  # a rank's recent step times, for its sparkline
 @dataclass
 class RankView:
     rank: int
-    state: str = "starting"
+    state: RankState = RankState.STARTING
     pid: int | None = None
     device: str = ""
     gpu: int | None = None
@@ -71,3 +73,44 @@ class DeviceView:
     stale: bool = False  # set in views: no reading for a while, or the run is over
     # (t, util or CPU%, memory %, power W) over the last minutes; a list in views
     history: Recent | list = field(default_factory=lambda: Recent(GPU_HISTORY_S))
+
+
+class Progress(NamedTuple):
+    """Where the run is, from the member furthest on."""
+
+    epoch: int
+    epochs: int
+    step: int  # within the epoch
+    steps: int  # per epoch (0: not known)
+    done: float  # fraction of the run
+
+
+@dataclass
+class Pulse:
+    """The few live figures a controller polls often (the autotuner, the keys)."""
+
+    status: str  # starting | running | done | failed | interrupted
+    paused: bool
+    pause_asked: bool | None  # space pressed and the ranks not there yet: what was asked
+    settings: dict  # in force
+    pending: dict  # asked for, applied at the next epoch (or at `a`)
+    throughput: float  # img/s of the members with fresh figures
+
+
+@dataclass
+class RunView(Pulse):
+    """A consistent copy of everything the screens draw, taken under the run state's lock."""
+
+    meta: dict  # model, data, epochs, world_size, device_kind, log, script...
+    elapsed: float  # s since launch
+    now: float  # the run's clock: wall time live, the last event's time in a replay
+    ranks: list[RankView]
+    devices: list[DeviceView]
+    epochs: list[dict]  # finished epoch rows, merged over ranks (an `epoch` event's fields)
+    live_epoch: dict | None  # the epoch now running, as a row
+    best_val_acc: float | None
+    progress: Progress
+    exit_code: int | None
+    reason: str  # why it failed or stopped
+    checkpoint_t: float | None  # when the last checkpoint was written
+    host: dict  # the host's CPU and memory (CPU runs)

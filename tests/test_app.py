@@ -12,7 +12,10 @@ import time
 import pytest
 
 from ddptui.app import DashboardApp
+from ddptui.attach import Attach
 from ddptui.replay import Replay
+from ddptui.script.run import ScriptRun
+from ddptui.source import RunSource
 from ddptui.supervisor import Supervisor
 from ddptui.widgets.help import HelpScreen
 from ddptui.widgets.tables import EpochTable, RankTable
@@ -146,8 +149,8 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
     app = DashboardApp(sup)
     async with app.run_test(size=(120, 40)) as pilot:
         deadline = time.monotonic() + 60
-        while not (app.view and all(r.state == "running" and r.step for r in app.view["ranks"])
-                   and len(app.view["ranks"]) == 2):
+        while not (app.view and all(r.state == "running" and r.step for r in app.view.ranks)
+                   and len(app.view.ranks) == 2):
             assert time.monotonic() < deadline, "ranks never showed live figures"
             await pilot.pause(0.2)
         rows = _cells(app.query_one(RankTable))
@@ -158,9 +161,9 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
                                      if e["rank"] == 0] == ["paused", "resumed", "paused"],
                      "paused, resumed, paused")
-        await _until(pilot, lambda: app.view["paused"], "pause")
+        await _until(pilot, lambda: app.view.paused, "pause")
         await pilot.press("space")
-        await _until(pilot, lambda: not app.view["paused"], "resume")
+        await _until(pilot, lambda: not app.view.paused, "resume")
         await pilot.press("W")
         await _until(pilot, lambda: any("settings requested: workers 1" in line.text
                                         for line in app.events.lines), "request in the events")
@@ -197,19 +200,19 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
     app = DashboardApp(sup)
 
     def state(rank: int) -> str:
-        return next(r.state for r in app.view["ranks"] if r.rank == rank)
+        return next(r.state for r in app.view.ranks if r.rank == rank)
 
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.view and app.view["status"] == "running"
-                     and len(app.view["ranks"]) == 2, "a running world of 2", timeout=60)
+        await _until(pilot, lambda: app.view and app.view.status == "running"
+                     and len(app.view.ranks) == 2, "a running world of 2", timeout=60)
         await pilot.press("down", "s")
-        await _until(pilot, lambda: app.view["meta"]["world_size"] == 1, "the world of 1")
+        await _until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
         # Rank 1's own "stopped" may arrive a moment after the supervisor's world event.
         await _until(pilot, lambda: _cells(app.rank_table)[1][1].startswith("stopped"),
                      "rank 1 shown stopped", timeout=30)
         await pilot.press("s")  # rank 1 is out already: nothing to stop
         await pilot.press("r")  # at once, while its standby still warms: queued, not refused
-        await _until(pilot, lambda: app.view["meta"]["world_size"] == 2 and state(1) == "running",
+        await _until(pilot, lambda: app.view.meta["world_size"] == 2 and state(1) == "running",
                      "rank 1 back in a world of 2", timeout=90)
         await pilot.press("a")  # nothing pending yet: refused, nothing sent
         # Paused first: an epoch ending between the request and `a` would take the new
@@ -220,10 +223,10 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
                                      if e["rank"] == 0] == ["paused", "resumed", "paused"],
                      "paused, resumed, paused")
-        await _until(pilot, lambda: app.view["paused"], "pause")
+        await _until(pilot, lambda: app.view.paused, "pause")
         # Each key builds on the one before, though no view is drawn between them: 1, 2, 1.
         await pilot.press("W", "W", "w", "a")
-        await _until(pilot, lambda: app.view["settings"]["workers"] == 1, "workers 1 applied")
+        await _until(pilot, lambda: app.view.settings["workers"] == 1, "workers 1 applied")
         applied = next(e for e in events(tmp_path / "live.jsonl", "settings")
                        if e["status"] == "applied" and e["settings"]["workers"] == 1)
         await pilot.press("space")
@@ -301,7 +304,7 @@ async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp
     app = DashboardApp(sup)
 
     def broken_show(view, selected):
-        if any(r.step for r in view["ranks"]):
+        if any(r.step for r in view.ranks):
             raise RuntimeError("a widget bug")
 
     with pytest.raises(RuntimeError, match="a widget bug"):
@@ -313,3 +316,21 @@ async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp
     pids = sup.pids()
     assert _end_after_dashboard(sup) == 130
     assert_gone(pids)
+
+
+@pytest.mark.parametrize("cls", [Supervisor, ScriptRun, Attach, Replay])
+def test_every_run_source_serves_the_keys_its_flags_offer(cls):
+    """The app asks a source's flags, then calls: a flag that offers a key the source does not
+    serve would end in NotImplementedError on a key press."""
+    def serves(name: str) -> bool:
+        return getattr(cls, name) is not getattr(RunSource, name)
+
+    assert issubclass(cls, RunSource)
+    steering = ("pause", "resume", "checkpoint", "change_settings", "apply_now")
+    assert all(map(serves, steering)) if cls.can_steer else not any(map(serves, steering))
+    if cls.group_restart:  # s, r and k restart the group; t asks for stacks
+        assert serves("restart_group") and serves("stacks")
+    elif cls.can_steer:
+        assert serves("stop_rank") and serves("restart_rank")
+        if cls.owns_ranks:
+            assert serves("kill_rank") and serves("stacks")

@@ -82,7 +82,7 @@ def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_pa
         good.send_bytes(b'{"kind": "step", "rank": "zero"}')  # wrong types
         good.send_bytes(b'{"t": 1, "kind": "rank", "rank": 3, "state": "running", "pid": 7}')
         deadline = time.monotonic() + 10
-        while 3 not in {r.rank for r in attach.state.view()["ranks"]}:
+        while 3 not in {r.rank for r in attach.state.view().ranks}:
             assert time.monotonic() < deadline, "a valid event after bad ones was not applied"
             time.sleep(0.05)
         big = Client(("127.0.0.1", port), authkey=KEY.encode())
@@ -93,7 +93,7 @@ def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_pa
             time.sleep(0.05)
         good.send_bytes(b'{"t": 2, "kind": "rank", "rank": 4, "state": "running", "pid": 8}')
         deadline = time.monotonic() + 10
-        while 4 not in {r.rank for r in attach.state.view()["ranks"]}:
+        while 4 not in {r.rank for r in attach.state.view().ranks}:
             assert time.monotonic() < deadline, "the dashboard stopped taking events"
             time.sleep(0.05)
     finally:
@@ -156,7 +156,7 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
                                        "samples_per_s": 100.0, "node": "a/0"})):
             send(rank0, {"t": time.time(), "kind": kind, "rank": 0, **fields})
         deadline = time.monotonic() + 10
-        while not (app.view and app.view["ranks"] and app.view["status"] == "running"):
+        while not (app.view and app.view.ranks and app.view.status == "running"):
             assert time.monotonic() < deadline, "rank 0 never showed"
             await pilot.pause(0.1)
         await pilot.press("space", "space")  # faster than rank 0 answers: pause, then resume

@@ -24,7 +24,7 @@ def _wait(predicate, what: str, timeout: float = 60) -> None:
 
 
 def _steps(sup: Supervisor) -> dict[int, int]:
-    return {r.rank: r.global_step for r in sup.state.view()["ranks"]}
+    return {r.rank: r.global_step for r in sup.state.view().ranks}
 
 
 def test_settings_change_applies_on_every_rank_at_the_same_epoch(tmp_path):
@@ -33,8 +33,8 @@ def test_settings_change_applies_on_every_rank_at_the_same_epoch(tmp_path):
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
     sup.change_settings(workers=1, cudnn_benchmark=False)
-    assert sup.state.view()["pending"] == {"workers": 1, "cudnn_benchmark": False}
-    _wait(lambda: not sup.state.view()["pending"], "settings applied")
+    assert sup.state.view().pending == {"workers": 1, "cudnn_benchmark": False}
+    _wait(lambda: not sup.state.view().pending, "settings applied")
     _wait(lambda: len({e["rank"] for e in events(log, "epoch")
                        if e["settings"]["workers"] == 1}) == 2, "an epoch under the new settings")
     sup.stop()
@@ -91,8 +91,8 @@ def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_p
              for t in trials}
     best = max(rates, key=rates.get)
     assert verdict["autotune"]["workers"] == best
-    _wait(lambda: sup.state.view()["settings"]["workers"] == best and
-          not sup.state.view()["pending"], "the kept setting in force")
+    _wait(lambda: sup.state.view().settings["workers"] == best and
+          not sup.state.view().pending, "the kept setting in force")
     applied = [e for e in events(log, "settings") if e.get("status") == "applied"]
     assert {e["settings"]["workers"] for e in applied} == {0, 1}
     sup.stop()

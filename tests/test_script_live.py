@@ -62,7 +62,7 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         assert row["CPU"].endswith("%") and row["RSS"].endswith("M")
         assert float(row["loss"]) > 0
         await pilot.press("space")  # no ddptui.init() in it: nothing to pause, and it says so
-        assert run.state.pulse()["pause_asked"] is None
+        assert run.state.pulse().pause_asked is None
         await pilot.press("down", "s")
         assert isinstance(app.screen, ConfirmRestart)
         await pilot.press("n")

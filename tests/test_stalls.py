@@ -50,11 +50,11 @@ async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without
     app = DashboardApp(sup)
 
     def state(rank: int) -> str:
-        return next(r.state for r in app.view["ranks"] if r.rank == rank)
+        return next(r.state for r in app.view.ranks if r.rank == rank)
 
     async with app.run_test(size=(140, 40)) as pilot:
-        await _until(pilot, lambda: app.view and app.view["status"] == "running"
-                     and len(app.view["ranks"]) == 2, "a running world of 2")
+        await _until(pilot, lambda: app.view and app.view.status == "running"
+                     and len(app.view.ranks) == 2, "a running world of 2")
         victim = sup.slots[1].process.pid
         os.kill(victim, signal.SIGSTOP)
         await _until(pilot, lambda: state(1) == "stalled" and state(0) == "waiting",
@@ -65,12 +65,12 @@ async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without
         assert waiting["waiting_for"] == [1]
         assert app.rank_table.get_row_at(1)[1].plain.startswith("stalled")
         await pilot.press("down", "k")
-        await _until(pilot, lambda: app.view["meta"]["world_size"] == 1, "the world of 1")
+        await _until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
         step = max(e["global_step"] for e in events(log, "step") if e["rank"] == 0)
         await _until(pilot, lambda: any(e["global_step"] > step + 5 for e in events(log, "step")
                                         if e["rank"] == 0), "steps on 1 rank")
         assert state(0) == "running"
-        assert next(r for r in app.view["ranks"] if r.rank == 1).state == "crashed"
+        assert next(r for r in app.view.ranks if r.rank == 1).state == "crashed"
         pids = sup.pids()
         await pilot.press("q")
         await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)

@@ -36,7 +36,7 @@ NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init()
 class ScriptRun(OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
-    ranks_alone = False  # s, r and k act on the whole group: a script's ranks cannot leave alone
+    group_restart = True  # s, r and k act on the whole group: a script's ranks cannot leave alone
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
         self.config = config

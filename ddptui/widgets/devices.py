@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from ddptui.views import RunView
 from ddptui.widgets.bars import bar, mib, spark
 
 HISTORY_MIN = 8  # below this many cells the history column is left out
@@ -17,7 +18,7 @@ HISTORY_MIN = 8  # below this many cells the history column is left out
 class DevicePanel(Static):
     """One or two rows per device, with bars sized to the panel's width."""
 
-    view: reactive[dict | None] = reactive(None, layout=False)
+    view: reactive[RunView | None] = reactive(None, layout=False)
     compact: reactive[bool] = reactive(False, layout=True)
 
     def watch_view(self, old: dict | None, new: dict | None) -> None:
@@ -27,9 +28,9 @@ class DevicePanel(Static):
 
     def render(self) -> Table | Text:
         v = self.view
-        if not v or not v["devices"]:
+        if not v or not v.devices:
             return Text("waiting for the first device reading…", style="dim")
-        devices = v["devices"]
+        devices = v.devices
         # As wide as the longest label: "650W 55C" under a GPU, "node/0 GPU 1" under attach.
         label_width = max([7] + [len(_label(d)) for d in devices] +
                           ([] if self.compact else [len(_power(d)) for d in devices
@@ -50,7 +51,7 @@ class DevicePanel(Static):
         for d in devices:
             for row in (_compact_rows if self.compact else _rows)(d, width, history):
                 table.add_row(*row[:columns])
-        host = v.get("host") or {}
+        host = v.host
         if host and not self.compact:
             table.add_row(Text("host", style="bold"), "cpu", bar(host.get("cpu_percent"), width),
                           f"{host.get('cpu_percent', 0):3.0f}%")
@@ -60,8 +61,8 @@ class DevicePanel(Static):
         return table
 
 
-def _lines(v: dict | None) -> tuple[int, bool]:
-    return (len(v["devices"]), bool(v.get("host"))) if v else (0, False)
+def _lines(v: RunView | None) -> tuple[int, bool]:
+    return (len(v.devices), bool(v.host)) if v else (0, False)
 
 
 def _rows(d, width: int, history: int) -> list[tuple]:

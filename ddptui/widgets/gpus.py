@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from ddptui.views import GPU_HISTORY_S
+from ddptui.views import GPU_HISTORY_S, RunView
 from ddptui.widgets.bars import mib
 from ddptui.widgets.charts import Chart
 
@@ -25,7 +25,7 @@ class GpuScreen(Screen):
     """Cards of the devices in `view` (set by the app as it refreshes) and a process table."""
 
     BINDINGS = [Binding("escape,g", "dismiss", "Back")]
-    view: reactive[dict | None] = reactive(None, always_update=True)
+    view: reactive[RunView | None] = reactive(None, always_update=True)
 
     def __init__(self):
         super().__init__()
@@ -49,10 +49,10 @@ class GpuScreen(Screen):
         self._ready = True
         self.watch_view(self.view)
 
-    def watch_view(self, view: dict | None) -> None:
+    def watch_view(self, view: RunView | None) -> None:
         if not self._ready or view is None:
             return
-        devices = view["devices"]
+        devices = view.devices
         if [d.key for d in devices] != [c.key for c in self._cards]:
             self.grid.remove_children()
             self._cards = [GpuCard(d.key) for d in devices]
@@ -63,7 +63,7 @@ class GpuScreen(Screen):
         if replot:
             self._plotted = time.monotonic()
         for card, d in zip(self._cards, devices, strict=True):
-            card.show(d, view["now"], replot)
+            card.show(d, view.now, replot)
         self._show_others(devices)
 
     def _show_others(self, devices: list) -> None:

@@ -9,12 +9,12 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
+from ddptui.views import RunView
 from ddptui.widgets.bars import duration, spark
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
                "waiting": "yellow", "slow": "bold yellow"}
-TIMED = ("stalled", "waiting", "slow")  # states that say how long they have lasted
 
 
 def small_caches(table: DataTable) -> None:
@@ -63,23 +63,23 @@ class RankTable(DataTable):
         for name in self.COLUMNS:
             self.add_column(name, key=name)
 
-    def show(self, view: dict, selected: int) -> None:
-        script = bool(view["meta"].get("script"))
+    def show(self, view: RunView, selected: int) -> None:
+        script = bool(view.meta.get("script"))
         if script != self.script:  # a script's run (or its replay) has columns of its own
             self.script = script
             self.clear(columns=True)
             for name in self.SCRIPT_COLUMNS if script else self.COLUMNS:
                 self.add_column(name, key=name)
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
-        rows = [self._script_cells(r, view["now"]) for r in view["ranks"]] if script else \
+        rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
             self._cells(view)
-        for r, cells in zip(view["ranks"], rows, strict=True):
+        for r, cells in zip(view.ranks, rows, strict=True):
             key = str(r.rank)
             if key in self.rows:  # widen as values grow ("-" at the first row, "12,937" later)
                 update_row(self, key, dict(zip(columns, cells, strict=True)), widen=True)
             else:
                 self.add_row(*cells, key=key)
-        index = next((i for i, r in enumerate(view["ranks"]) if r.rank == selected), 0)
+        index = next((i for i, r in enumerate(view.ranks) if r.rank == selected), 0)
         if self.row_count and self.cursor_row != index:
             self.move_cursor(row=index)
 
@@ -94,22 +94,22 @@ class RankTable(DataTable):
                 _mib(r.rss), _mib(r.gpu_mem), _fmt(r.samples_per_s or None, ",.0f"),
                 str(r.pid or "-"), r.device or "-")
 
-    def _cells(self, view: dict) -> list[tuple]:
-        workers = view["settings"].get("workers", "-")
-        several_hosts = len({r.host for r in view["ranks"] if r.host}) > 1  # attach, multi-node
+    def _cells(self, view: RunView) -> list[tuple]:
+        workers = view.settings.get("workers", "-")
+        several_hosts = len({r.host for r in view.ranks if r.host}) > 1  # attach, multi-node
         # One scale for every rank, so the slow one's bars stand taller than the others'.
-        times = [ms for r in view["ranks"] for ms in list(r.step_times)[-self.SPARK:]]
+        times = [ms for r in view.ranks for ms in list(r.step_times)[-self.SPARK:]]
         lo, hi = (0.8 * min(times), max(times)) if times else (0.0, 1.0)
         rows = []
-        for r in view["ranks"]:
+        for r in view.ranks:
             device = f"{r.host} {r.device}" if several_hosts else r.device
-            current = r.state in ("running", "slow", "stalled", "waiting")
-            age = view["now"] - r.last_step_t if r.last_step_t else 0.0
+            current = r.state.is_member
+            age = view.now - r.last_step_t if r.last_step_t else 0.0
             # A figure whose steps stopped coming says how old it is, never passes as current.
             stale = current and age > max(2.0, 3 * r.step_ms / 1000)
             rate = _fmt(r.samples_per_s if current else None, ",.0f")
             rows.append((
-                str(r.rank), state_cell(r, view["now"]), f"{r.epoch}/{r.step}",
+                str(r.rank), state_cell(r, view.now), f"{r.epoch}/{r.step}",
                 _fmt(r.loss, ".4f"),
                 Text(f"{rate} {age:.0f}s ago", style="dim") if stale else rate,
                 _fmt(r.step_ms if current and not stale else None, ".1f"),
@@ -122,7 +122,7 @@ class RankTable(DataTable):
 def state_cell(r, now: float) -> Text:
     """'stalled 12s', 'stopped · standby warming 4s', 'crashed (killed by SIGKILL) · ...'."""
     text = r.state
-    if r.state in TIMED and r.state_t:
+    if r.state.is_troubled and r.state_t:
         text += f" {now - r.state_t:.0f}s"
     if r.state == "crashed" and r.reason:
         why = "killed by ddptui" if r.reason.startswith("killed by ddptui") else \
@@ -150,11 +150,11 @@ class EpochTable(DataTable):
         for name, width in self.COLUMNS.items():
             self.add_column(name, key=name, width=width)
 
-    def show(self, view: dict) -> None:
-        self.script = bool(view["meta"].get("script"))
-        self.cpu = view["meta"].get("device_kind") == "cpu"
-        new = [e for e in view["epochs"] if f"{e['epoch']}:{e['start_step']}" not in self.rows]
-        live = view.get("live_epoch")
+    def show(self, view: RunView) -> None:
+        self.script = bool(view.meta.get("script"))
+        self.cpu = view.meta.get("device_kind") == "cpu"
+        new = [e for e in view.epochs if f"{e['epoch']}:{e['start_step']}" not in self.rows]
+        live = view.live_epoch
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")
         for e in new:

@@ -31,7 +31,8 @@ KINDS: dict[str, tuple[str, ...]] = {
 
 
 class RankState(str, enum.Enum):
-    """Every state a rank slot is shown in (the `state` of `rank` events)."""
+    """Every state a rank slot is shown in (the `state` of `rank` events), and the groups of
+    states the screens and the supervisor ask about."""
 
     STARTING = "starting"
     RUNNING = "running"
@@ -43,6 +44,49 @@ class RankState(str, enum.Enum):
     WAITING = "waiting"  # a member blocked on a stalled one
     SLOW = "slow"  # a straggler: 15% slower than the others
     DONE = "done"
+
+    __str__ = str.__str__  # "running", in f-strings and tables alike
+    __format__ = str.__format__
+
+    @classmethod
+    def of(cls, value: str) -> RankState:
+        """The state a `rank` event names; a name this version does not know reads as running
+        (a newer writer's state of a live rank)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.RUNNING
+
+    @property
+    def is_member(self) -> bool:
+        """In the world: stepping, or held up inside it (killing it leaves the others short)."""
+        return self in (RankState.RUNNING, RankState.SLOW, RankState.STALLED, RankState.WAITING)
+
+    @property
+    def is_stepping(self) -> bool:
+        """Finishing steps: its step figures are current."""
+        return self in (RankState.RUNNING, RankState.SLOW)
+
+    @property
+    def is_troubled(self) -> bool:
+        """A member the others wait for or on, or a straggler: the console names it."""
+        return self in (RankState.STALLED, RankState.WAITING, RankState.SLOW)
+
+    @property
+    def is_final(self) -> bool:
+        """Its process has ended (a stopped or crashed slot may be started again)."""
+        return self in (RankState.DONE, RankState.CRASHED, RankState.STOPPED)
+
+    @property
+    def is_coming(self) -> bool:
+        """Starting or joining: a restart asked now would overtake itself."""
+        return self in (RankState.STARTING, RankState.RESTARTING)
+
+    @property
+    def can_rejoin(self) -> bool:
+        """Out of the world with a slot to come back to."""
+        return self in (RankState.STOPPED, RankState.CRASHED)
+
 
 PARENT = -1
 
