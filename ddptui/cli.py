@@ -35,9 +35,8 @@ keys in the dashboard: up/down select a rank, s stop it, r restart it, k kill it
   stacks, space pause/resume, p/w/W/b change the input pipeline next epoch, a apply now,
   c checkpoint, ? help, q quit
 exit codes: 0 done, 1 training failed, 2 bad usage or input, 130 interrupted (Ctrl-C, q)
-environment: DDPTUI_DECODER=torchvision|engines|nvimgcodec picks --decode gpu's decoder
-  (engines: the GPU's JPEG engines through nvJPEG), DDPTUI_PYCACHE=0|1 turns the ranks'
-  bytecode cache off or on (on by default where Python may not write bytecode)"""
+environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
+  where Python may not write bytecode)"""
 
 
 def build_parser() -> Parser:

@@ -296,29 +296,38 @@ class Run:
         return self._control.poll()
 
     def _apply(self, cmds: list[dict]) -> None:
+        handlers = {"pause": self._pause, "checkpoint": self._checkpoint_asked,
+                    "stop": self._stop_asked, "settings": self._settings_asked,
+                    "apply": self._apply_asked}
         for cmd in cmds:
-            op = cmd.get("op")
-            if op == "pause" and not self.paused:
-                self._pause()
-            elif op == "checkpoint":
-                self.should_checkpoint = True
-                self._say(f"checkpoint asked for at step {self.global_step}")
-                for fn in self._callbacks:
-                    fn()
-            elif op == "stop":
-                self.should_stop = True
-                self._say(f"stop asked for: ending the loop at step {self.global_step}")
-            elif op == "settings" and self._loaders:
-                for live in self._loaders:
-                    live.pending.update(cmd["settings"])
-                if self.rank == 0:
-                    first = self._loaders[0]
-                    self.reporter.emit("settings", settings={**first.settings, **first.pending},
-                                       epoch=(self._epoch or 0) + 1, status="pending",
-                                       request=cmd.get("request"))
-            elif op == "apply":
-                for live in self._loaders:
-                    live.switch = bool(live.pending)
+            handler = handlers.get(cmd.get("op"))
+            if handler is not None:  # resume outside a pause, or one this version lacks
+                handler(cmd)
+
+    def _checkpoint_asked(self, cmd: dict) -> None:
+        self.should_checkpoint = True
+        self._say(f"checkpoint asked for at step {self.global_step}")
+        for fn in self._callbacks:
+            fn()
+
+    def _stop_asked(self, cmd: dict) -> None:
+        self.should_stop = True
+        self._say(f"stop asked for: ending the loop at step {self.global_step}")
+
+    def _settings_asked(self, cmd: dict) -> None:
+        if not self._loaders:
+            return
+        for live in self._loaders:
+            live.pending.update(cmd["settings"])
+        if self.rank == 0:
+            first = self._loaders[0]
+            self.reporter.emit("settings", settings={**first.settings, **first.pending},
+                               epoch=(self._epoch or 0) + 1, status="pending",
+                               request=cmd.get("request"))
+
+    def _apply_asked(self, cmd: dict) -> None:
+        for live in self._loaders:
+            live.switch = bool(live.pending)
 
     def _applied(self, settings: dict) -> None:
         """The first loader put new settings in force (rank 0 says so)."""
@@ -326,8 +335,10 @@ class Run:
             self.reporter.emit("settings", settings=settings, epoch=self._epoch or 0,
                                step=self._loaders[0].taken, status="applied")
 
-    def _pause(self) -> None:
+    def _pause(self, cmd: dict) -> None:
         """Every rank waits here, at the same step, until resumed (or stopped)."""
+        if self.paused:
+            return
         self.paused = True
         if self.rank == 0:
             self.reporter.emit("run", status="paused", global_step=self.global_step)

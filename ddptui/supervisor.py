@@ -296,24 +296,25 @@ class Supervisor(Steering):
 
     # -- commands ------------------------------------------------------------------------------
     def _run_commands(self) -> None:
+        """The supervisor's own commands run here; the rest go to the world's rank 0."""
+        own = {"stop": self._begin_stop, "stop_rank": self._change_world,
+               "restart_rank": self._change_world, "kill_rank": self._kill_asked,
+               "stacks": self._ask_stacks}
         for cmd in self._queued():
-            op = cmd["op"]
-            if op == "stop":
-                self._begin_stop(cmd["status"], cmd["code"], cmd["reason"])
-            elif op in ("stop_rank", "restart_rank") and self._running() \
-                    and cmd["slot"] in self.slots:
-                now, slot = time.time(), cmd["slot"]
-                self._act(self.world.stop(slot, now) if op == "stop_rank" else
-                          self.world.restart(slot, self.slots[slot].alive, now))
-            elif op == "kill_rank":
-                flagged = self.watchdog.flags.get(cmd["slot"])
-                self._kill(cmd["slot"], f"k: {flagged}" if flagged else "k")
-            elif op == "stacks":
-                self._ask_stacks(cmd["slot"])
-            else:
-                self._send(cmd)
+            own.get(cmd["op"], self._send)(cmd)
 
-    def _ask_stacks(self, slot: int) -> None:
+    def _change_world(self, cmd: dict) -> None:
+        slot, now = cmd["slot"], time.time()
+        if self._running() and slot in self.slots:
+            self._act(self.world.stop(slot, now) if cmd["op"] == "stop_rank" else
+                      self.world.restart(slot, self.slots[slot].alive, now))
+
+    def _kill_asked(self, cmd: dict) -> None:
+        flagged = self.watchdog.flags.get(cmd["slot"])
+        self._kill(cmd["slot"], f"k: {flagged}" if flagged else "k")
+
+    def _ask_stacks(self, cmd: dict) -> None:
+        slot = cmd["slot"]
         rp = self.slots.get(slot)
         if rp is None or not rp.alive:
             self.say(f"rank {slot} has no live process to ask for its stacks", "warning")
@@ -327,7 +328,8 @@ class Supervisor(Steering):
         if not self.pool.warm_standby(slot):
             self._start_process(slot, self.slots[slot].gpu, "", standby=True)
 
-    def _begin_stop(self, status: str, code: int, reason: str) -> None:
+    def _begin_stop(self, cmd: dict) -> None:
+        status, code, reason = cmd["status"], cmd["code"], cmd["reason"]
         if self.outcome.stop is not None:  # asked twice: no more waiting
             self._end_all()
             return

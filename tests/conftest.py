@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from trainer.protocol.events import read_events
+from trainer.protocol.schema import problems
 
 # plotext chooses tick labels and colours in str-hash order: a chart's snapshot is the same
 # from run to run only with a fixed hash seed (make test sets PYTHONHASHSEED=0).
@@ -64,7 +65,11 @@ def start_ddptui(args: list[str], env: dict, cwd) -> subprocess.Popen:
 
 
 def events(path, kind: str | None = None) -> list[dict]:
+    """The log's events of `kind` (all without one), each checked against the schema: every
+    test that reads a log checks the contract too."""
     evs = read_events(str(path))
+    wrong = [(e, p) for e in evs for p in problems(e)]
+    assert not wrong, f"{path}: events that do not fit trainer/protocol/schema.py: {wrong[:5]}"
     return [e for e in evs if kind is None or e["kind"] == kind]
 
 

@@ -105,24 +105,22 @@ def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path, decode):
     assert "corrupt or unreadable sample" in line and str(bad) in line
 
 
-@pytest.mark.parametrize("share", [[], ["--cpu-decode-share", "0.5"]])
-def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path, share):
+def test_decode_gpu_prefetch_thread_keeps_its_workers_across_epochs(env, tmp_path):
     """The prefetching thread ends with each epoch; the persistent workers it read from must
-    not end with it (they die with the thread that forked them). With a CPU share the workers
-    decode half of each batch, and the rank says so. Validation loads ahead and sees every
-    held-out image once."""
+    not end with it (they die with the thread that forked them). The rank says which decoder
+    it uses. Validation loads ahead and sees every held-out image once."""
     _jpeg_folder(tmp_path / "imgs", per_class=16)
     log = tmp_path / "run.jsonl"
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--cpus", "2", "--data",
                 f"imagefolder:{tmp_path / 'imgs'}", "--batch-size", "4", "--workers", "1",
-                "--decode", "gpu", "--epochs", "3", "--log", str(log), *share], env, ROOT)
+                "--decode", "gpu", "--epochs", "3", "--log", str(log)], env, ROOT)
     assert r.returncode == 0, r.stdout + r.stderr
     done = [(e["rank"], e["epoch"]) for e in events(log, "epoch")]
     assert sorted(done) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert {e["settings"]["prefetch"] for e in events(log, "epoch")} == {True}
     said = [e["text"] for e in events(log, "message") if e.get("decoder")]
-    assert said and all(("50% of each batch by the DataLoader workers" in t) == bool(share)
-                                  for t in said)
+    assert said == ["--decode gpu: JPEGs decoded in the rank process (CPU rank) by torchvision "
+                    "libjpeg (whole images)"]
     # 32 images, every 20th held out: each validation, its batches loading since the epoch's
     # first step (3 steps, all within VAL_AHEAD of the end), counts both once.
     assert [e["val_samples"] for e in events(log, "epoch")] == [2] * 6
@@ -208,26 +206,20 @@ def test_tensorboard_gets_every_rank_s_scalars(env, tmp_path):
     assert [round(s.step) for s in run.Scalars("val_acc")] == [0, 1]  # one point per epoch
 
 
-@pytest.mark.parametrize("codec", ["torchvision", "nvimgcodec", "nvimgcodec:whole"])
-def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, codec):
+def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     """--decode gpu's crops, decoded and resized by the rank (here on the CPU), match the
-    torchvision transforms of the CPU path: the same validation images, the same augmentation,
-    whether the codec decodes whole images or only each crop's region."""
+    torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
     from trainer.config import RunConfig
     from trainer.pipeline.datasets import build_datasets
     from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
-    from trainer.pipeline.nvdecode import NvImageCodec
     from trainer.pipeline.prefetch import Normalize
 
     gpu, cpu = (build_datasets(RunConfig(data="shapes", decode=d), progress=lambda _: None)
                 for d in ("gpu", "cpu"))
     cpu_dev = torch.device("cpu")
     normalize = Normalize(3, cpu_dev, False)
-    kind, _, tuning = codec.partition(":")
-    chosen = TorchvisionCodec(cpu_dev) if kind == "torchvision" else NvImageCodec(cpu_dev, tuning)
-    assert chosen.crops == (codec == "nvimgcodec")
-    decode = Decoder(cpu_dev, 64, normalize, chosen, undecodable=pytest.fail)
+    decode = Decoder(cpu_dev, 64, normalize, TorchvisionCodec(cpu_dev), undecodable=pytest.fail)
     images, labels = decode(collate([gpu.val[i] for i in range(16)]))
     ref = normalize(torch.stack([cpu.val[i][0] for i in range(16)]))
     assert labels.tolist() == [cpu.val[i][1] for i in range(16)]
@@ -238,14 +230,13 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch, cod
     crops, _ = decode(batch)
     whole = [TorchvisionCodec(cpu_dev).decode(*batch[:3])[i].float()
              for i in range(16)]
-    for i, (top, left, h, w, flip, *_) in enumerate(batch[2].tolist()):
+    for i, (top, left, h, w, flip) in enumerate(batch[2].tolist()):
         ref = torch.nn.functional.interpolate(whole[i][None, :, top:top + h, left:left + w],
                                               size=(64, 64), mode="bilinear", antialias=True)
         ref = normalize.standardize(ref.flip(-1) if flip else ref)[0]
         assert (crops[i] - ref).abs().mean() < 0.05, (i, (crops[i] - ref).abs().mean())
     boxes = torch.stack([gpu.train[(0, i)][1] for i in range(200)])
-    top, left, h, w, flip, height, width, engines = boxes.T
-    assert (height == 72).all() and (width == 72).all() and engines.all()
+    top, left, h, w, flip = boxes.T
     assert (top >= 0).all() and (left >= 0).all() and (top + h <= 72).all() and (left + w <= 72).all()
     area = (h * w).float() / (72 * 72)
     assert 0.3 < area.min() and area.max() <= 1.0 and 0.3 < flip.float().mean() < 0.7
@@ -286,64 +277,3 @@ def test_the_cpu_path_reads_every_format_and_crops_as_the_pil_transforms_did(tmp
         torch.manual_seed(seed)
         got = bundle.train.transform(load_image(str(tmp_path / "a" / "x.jpg")))
         assert (got.int() - want.int()).abs().float().mean() < 3, seed
-
-
-def test_the_workers_share_of_a_batch_is_what_the_rank_would_have_made(cache_dir, monkeypatch,
-                                                                        tmp_path):
-    """--cpu-decode-share: the samples the workers decode themselves come out as the rank's
-    decoder makes them (same crop, resize and flip), labels in step; a sample the workers
-    cannot decode goes to the rank, whose codec deals with it as before."""
-    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
-    from trainer.config import RunConfig
-    from trainer.pipeline.datasets import build_datasets
-    from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
-    from trainer.pipeline.prefetch import Normalize
-
-    bundle = build_datasets(RunConfig(data="shapes", decode="gpu", cpu_decode_share=0.5),
-                            progress=lambda _: None)
-    cpu_dev = torch.device("cpu")
-    decode = Decoder(cpu_dev, 64, Normalize(3, cpu_dev, False), TorchvisionCodec(cpu_dev),
-                     undecodable=pytest.fail)
-    samples = [bundle.train[(0, i)] for i in range(16)]
-    ref, ref_labels = decode(collate(samples))
-    split = bundle.collate(samples)
-    assert len(split[1]) == 8 and split[5].shape == (8, 3, 64, 64)
-    images, labels = decode(split)
-    assert labels.tolist() == ref_labels.tolist()
-    for i in range(16):  # in standard deviations: the two resamplers' rounding
-        assert (images[i] - ref[i]).abs().mean() < 0.05, (i, (images[i] - ref[i]).abs().mean())
-    broken = tmp_path / "broken.jpg"
-    broken.write_bytes(open(samples[15][3], "rb").read()[:300])
-    samples[15] = (torch.frombuffer(bytearray(broken.read_bytes()), dtype=torch.uint8),
-                   *samples[15][1:3], str(broken))
-    split = bundle.collate(samples)
-    assert len(split[1]) == 9 and split[4][-1] == str(broken) and len(split[5]) == 7
-
-
-def test_the_workers_send_to_the_jpeg_engines_only_what_they_can_decode(tmp_path):
-    """Progressive and CMYK JPEGs are flagged for the fallback decoder; baseline colour and grey
-    ones go to the GPU's hardware decoder."""
-    from PIL import Image
-
-    from trainer.pipeline.gpudecode import JpegFiles
-
-    kinds = {"baseline": ("RGB", {}), "grey": ("L", {}), "progressive": ("RGB", {"progressive": True}),
-             "cmyk": ("CMYK", {}), "444": ("RGB", {"subsampling": 0})}
-    samples = []
-    for name, (mode, options) in kinds.items():
-        path = tmp_path / f"{name}.jpg"
-        Image.new(mode, (40, 30), 90).save(path, "JPEG", **options)
-        samples.append((str(path), 0))
-    files = JpegFiles(samples, 16, train=False)
-    flags = {name: files[i][1].tolist()[5:] for i, name in enumerate(kinds)}
-    assert flags == {"baseline": [30, 40, 1], "grey": [30, 40, 1], "progressive": [30, 40, 0],
-                     "cmyk": [30, 40, 0], "444": [30, 40, 1]}
-
-
-def test_the_engines_decoder_on_a_cpu_rank_falls_back_and_says_why(monkeypatch):
-    from trainer.pipeline.gpudecode import TorchvisionCodec, choose_codec
-
-    monkeypatch.setenv("DDPTUI_DECODER", "engines")
-    codec = choose_codec(torch.device("cpu"))
-    assert isinstance(codec, TorchvisionCodec)
-    assert codec.name.endswith("; DDPTUI_DECODER=engines needs a GPU")

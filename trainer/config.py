@@ -14,9 +14,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from trainer.argtypes import fraction, non_negative_float, non_negative_int, positive_float, positive_int
+from trainer.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from trainer.model_names import TORCHVISION_CLASSIFIERS
-from trainer.pipeline.decoders import decoder_env_problem
 
 DATA_KINDS = ("shapes", "synthetic", "imagefolder", "cifar10", "mnist", "fashion-mnist")
 # Default training resolution per data kind: the built-in and classic sets are small, so a CPU
@@ -66,7 +65,6 @@ class RunConfig:
     image_size: int | None = None
     workers: int | None = None
     decode: str = "cpu"
-    cpu_decode_share: float | None = None  # --decode gpu's share decoded by the workers
     prefetch: bool = True
     cudnn_benchmark: bool = True
     amp: str = "off"
@@ -110,16 +108,6 @@ class RunConfig:
     @property
     def resolved_image_size(self) -> int:
         return self.image_size or DEFAULT_IMAGE_SIZE.get(self.data_kind, 224)
-
-    @property
-    def resolved_cpu_decode_share(self) -> float:
-        """With --decode gpu, the share of each batch the DataLoader workers decode: none by
-        default, as on 2 x H200 with 16 cores each a share gained at most 7% with CUDA's 8
-        hardware queues and lost 7-15% with one per stream (docs/benchmarks.md, sessions 9-10);
-        it can pay where cores are idle and the GPU waits for input."""
-        if self.decode != "gpu":
-            return 0.0
-        return self.cpu_decode_share or 0.0
 
     @property
     def world_size(self) -> int:
@@ -171,10 +159,6 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--decode", choices=("cpu", "gpu"), default=d.decode,
                    help="gpu: workers only read JPEG bytes; each rank decodes its batch with "
                    "nvJPEG and crops/resizes/flips on the GPU (imagefolder and shapes data)")
-    g.add_argument("--cpu-decode-share", type=fraction, default=None, metavar="F",
-                   help="with --decode gpu: the share of each batch the workers decode on the "
-                   "CPU, so fewer images wait for the GPU's decoder (default 0; for hosts with "
-                   "idle cores whose GPUs wait for input)")
     g.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=d.prefetch,
                    help="CUDA side-stream prefetcher with on-GPU normalisation")
     g.add_argument("--cudnn-benchmark", action=argparse.BooleanOptionalAction,
@@ -256,10 +240,6 @@ def validate(config: RunConfig) -> None:
     if config.decode == "gpu" and config.data_kind not in ("imagefolder", "shapes"):
         raise UsageError("--decode gpu works on JPEG image folders: --data imagefolder:PATH "
                          "or shapes")
-    if config.cpu_decode_share is not None and config.decode != "gpu":
-        raise UsageError("--cpu-decode-share applies to --decode gpu")
-    if config.decode == "gpu" and (why := decoder_env_problem(os.environ)):
-        raise UsageError(why)
     if config.resume and not config.checkpoint_dir and config.resume == "auto":
         raise UsageError("--resume needs --checkpoint-dir (or a checkpoint FILE)")
     if config.resume and config.resume != "auto" and not os.path.isfile(config.resume):

@@ -173,27 +173,46 @@ def _interrupted(state: State) -> bool:
 def handle_commands(p: Parts, commands: list[dict]) -> None:
     """Apply agreed commands; every rank runs this with the same list at the same step."""
     for cmd in commands:
-        op = cmd.get("op")
-        if op == "pause" and not p.state.paused:
-            p.state.paused = True
-            p.me.reporter.emit("run", status="paused", global_step=p.state.global_step)
-        elif op == "resume" and p.state.paused:
-            p.state.paused = False
-            p.me.reporter.emit("run", status="resumed", global_step=p.state.global_step)
-        elif op == "checkpoint":
-            save(p)
-        elif op == "stop":
-            p.state.stop = True
-        elif op == "apply" and p.state.pending:
-            p.state.apply_now = True
-        elif op == "reform":
-            p.state.reform = cmd
-        elif op == "settings":
-            p.state.pending.update(cmd["settings"])
-            if p.me.is_main:
-                p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
-                                   epoch=p.sampler.epoch + 1, status="pending",
-                                   request=cmd.get("request"))
+        handler = COMMANDS.get(cmd.get("op"))
+        if handler is not None:  # one this version does not know: ignored on every rank
+            handler(p, cmd)
+
+
+def _pause(p: Parts, cmd: dict) -> None:
+    if not p.state.paused:
+        p.state.paused = True
+        p.me.reporter.emit("run", status="paused", global_step=p.state.global_step)
+
+
+def _resume(p: Parts, cmd: dict) -> None:
+    if p.state.paused:
+        p.state.paused = False
+        p.me.reporter.emit("run", status="resumed", global_step=p.state.global_step)
+
+
+def _stop(p: Parts, cmd: dict) -> None:
+    p.state.stop = True
+
+
+def _apply(p: Parts, cmd: dict) -> None:
+    if p.state.pending:
+        p.state.apply_now = True
+
+
+def _reform(p: Parts, cmd: dict) -> None:
+    p.state.reform = cmd
+
+
+def _settings(p: Parts, cmd: dict) -> None:
+    p.state.pending.update(cmd["settings"])
+    if p.me.is_main:
+        p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
+                           epoch=p.sampler.epoch + 1, status="pending", request=cmd.get("request"))
+
+
+# docs/events.md lists each command and who sends it.
+COMMANDS = {"pause": _pause, "resume": _resume, "checkpoint": lambda p, cmd: save(p),
+            "stop": _stop, "apply": _apply, "reform": _reform, "settings": _settings}
 
 
 @torch.no_grad()

@@ -206,8 +206,6 @@ def describe_start(p: Parts) -> None:
     if isinstance(p.loaders.prepare, Decoder):  # --decode gpu
         codec = p.loaders.prepare.codec.name
         where = "on the GPU" if me.device.type == "cuda" else "in the rank process (CPU rank)"
-        share = config.resolved_cpu_decode_share
-        workers = f"; {share:.0%} of each batch by the DataLoader workers" if share else ""
-        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}{workers}", decoder=codec)
+        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}", decoder=codec)
 
 

@@ -304,26 +304,29 @@ class ScriptRun(OwnedRun):
                            restarting=self._restart and self.stopping is None))
 
     def _run_commands(self) -> None:
+        own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group}
         for cmd in self._queued():
-            op = cmd["op"]
-            if op == "stop":
-                self._stop(cmd["status"], cmd["code"])
-            elif op == "stacks":
-                live = {r.slot: r for r in self.group.alive()}
-                if cmd["slot"] in live:
-                    self.watch.ask_stacks(live[cmd["slot"]], time.time())
-                else:
-                    self.say(f"rank {cmd['slot']} has no live process to ask for its stacks",
-                             "warning")
-            elif op == "restart" and self.stopping is None:
-                self._restart = True
-                self.say("restarting every rank" + ("" if self.group.alive() else " now"))
-                for r in self.group.alive():
-                    if r.slot == cmd.get("kill"):
-                        os.killpg(r.pid, signal.SIGKILL)
-                self._end_others(signal.SIGTERM)
+            own[cmd["op"]](cmd)
 
-    def _stop(self, status: str, code: int) -> None:
+    def _ask_stacks(self, cmd: dict) -> None:
+        live = {r.slot: r for r in self.group.alive()}
+        if cmd["slot"] in live:
+            self.watch.ask_stacks(live[cmd["slot"]], time.time())
+        else:
+            self.say(f"rank {cmd['slot']} has no live process to ask for its stacks", "warning")
+
+    def _restart_group(self, cmd: dict) -> None:
+        if self.stopping is not None:
+            return
+        self._restart = True
+        self.say("restarting every rank" + ("" if self.group.alive() else " now"))
+        for r in self.group.alive():
+            if r.slot == cmd.get("kill"):
+                os.killpg(r.pid, signal.SIGKILL)
+        self._end_others(signal.SIGTERM)
+
+    def _stop(self, cmd: dict) -> None:
+        status, code = cmd["status"], cmd["code"]
         if self.stopping is not None:  # asked twice: no more waiting
             self.group.end(None, 0)
             return

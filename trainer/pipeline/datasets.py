@@ -28,7 +28,6 @@ from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import JpegFiles, collate
 from trainer.pipeline.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.pipeline.shapes import ensure_shapes
-from trainer.pipeline.workerdecode import SplitCollate
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
@@ -86,7 +85,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     seed = config.seed if config.deterministic else None
     if kind == "synthetic":
         return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
-    gpu = _gpu_collate(config) if config.decode == "gpu" else None
+    gpu = collate if config.decode == "gpu" else None
     if kind == "shapes":
         root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
         return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed, gpu)
@@ -109,12 +108,6 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
             return _small(train, val, 3, aug, size, 32, seed)
         return _small(train, val, 1, [], size, 28, seed)
     return _custom(config.data, size, seed)
-
-
-def _gpu_collate(config: RunConfig) -> Callable:
-    """--decode gpu's batches: all JPEG bytes, or a share decoded by the workers."""
-    share = config.resolved_cpu_decode_share
-    return SplitCollate(share, config.resolved_image_size) if share else collate
 
 
 def _first_line(e: Exception) -> str:

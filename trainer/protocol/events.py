@@ -1,6 +1,7 @@
 """The telemetry event schema shared by the ranks (trainer/) and the parent (ddptui/).
 
 Events are plain JSON-safe dicts; every one has "t" (unix time), "kind" and "rank" (-1: the parent).
+Every kind's fields and their meaning: schema.py (and docs/events.md, generated from it).
 """
 
 from __future__ import annotations
@@ -12,22 +13,7 @@ import os
 import time
 import uuid
 
-# kind -> the fields a consumer may rely on (beyond t, kind, rank).
-KINDS: dict[str, tuple[str, ...]] = {
-    "step": ("epoch", "step", "loss", "samples_per_s", "step_ms", "data_wait"),
-    "gpu": ("gpu",),  # util, mem_used, mem_total, power_w, temp_c | cpu_percent, rss
-    "epoch": ("epoch", "samples", "seconds", "samples_per_s", "data_wait", "settings"),
-    "settings": ("settings", "epoch"),
-    "rank": ("state",),  # a RankState value, pid, reason (and standby: warming|ready)
-    "world": ("size", "ranks"),
-    "run": ("status",),  # started|done|failed|interrupted; paused|resumed (pausing|resuming: asked)
-    "message": ("level", "text"),  # progress and warnings for the event pane
-    "checkpoint": ("path", "epoch", "step"),
-    # A script's ranks, watched from outside (ddptui run SCRIPT):
-    "output": ("text",),  # its latest line (final: a whole line, else a progress bar's state)
-    "process": ("pid", "status", "cpu_percent", "rss"),  # gpu_mem: MiB on its GPU (or null)
-    "error": ("text", "traceback", "exit_code"),  # how it failed: its traceback's last lines
-}
+from trainer.protocol.schema import EVENTS
 
 
 class RankState(str, enum.Enum):
@@ -116,7 +102,7 @@ def decode(line: str) -> dict | None:
         ev = json.loads(line)
     except ValueError:
         return None
-    if not isinstance(ev, dict) or ev.get("kind") not in KINDS \
+    if not isinstance(ev, dict) or ev.get("kind") not in EVENTS \
             or not isinstance(ev.get("rank"), int) or not isinstance(ev.get("t", 0), (int, float)):
         return None
     return ev

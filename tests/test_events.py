@@ -1,0 +1,65 @@
+"""The event and command contract: docs/events.md is what trainer/protocol/schema.py says, the
+checker catches an event that breaks it (tests/conftest.py's `events` runs it on every log a
+test reads), and every command the dashboard's sources send fits it."""
+
+from __future__ import annotations
+
+import os
+
+from ddptui.supervisor import Supervisor
+from trainer.config import RunConfig
+from trainer.loop import COMMANDS as RANK_COMMANDS
+from trainer.protocol.events import decode, encode, event
+from trainer.protocol.schema import COMMANDS, EVENTS, command_problems, problems, reference
+
+DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
+
+
+def test_docs_events_md_is_generated_from_the_schema():
+    with open(DOCS, encoding="utf-8") as f:
+        assert f.read() == reference(), \
+            "run: python -m trainer.protocol.schema > docs/events.md"
+    for kind in EVENTS:
+        assert f"## `{kind}`" in reference()
+
+
+def test_the_checker_names_what_breaks_the_contract():
+    step = event("step", 0, epoch=0, step=3, global_step=3, loss=None, steps=3,
+                 samples_per_s=10.5, step_ms=12, data_wait=0.0)
+    assert problems(decode(encode(step))) == []
+    assert problems({**step, "loss": "low"}) == ["step: loss='low' is not number or null"]
+    assert problems({**step, "lss": 1.0}) == ["step: lss is not in the schema"]
+    assert problems({k: v for k, v in step.items() if k != "epoch"}) == ["step: no epoch"]
+    assert problems({**step, "kind": "stepp"}) == ["unknown kind 'stepp'"]
+    assert problems(event("rank", 1, state="sleepy")) != []
+    assert problems(event("rank", 1, state="stalled", waiting_for=[0], cause="x")) == []
+
+
+def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_theirs(tmp_path):
+    sup = Supervisor(RunConfig(model="resnet18", cpus=2), log_path=str(tmp_path / "x.jsonl"))
+    sup.pause()
+    sup.resume()
+    sup.checkpoint()
+    sup.change_settings(workers=2, prefetch=False)
+    sup.apply_now()
+    sup.stop_rank(1)
+    sup.restart_rank(1)
+    sup.kill_rank(1)
+    sup.stacks(0)
+    sup.stop()
+    sent = list(sup._queued())
+    assert [c["op"] for c in sent] == ["pause", "resume", "checkpoint", "settings", "apply",
+                                       "stop_rank", "restart_rank", "kill_rank", "stacks", "stop"]
+    assert [p for c in sent for p in command_problems(c)] == []
+    assert command_problems({"op": "settings", "settings": {}}) == ["settings: no request"]
+    # What rank 0 offers every rank is served there (the rest are the parent's own).
+    assert {"pause", "resume", "checkpoint", "stop", "settings", "apply"} <= set(RANK_COMMANDS)
+    assert set(RANK_COMMANDS) <= set(COMMANDS)
+
+
+def test_the_world_orders_fit():
+    from ddptui.membership import Membership
+
+    world = Membership([0, 1], lambda: "tcp://127.0.0.1:1")
+    orders = [a.order for a in world.stop(1, 0.0) if hasattr(a, "order")]
+    assert orders and [p for o in orders for p in command_problems(o)] == []
