@@ -15,6 +15,7 @@ from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.widgets import Footer, RichLog
 
+from ddptui.keys import KEYS
 from ddptui.source import RunSource
 from ddptui.views import RankView, RunView
 from ddptui.widgets.charts import RunCharts
@@ -42,25 +43,8 @@ class DashboardApp(App[int]):
 
     CSS_PATH = "ddptui.tcss"
     TITLE = "ddptui"
-    BINDINGS = [
-        Binding("up", "select(-1)", "Prev rank", show=False),
-        Binding("down", "select(1)", "Next rank", show=False),
-        Binding("s", "stop_rank", "Stop rank"),
-        Binding("r", "restart_rank", "Restart rank"),
-        Binding("k", "kill_rank", "Kill rank"),
-        Binding("t", "stacks", "Stacks"),
-        Binding("g", "gpus", "GPU detail"),
-        Binding("space", "pause", "Pause"),
-        Binding("p", "toggle('prefetch')", "Prefetch"),
-        Binding("w", "workers(-1)", "Workers-"),
-        Binding("W", "workers(1)", "Workers+"),
-        Binding("b", "toggle('cudnn_benchmark')", "Benchmark"),
-        Binding("a", "apply", "Apply now"),
-        Binding("c", "checkpoint", "Checkpoint"),
-        Binding("question_mark", "help", "Help"),
-        Binding("q", "quit", "Quit"),
-        Binding("ctrl+c", "quit", "Quit", show=False, priority=True),
-    ]
+    BINDINGS = [*(Binding(k.keys, k.action, k.label, show=k.footer) for k in KEYS),
+                Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
 
     selected_rank: reactive[int] = reactive(0)
 
@@ -77,9 +61,9 @@ class DashboardApp(App[int]):
         self._told_failed = False  # a script's failure was announced (r restarts it)
 
     @property
-    def crash(self) -> Exception | None:
-        """The exception that ended the app, if one did (Textual keeps it to itself)."""
-        return self._exception
+    def crashed(self) -> bool:
+        """An exception ended the app (Textual prints its traceback as it exits)."""
+        return self.return_code == 1
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.

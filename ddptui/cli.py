@@ -12,6 +12,7 @@ import threading
 import time
 
 from ddptui import __version__, bytecode
+from ddptui.keys import keys_lines
 from trainer.argtypes import positive_float
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
@@ -19,7 +20,7 @@ EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the proces
 STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
 ATTACH_PORT = 29600
 
-EXAMPLES = """examples:
+EXAMPLES = f"""examples:
   ddptui run resnet18                         # all GPUs (or 2 CPU ranks), built-in shapes data
   ddptui run resnet18 --gpus 0,1 --amp bf16 --channels-last
   ddptui run resnet50 --gpus all --data imagefolder:/data/imagenet --workers 12
@@ -31,9 +32,8 @@ EXAMPLES = """examples:
   ddptui run train.py --gpus 0,1 -- --lr 0.1  # your own torchrun script, no code change
   ddptui run -m mypkg.train --cpus 2 -- ARGS  # ... or module (ddptui run train.py --help)
 
-keys in the dashboard: up/down select a rank, s stop it, r restart it, k kill it, t its Python
-  stacks, space pause/resume, p/w/W/b change the input pipeline next epoch, a apply now,
-  c checkpoint, ? help, q quit
+keys in the dashboard:
+{chr(10).join(keys_lines())}
 exit codes: 0 done, 1 training failed, 2 bad usage or input, 130 interrupted (Ctrl-C, q)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
   where Python may not write bytecode)"""
@@ -173,10 +173,9 @@ def run_dashboard(source) -> int:
         app.run()
     finally:
         code = _end_after_dashboard(source)
-    if app.crash is not None:  # the dashboard broke: the run was stopped, say why
-        error = app.crash
-        print(f"ddptui: the dashboard failed ({type(error).__name__}: {error}); the run was "
-              f"stopped, log: {source.log_path}", file=sys.stderr)
+    if app.crashed:  # the dashboard broke (Textual printed why): the run was stopped
+        print(f"ddptui: the dashboard failed (its traceback is above); the run was stopped, "
+              f"log: {source.log_path}", file=sys.stderr)
         return 1 if code in (0, 130, None) else code
     view = source.state.view()
     if code not in (0, None) and view.reason:

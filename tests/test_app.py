@@ -310,9 +310,9 @@ async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp
     with pytest.raises(RuntimeError, match="a widget bug"):
         async with app.run_test(size=(120, 40)) as pilot:
             monkeypatch.setattr(app.rank_table, "show", broken_show)
-            await _until(pilot, lambda: sup.done.is_set() or app.crash is not None,
-                         "the crash", timeout=90)
-    assert app.crash is not None and sup.started and not sup.done.is_set()
+            await _until(pilot, lambda: sup.done.is_set() or app.crashed, "the crash",
+                         timeout=90)
+    assert app.crashed and sup.started and not sup.done.is_set()
     pids = sup.pids()
     assert _end_after_dashboard(sup) == 130
     assert_gone(pids)
