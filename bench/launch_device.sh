@@ -37,8 +37,8 @@ if [ "${1:-}" = "--imports" ]; then
   echo "== plain phases, cudnn.benchmark off"
   BENCH_T0=$(date +%s.%N) python3 -m torch.distributed.run --standalone --nproc-per-node 2 bench/launch_phases.py --no-benchmark 2>&1 | tail -1
   echo "== import times (warm)"
-  for m in torch torchvision trainer.worker ddptui.cli ddptui.supervisor; do
+  for m in torch torchvision trainer.rank_main ddptui.cli ddptui.supervisor; do
     python3 -c "import time; t=time.time(); import $m; print('$m', round(time.time()-t, 2), 's')"
   done
-  python3 -X importtime -c "import trainer.worker" 2> /tmp/imp.txt; sort -t'|' -k2 -n -r /tmp/imp.txt | head -25
+  python3 -X importtime -c "import trainer.rank_main" 2> /tmp/imp.txt; sort -t'|' -k2 -n -r /tmp/imp.txt | head -25
 fi

@@ -24,7 +24,7 @@ from ddptui.widgets.devices import DevicePanel
 from ddptui.widgets.gpus import GpuScreen
 from ddptui.widgets.header import RunHeader
 from ddptui.widgets.help import HelpScreen
-from ddptui.widgets.stacks import StacksScreen
+from ddptui.widgets.stacks_screen import StacksScreen
 from ddptui.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2

@@ -16,8 +16,8 @@ from multiprocessing.connection import wait as wait_any
 from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 from ddptui.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.processes import ProcessPool, RankProcess, free_port, prepare_data
+from ddptui.readings import RunSampler
 from ddptui.runstate import RunState
-from ddptui.sampler import RunSampler
 from ddptui.steering import Steering
 from ddptui.watchdog import Member, Watchdog
 from trainer.config import RunConfig

@@ -11,8 +11,8 @@ import time
 import psutil
 import pytest
 
+from trainer.protocol.contract import problems
 from trainer.protocol.events import read_events
-from trainer.protocol.schema import problems
 
 # plotext chooses tick labels and colours in str-hash order: a chart's snapshot is the same
 # from run to run only with a fixed hash seed (make test sets PYTHONHASHSEED=0).

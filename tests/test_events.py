@@ -9,8 +9,9 @@ import os
 from ddptui.supervisor import Supervisor
 from trainer.config import RunConfig
 from trainer.loop import COMMANDS as RANK_COMMANDS
+from trainer.protocol.contract import command_problems, problems, reference
 from trainer.protocol.events import decode, encode, event
-from trainer.protocol.schema import COMMANDS, EVENTS, command_problems, problems, reference
+from trainer.protocol.schema import COMMANDS, EVENTS
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
 
@@ -18,7 +19,7 @@ DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
 def test_docs_events_md_is_generated_from_the_schema():
     with open(DOCS, encoding="utf-8") as f:
         assert f.read() == reference(), \
-            "run: python -m trainer.protocol.schema > docs/events.md"
+            "run: python -m trainer.protocol.contract > docs/events.md"
     for kind in EVENTS:
         assert f"## `{kind}`" in reference()
 

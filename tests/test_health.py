@@ -107,7 +107,7 @@ def test_innermost_frames_of_the_main_thread():
             '  File "/x/userpkg.py", line 12 in block_forever_here\n'
             '  File "/x/userpkg.py", line 40 in __getitem__\n'
             '  File "/x/data.py", line 60 in _load\n'
-            '  File "/x/worker.py", line 9 in main\n')
+            '  File "/x/rank_main.py", line 9 in main\n')
     assert innermost(dump) == ("block_forever_here (userpkg.py:12) < __getitem__ "
                                "(userpkg.py:40) < _load (data.py:60)")
 

@@ -8,8 +8,9 @@ import sys
 
 from tests.conftest import ROOT
 
-TRAINER_MODULES = ["trainer.worker", "trainer.bootstrap", "trainer.telemetry.remote", "trainer.elastic.world",
-                   "trainer.config", "trainer.protocol.events", "trainer.protocol.channel"]
+TRAINER_MODULES = ["trainer.rank_main", "trainer.bootstrap", "trainer.telemetry.remote",
+                   "trainer.elastic.world", "trainer.config", "trainer.protocol.events",
+                   "trainer.protocol.channel"]
 
 
 def _imported_after(code: str) -> set[str]:

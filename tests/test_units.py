@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from trainer.bootstrap import separate_hardware_queues
+from trainer.build import build_optimizer
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import RunConfig
 from trainer.elastic.control import Mailbox
@@ -21,7 +22,6 @@ from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tenso
 from trainer.elastic.world import await_store
 from trainer.loop import padded
 from trainer.pipeline.sampler import ShardedBatchSampler
-from trainer.setup import build_optimizer
 from trainer.telemetry.reporter import EventBuffer
 
 

@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 PID` prints every thread's Python stack to stderr: where a hung rank is stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     separate_hardware_queues()
-    from trainer.worker import main as rank_main  # torch is imported only once input is valid
+    from trainer.rank_main import main as rank_main  # torch is imported only once input is valid
 
     return rank_main(config, rank, world, local_rank=local, echo=rank == 0)
 

@@ -1,6 +1,6 @@
 """The first code a rank spawned by ddptui runs: it ties the rank's life to the parent, pins its
 GPU, silences the terminal and starts its workers' fork server, all before torch is imported;
-then it forms the world on a thread while the rest imports, and hands over to worker.main.
+then it forms the world on a thread while the rest imports, and hands over to rank_main.main.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def separate_hardware_queues() -> None:
 
 
 def run_rank(spec: RankSpec, channel, inbox) -> None:
-    """multiprocessing target; the exit code is worker.main's."""
+    """multiprocessing target; the exit code is rank_main.main's."""
     write_bytecode_to_the_cache()
     die_with_parent()
     watch_parent(spec.parent_pid)
@@ -87,7 +87,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     if not spec.standby:  # the rest of the imports overlap forming the world
         device = torch.device("cuda", 0) if spec.physical_gpu is not None else torch.device("cpu")
         forming = world.Forming(spec.rank, spec.world_size, device, spec.init_method)
-    from trainer.worker import main
+    from trainer.rank_main import main
 
     code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
                 channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu, slot=spec.slot,

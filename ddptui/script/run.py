@@ -16,8 +16,8 @@ from ddptui.listener import ReportListener
 from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.owned import OwnedRun
 from ddptui.processes import free_port
+from ddptui.readings import RunSampler
 from ddptui.runstate import RunState
-from ddptui.sampler import RunSampler
 from ddptui.script.group import RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig

@@ -1,7 +1,7 @@
 """The telemetry event schema shared by the ranks (trainer/) and the parent (ddptui/).
 
 Events are plain JSON-safe dicts; every one has "t" (unix time), "kind" and "rank" (-1: the parent).
-Every kind's fields and their meaning: schema.py (and docs/events.md, generated from it).
+Every kind's fields and their meaning: schema.py (docs/events.md is made from it).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from trainer.build import build_parts, warm_up
 from trainer.config import DataError, RunConfig, UsageError
 from trainer.elastic import world
 from trainer.elastic.control import Control
@@ -24,7 +25,6 @@ from trainer.pipeline.gpudecode import Decoder
 from trainer.protocol.channel import load_key, parse_address
 from trainer.protocol.events import count
 from trainer.rank import Rank
-from trainer.setup import build_parts, warm_up
 from trainer.telemetry.gpu import DeviceSampler
 from trainer.telemetry.heartbeat import Heartbeat
 from trainer.telemetry.remote import RemoteLink, node_name
