@@ -46,7 +46,7 @@ def separate_hardware_queues() -> None:
     """Before CUDA starts: one hardware queue per stream, unless the user chose otherwise.
     CUDA maps streams onto 8 queues by default, so the decode or prefetch stream can share one
     with the training stream and wait behind its kernels (--decode gpu on one H200: 9.0k ->
-    11.4k img/s with 32; docs/benchmarks.md, session 10)."""
+    11.4k img/s with 32; docs/benchmarks.md, the input pipeline)."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
 

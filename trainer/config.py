@@ -141,7 +141,7 @@ class RunConfig:
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
-    """The option set of DESIGN.md that both launchers accept."""
+    """The training options that both launchers accept (ddptui run and python -m trainer)."""
     d = RunConfig()
     parser.add_argument("model", help="torchvision model name (resnet18, ...) or pkg.module:function")
     g = parser.add_argument_group("data")

@@ -146,7 +146,7 @@ def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | Non
 def load_image(path: str) -> torch.Tensor:
     """An image file as uint8 RGB (3, H, W): JPEG, PNG, GIF and WebP decoded by torchvision
     (libjpeg-turbo, libpng), which with the tensor transforms does 1.5x the images a second of
-    PIL's path (docs/benchmarks.md, session 9); PIL for the rest, and to name what is wrong
+    PIL's path (docs/benchmarks.md, the input pipeline); PIL for the rest, and to name what is wrong
     with a file neither can read."""
     with open(path, "rb") as f:
         data = f.read()

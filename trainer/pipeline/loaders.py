@@ -66,7 +66,7 @@ class Loaders:
     def arm_val(self) -> None:
         """Near the epoch's end: the validation workers start (the first time) and load while
         the last steps train, so validation finds its first batches ready (0.1-0.2 s off each
-        epoch end on one H200; docs/benchmarks.md, session 10)."""
+        epoch end on one H200; docs/benchmarks.md, the input pipeline)."""
         if self.val is not None and self.val_ahead is None:
             self.val_ahead = iter(self.val)
 
