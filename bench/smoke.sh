@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One device call on one GPU: the CUDA paths after a restructuring (spawned rank, NVML sampler,
-# fork-server workers, GPU decode), and a SIGSTOPped lone rank flagged and ended by SIGTERM.
+# The CUDA paths on one GPU, after a change to them: ddptui gpus against nvidia-smi, --decode gpu
+# and --decode cpu on a small JPEG set, and a SIGSTOPped lone rank flagged and ended by SIGTERM.
 set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONPATH=${PYTHONPATH:-/tmp/site:$PWD} PYTHONUNBUFFERED=1
 left() { ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep || echo "no process left"; }
 rm -rf /tmp/stall.jsonl /tmp/jpeg.jsonl /tmp/cpu.jsonl /tmp/ck
 { nvidia-smi --query-gpu=index,memory.used --format=csv; python3 -m ddptui gpus; } > "$OUT/smoke.txt" 2>&1
