@@ -11,6 +11,7 @@ import time
 import psutil
 import pytest
 
+from ddptui.widgets.charts import Chart
 from trainer.protocol.contract import problems
 from trainer.protocol.events import read_events
 
@@ -31,7 +32,13 @@ async def settle(pilot) -> None:
         await pilot.pause(0.2)
     app.refresh_charts()
     app.events.scroll_end(animate=False)
-    await app.workers.wait_for_complete()  # the charts are built on threads
+    # The charts are built on threads and shown once built; a chart resized meanwhile builds
+    # again. On a loaded machine that takes more than one pause.
+    for _ in range(50):
+        await app.workers.wait_for_complete()
+        await pilot.pause(0.1)
+        if all(chart.drawn for chart in app.query(Chart) if chart.display):
+            break
     await pilot.wait_for_scheduled_animations()
     await pilot.pause(0.2)
 

@@ -54,6 +54,11 @@ class Chart(PlotextPlot):
         self._shown = (size, text)
         self.refresh()
 
+    @property
+    def drawn(self) -> bool:
+        """A plot built for the size the chart has now is on screen (or nothing to draw)."""
+        return self._draw is None or (self._shown is not None and self._shown[0] == self.size)
+
     def render(self) -> Text:
         shown_size, text = self._shown or (None, Text(""))
         if shown_size != self.size and self._draw is not None and self.size.area:
