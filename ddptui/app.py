@@ -11,9 +11,9 @@ import time
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal
+from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
-from textual.widgets import Footer, RichLog
+from textual.widgets import Footer
 
 from ddptui.keys import KEYS
 from ddptui.source import RunSource
@@ -21,6 +21,7 @@ from ddptui.views import RankView, RunView
 from ddptui.widgets.charts import RunCharts
 from ddptui.widgets.confirm import ConfirmQuit, ConfirmRestart
 from ddptui.widgets.devices import DevicePanel
+from ddptui.widgets.events import EventLog
 from ddptui.widgets.gpus import GpuScreen
 from ddptui.widgets.header import RunHeader
 from ddptui.widgets.help import HelpScreen
@@ -69,16 +70,18 @@ class DashboardApp(App[int]):
         # Kept as attributes: while a modal (help, confirm) is on top, queries would search it.
         self.header, self.devices = RunHeader(), DevicePanel()
         self.rank_table, self.charts, self.epoch_table = RankTable(), RunCharts(), EpochTable()
-        self.events = RichLog(id="events", max_lines=500, wrap=False)
-        self.events.can_focus = False  # up/down belong to rank selection; the wheel still scrolls
+        self.events = EventLog()
         yield self.header
         with Horizontal(id="top"):
             yield _boxed(self.devices, "GPUs")
             yield _boxed(self.rank_table, "ranks")
         with Horizontal(id="bottom"):
             yield _boxed(self.charts, "loss · img/s and input wait")
-            yield _boxed(self.epoch_table, "epochs")
-        yield _boxed(self.events, "events")
+            # The epochs table is as tall as its rows; the events take what is left beside the
+            # charts (a full-width pane of 5 lines under a table of 3 rows left half empty).
+            with Vertical(id="side"):
+                yield _boxed(self.epoch_table, "epochs")
+                yield _boxed(self.events, "events")
         yield Footer()
 
     def on_resize(self) -> None:
@@ -121,11 +124,12 @@ class DashboardApp(App[int]):
         # At most every TABLES_S of run time; once no more events can come (a run that has
         # ended, a replay played out), the final state once more: a draw just before the end
         # would otherwise stay on screen (a snapshot test caught a sparkline in the wrong colour).
+        over = self.source.done.is_set()
         tables = view.now - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
-            (self.source.done.is_set() and view.now != self._tables[0])
+            (over and view.now != self._tables[0])
         if tables:
             self._tables = (view.now, shape)
-            self.rank_table.show(view, self.selected_rank)
+            self.rank_table.show(view, self.selected_rank, refit=over)
             self.epoch_table.show(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):

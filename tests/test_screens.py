@@ -80,7 +80,8 @@ async def test_a_scripts_ranks_show_their_process_output_and_who_waits_for_whom(
         assert rows[0]["state"].startswith("waiting") and rows[0]["GPU mem"] == "20.0G"
         assert rows[1]["output"].startswith("rank 1 epoch 2 step ")
         screen = _text(app)
-        assert "train.py --lr 0.1 · 2 × GPU" in screen and "waiting for rank 1" in screen
+        assert "train.py --lr 0.1 · 2 × GPU" in screen and "waiting for" in screen
+        assert any("waiting for rank 1" in text for *_, text, _kind in app.source.state.lines_after(0))
         epochs = [str(app.epoch_table.get_row_at(i)[1]) for i in range(app.epoch_table.row_count)]
         assert epochs[0] == "-"  # a script has no settings of ours to show
 

@@ -63,9 +63,11 @@ class RankTable(DataTable):
         for name in self.COLUMNS:
             self.add_column(name, key=name)
 
-    def show(self, view: RunView, selected: int) -> None:
+    def show(self, view: RunView, selected: int, refit: bool = False) -> None:
+        """`refit`: measure the columns anew (once a run is over: they only ever grew, and how
+        far depended on which states happened to be drawn)."""
         script = bool(view.meta.get("script"))
-        if script != self.script:  # a script's run (or its replay) has columns of its own
+        if script != self.script or refit:  # a script's run (or its replay) has its own columns
             self.script = script
             self.clear(columns=True)
             for name in self.SCRIPT_COLUMNS if script else self.COLUMNS:
