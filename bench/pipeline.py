@@ -52,11 +52,13 @@ def main() -> None:
             seconds += within[-1]["t"] - within[0]["t"]
         rate += done * args.batch_size / seconds
         ends[rank] = epoch_ends(evs, by_epoch, rank, seconds / max(1, done))
-        a, b = steps[0], steps[-1]  # as sessions 1-8 measured: epoch ends and validation in
+        a, b = steps[0], steps[-1]  # across epochs: epoch ends and validation in
         across += (b["global_step"] - a["global_step"]) * args.batch_size / (b["t"] - a["t"])
         waits += [e["data_wait"] for e in steps[1:]]
     decoder = [e["decoder"] for e in evs if e["kind"] == "message" and e.get("decoder")]
-    print(json.dumps({"options": " ".join(extra), "img_s": round(rate),
+    # The parent's NVML readings (as nvidia-smi's): the most any GPU of the run held.
+    memory = max((e.get("mem_used") or 0 for e in evs if e["kind"] == "gpu"), default=None)
+    print(json.dumps({"options": " ".join(extra), "img_s": round(rate), "gpu_mem_peak_mib": memory,
                       "img_s_across_epochs": round(across),
                       "decoder": decoder[0] if decoder else None,
                       "data_wait": round(sum(waits) / max(1, len(waits)), 3),
