@@ -6,12 +6,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; export PYTHONPATH=${PYTHONPATH:-/tmp/site
 left() { ps -eo pid,args | grep -E 'ddptui|trainer|multiprocessing' | grep -v grep || echo "no process left"; }
 rm -rf /tmp/stall.jsonl /tmp/jpeg.jsonl /tmp/cpu.jsonl /tmp/ck
 { nvidia-smi --query-gpu=index,memory.used --format=csv; python3 -m ddptui gpus; } > "$OUT/smoke.txt" 2>&1
-python3 bench/make_jpegs.py /tmp/jpeg --classes 4 --per-class 400 > /dev/null 2>&1
-( cd /tmp && timeout 150 python3 -m ddptui run resnet18 --gpus 0 --data imagefolder:/tmp/jpeg \
+python3 bench/make_jpegs.py /tmp/jpeg-smoke --classes 4 --per-class 400 > /dev/null 2>&1
+( cd /tmp && timeout 150 python3 -m ddptui run resnet18 --gpus 0 --data imagefolder:/tmp/jpeg-smoke \
     --decode gpu --epochs 2 --amp bf16 --channels-last --batch-size 128 --headless \
     --log /tmp/jpeg.jsonl ) >> "$OUT/smoke.txt" 2>&1
 echo "decode gpu exit $?" >> "$OUT/smoke.txt"
-( cd /tmp && timeout 150 python3 -m ddptui run resnet18 --gpus 0 --data imagefolder:/tmp/jpeg \
+( cd /tmp && timeout 150 python3 -m ddptui run resnet18 --gpus 0 --data imagefolder:/tmp/jpeg-smoke \
     --epochs 1 --workers 4 --batch-size 128 --headless --log /tmp/cpu.jsonl ) > /tmp/cpu.txt 2>&1
 echo "decode cpu exit $?" >> "$OUT/smoke.txt"; tail -3 /tmp/cpu.txt >> "$OUT/smoke.txt"
 (cd /tmp && exec python3 -m ddptui run resnet18 --gpus 0 --data synthetic --amp bf16 --epochs 100 \
