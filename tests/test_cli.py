@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from ddptui.cli import resolve_devices
+from ddptui import bytecode
+from ddptui.cli import main, resolve_devices
 from tests.conftest import ROOT, ddptui
 from trainer.config import UsageError
 
@@ -36,14 +37,30 @@ from trainer.config import UsageError
     (["run", "resnet18", "--on-stall", "kill"], "invalid choice: 'kill'"),
     (["run", "resnet18", "--max-bad-samples", "-1"], "--max-bad-samples: must be 0 or more"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, says, env, tmp_path):
-    r = ddptui(args, env, tmp_path, timeout=60)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
+def test_bad_input_is_one_line_and_exit_2(args, says, tmp_path, cache_dir, monkeypatch, capsys):
+    """In this process (the validation is what is tested; a process each cost a second)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(bytecode, "enable", lambda: None)  # no cache prefix for pytest itself
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
     assert says in lines[0]
-    assert "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists()  # nothing started, no log written
+
+
+def test_bad_input_from_the_command_line_is_one_line_no_traceback(env, tmp_path):
+    r = ddptui(["run", "resnt18"], env, tmp_path, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("ddptui: error: unknown model 'resnt18' (did you mean resnet18")
+    assert not (tmp_path / "runs").exists()
 
 
 def test_mnist_missing_files_are_named(env, tmp_path):
