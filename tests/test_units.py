@@ -13,7 +13,7 @@ import threading
 import pytest
 import torch
 
-from trainer.bootstrap import separate_hardware_queues
+from trainer.bootstrap import cuda_defaults
 from trainer.build import build_optimizer
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import RunConfig
@@ -184,15 +184,20 @@ def test_a_rank_connects_to_the_store_only_once_it_listens():
     await_store("env://")  # torchrun's rendezvous: nothing to wait for
 
 
-def test_ranks_get_a_hardware_queue_per_stream_unless_the_user_chose(monkeypatch):
+def test_ranks_get_cuda_defaults_unless_the_user_chose(monkeypatch):
     # Set, then removed: monkeypatch then puts back what the session had, whatever was set here.
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "")
-    monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
-    separate_hardware_queues()
+    for name in ("CUDA_DEVICE_MAX_CONNECTIONS", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    cuda_defaults()
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # e.g. for ordered collectives
-    separate_hardware_queues()
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF")
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "max_split_size_mb:128")  # torch's newer name
+    cuda_defaults()
     assert os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
 
 
 def test_a_padded_last_validation_batch_scores_its_own_samples_alike():

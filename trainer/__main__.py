@@ -12,7 +12,7 @@ import signal
 import socket
 import sys
 
-from trainer.bootstrap import separate_hardware_queues
+from trainer.bootstrap import cuda_defaults
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
 
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # `kill -USR1 PID` prints every thread's Python stack to stderr: where a hung rank is stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    separate_hardware_queues()
+    cuda_defaults()
     from trainer.rank_main import main as rank_main  # torch is imported only once input is valid
 
     return rank_main(config, rank, world, local_rank=local, echo=rank == 0)
