@@ -12,7 +12,7 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from ddptui.supervisor import Supervisor
+from ddptui.run.supervisor import Supervisor
 from trainer.config import Parser, add_training_options, config_from_args
 from trainer.protocol.events import read_events
 

@@ -12,7 +12,7 @@ import threading
 import time
 
 from ddptui import __version__, bytecode
-from ddptui.keys import keys_lines
+from ddptui.view.keys import keys_lines
 from trainer.argtypes import positive_float
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
@@ -97,7 +97,7 @@ def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None
             raise UsageError(f"--cpus must be at least 1, got {cpus}")
         return None, cpus
     if count is None:
-        from ddptui.nvml import gpu_count
+        from ddptui.run.nvml import gpu_count
 
         count = gpu_count()
     if gpus is None:
@@ -130,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
-    from ddptui.supervisor import Supervisor, default_log_path
+    from ddptui.run.supervisor import Supervisor, default_log_path
 
     supervisor = Supervisor(config, config.log or default_log_path())
     if headless:
@@ -144,8 +144,8 @@ def cmd_run_script(argv: list[str]) -> int:
     from ddptui.script.options import parse_script_args
 
     config = parse_script_args(argv, resolve_devices)
-    from ddptui.headless import ScriptConsole
     from ddptui.script.run import ScriptRun
+    from ddptui.view.headless import ScriptConsole
 
     run = ScriptRun(config)
     if config.headless:
@@ -157,7 +157,7 @@ def cmd_run_script(argv: list[str]) -> int:
 
 def run_dashboard(source) -> int:
     """The dashboard over a run that ddptui owns (built-in trainer or script) until it ends."""
-    from ddptui.app import DashboardApp
+    from ddptui.view.app import DashboardApp
 
     app = DashboardApp(source)
 
@@ -205,7 +205,7 @@ def _exit_when_done(supervisor, code: int) -> None:
 
 
 def run_headless(supervisor, console=None) -> int:
-    from ddptui.headless import HeadlessConsole
+    from ddptui.view.headless import HeadlessConsole
 
     console = console or HeadlessConsole(supervisor.state)
     _stop_on_signals(lambda code: supervisor.stop(code=code))
@@ -240,7 +240,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from trainer.config import check_writable_dir
 
     check_writable_dir(os.path.dirname(os.path.abspath(log)), "--log directory")
-    from ddptui.attach import Attach
+    from ddptui.sources.attach import Attach
 
     try:
         attach = Attach(address, key, log, source)
@@ -251,7 +251,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
         print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
               f"--report {args.listen}; logging to {log}", flush=True)
         return run_headless(attach)
-    from ddptui.app import DashboardApp
+    from ddptui.view.app import DashboardApp
 
     DashboardApp(attach).run()
     attach.stop(code=0)
@@ -259,7 +259,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_gpus(_args: argparse.Namespace) -> int:
-    from ddptui.nvml import format_gpus, list_gpus
+    from ddptui.run.nvml import format_gpus, list_gpus
 
     print(format_gpus(list_gpus()))
     return 0
@@ -270,12 +270,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no such log: {args.file}")
     if args.speed < 0:
         raise UsageError(f"--speed must be 0 or more, got {args.speed}")
-    from ddptui.replay import Replay
+    from ddptui.sources.replay import Replay
 
     replay = Replay(args.file, speed=args.speed)
     if args.headless or not sys.stdout.isatty():
         return run_headless(replay)
-    from ddptui.app import DashboardApp
+    from ddptui.view.app import DashboardApp
 
     DashboardApp(replay).run()
     return 0

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from ddptui.widgets.charts import Chart
+from ddptui.view.widgets.charts import Chart
 from trainer.protocol.contract import problems
 from trainer.protocol.events import read_events
 
@@ -176,7 +176,7 @@ def _end_what_a_failed_test_left(monkeypatch):
     """A test that fails half-way leaves its run going (a Supervisor's thread and ranks, a
     ddptui subprocess): end them so that they do not load the tests after it. Tests that check
     for leftovers do so themselves, with assert_gone."""
-    from ddptui.supervisor import Supervisor
+    from ddptui.run.supervisor import Supervisor
 
     started = []
     start = Supervisor.start

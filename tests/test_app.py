@@ -11,14 +11,14 @@ import time
 
 import pytest
 
-from ddptui.app import DashboardApp
-from ddptui.attach import Attach
-from ddptui.replay import Replay
+from ddptui.run.supervisor import Supervisor
 from ddptui.script.run import ScriptRun
 from ddptui.source import RunSource
-from ddptui.supervisor import Supervisor
-from ddptui.widgets.help import HelpScreen
-from ddptui.widgets.tables import EpochTable, RankTable
+from ddptui.sources.attach import Attach
+from ddptui.sources.replay import Replay
+from ddptui.view.app import DashboardApp
+from ddptui.view.widgets.help import HelpScreen
+from ddptui.view.widgets.tables import EpochTable, RankTable
 from tests.conftest import TINY, assert_gone, events, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run
 from trainer.config import Parser, add_training_options, config_from_args

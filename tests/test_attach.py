@@ -14,7 +14,7 @@ from multiprocessing.connection import Client
 
 import pytest
 
-from ddptui.attach import Attach
+from ddptui.sources.attach import Attach
 from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
 from trainer.protocol.channel import MAX_MESSAGE
 
@@ -141,7 +141,7 @@ def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
 
 
 async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp_path):
-    from ddptui.app import DashboardApp
+    from ddptui.view.app import DashboardApp
     from trainer.protocol.channel import receive, send
 
     port = _port()

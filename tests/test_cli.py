@@ -98,8 +98,8 @@ def test_help_has_examples_and_version(env, tmp_path):
 
 
 def test_the_dashboard_path_never_imports_torch(env):
-    code = ("import sys, ddptui.cli, ddptui.app, ddptui.supervisor, ddptui.replay, "
-            "ddptui.headless, trainer.bootstrap; "
+    code = ("import sys, ddptui.cli, ddptui.view.app, ddptui.run.supervisor, ddptui.sources.replay, "
+            "ddptui.view.headless, trainer.bootstrap; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
 

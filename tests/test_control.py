@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ddptui.supervisor import Supervisor
+from ddptui.run.supervisor import Supervisor
 from tests.conftest import TINY, assert_gone, events
 from trainer.config import Parser, add_training_options, config_from_args
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from ddptui.supervisor import Supervisor
+from ddptui.run.supervisor import Supervisor
 from tests.conftest import TINY, assert_gone, ddptui, events
 from trainer.config import Parser, add_training_options, config_from_args
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ddptui.supervisor import Supervisor
+from ddptui.run.supervisor import Supervisor
 from trainer.config import RunConfig
 from trainer.loop import COMMANDS as RANK_COMMANDS
 from trainer.protocol.contract import command_problems, problems, reference
@@ -60,7 +60,7 @@ def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_thei
 
 
 def test_the_world_orders_fit():
-    from ddptui.membership import Membership
+    from ddptui.run.membership import Membership
 
     world = Membership([0, 1], lambda: "tcp://127.0.0.1:1")
     orders = [a.order for a in world.stop(1, 0.0) if hasattr(a, "order")]
@@ -68,17 +68,17 @@ def test_the_world_orders_fit():
 
 
 def test_the_keys_are_described_once_and_the_docs_show_that_description():
-    from ddptui.app import DashboardApp
     from ddptui.cli import EXAMPLES
-    from ddptui.keys import KEYS, keys_lines, keys_table
-    from ddptui.widgets.help import HELP
+    from ddptui.view.app import DashboardApp
+    from ddptui.view.keys import KEYS, keys_lines, keys_table
+    from ddptui.view.widgets.help import HELP
 
     bound = {(b.key, b.action, b.description) for b in DashboardApp.BINDINGS}
     assert {(k.keys, k.action, k.label) for k in KEYS} <= bound
     root = os.path.join(os.path.dirname(__file__), "..")
     for doc in ("README.md", "docs/dashboard.md"):
         with open(os.path.join(root, doc), encoding="utf-8") as f:
-            assert keys_table() in f.read(), f"{doc}: paste ddptui.keys.keys_table() in"
+            assert keys_table() in f.read(), f"{doc}: paste ddptui.view.keys.keys_table() in"
     assert keys_table() in HELP and "\n".join(keys_lines()) in EXAMPLES
 
 

@@ -3,10 +3,10 @@ for it, which is a straggler and why, and the figures the run state derives (no 
 
 from __future__ import annotations
 
-from ddptui.health import Seen, Stragglers, judge_stalls, stall_limit
-from ddptui.runstate import RunState
-from ddptui.stacks import innermost
-from ddptui.widgets.header import RunHeader
+from ddptui.run.health import Seen, Stragglers, judge_stalls, stall_limit
+from ddptui.run.stacks import innermost
+from ddptui.view.runstate import RunState
+from ddptui.view.widgets.header import RunHeader
 
 NOW = 1000.0
 
@@ -205,7 +205,7 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
 
 
 def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
-    from ddptui.runstate import RunState
+    from ddptui.view.runstate import RunState
     from trainer.protocol.events import event
 
     state = RunState({"device_kind": "cpu"})

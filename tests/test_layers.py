@@ -25,7 +25,8 @@ def test_importing_the_rank_side_imports_nothing_of_the_dashboard():
 
 
 def test_the_dashboard_and_supervisor_start_without_torch():
-    loaded = _imported_after("import ddptui.cli, ddptui.app, ddptui.supervisor, ddptui.headless")
+    loaded = _imported_after("import ddptui.cli, ddptui.view.app, ddptui.run.supervisor, "
+                             "ddptui.view.headless")
     assert "torch" not in loaded
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 
-from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
+from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 
 
 def _world(*members: int, timeout: float = 60.0) -> Membership:

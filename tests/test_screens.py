@@ -15,10 +15,10 @@ import time
 import pytest
 from rich.console import Console
 
-from ddptui.app import DashboardApp
-from ddptui.replay import Replay
-from ddptui.widgets.bars import SPARKS
-from ddptui.widgets.gpus import GpuScreen
+from ddptui.sources.replay import Replay
+from ddptui.view.app import DashboardApp
+from ddptui.view.widgets.bars import SPARKS
+from ddptui.view.widgets.gpus import GpuScreen
 from tests.conftest import ROOT, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run, script_run
 

@@ -9,12 +9,12 @@ import os
 
 import pytest
 
-from ddptui.app import DashboardApp
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
-from ddptui.widgets.confirm import ConfirmRestart
-from ddptui.widgets.tables import RankTable
+from ddptui.view.app import DashboardApp
+from ddptui.view.widgets.confirm import ConfirmRestart
+from ddptui.view.widgets.tables import RankTable
 from tests.conftest import ROOT, assert_gone, assert_stops_cleanly, events, rank_pids, wait_for_event
 
 LOOPING = os.path.join(ROOT, "tests", "helpers", "scripts", "looping.py")

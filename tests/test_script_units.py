@@ -3,11 +3,11 @@ escape sequences made inert, stall verdicts and who waits for whom. No process i
 
 from __future__ import annotations
 
-from ddptui.runstate import RunState
 from ddptui.script.metrics import MetricReader, compile_metrics, read_line
 from ddptui.script.output import Lines, last_traceback
 from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.text import keep_colours, plain
+from ddptui.view.runstate import RunState
+from ddptui.view.text import keep_colours, plain
 from trainer.protocol.events import event
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))

@@ -12,8 +12,8 @@ import time
 import pytest
 from PIL import Image
 
-from ddptui.app import DashboardApp
-from ddptui.supervisor import Supervisor
+from ddptui.run.supervisor import Supervisor
+from ddptui.view.app import DashboardApp
 from tests.conftest import ROOT, TINY, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
 from trainer.config import Parser, add_training_options, config_from_args
 

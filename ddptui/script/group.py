@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from ddptui.processes import ended_how
+from ddptui.run.processes import ended_how
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback

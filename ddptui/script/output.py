@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from ddptui.text import keep_colours, plain
+from ddptui.view.text import keep_colours, plain
 
 CHUNK = 1 << 16
 TAIL_LINES = 60  # kept per stream: the last lines of a traceback

@@ -12,17 +12,17 @@ import signal
 import threading
 import time
 
-from ddptui.listener import ReportListener
-from ddptui.outcome import EXIT_FAILED, EXIT_INTERRUPTED
-from ddptui.owned import OwnedRun
-from ddptui.processes import free_port
-from ddptui.readings import RunSampler
-from ddptui.runstate import RunState
+from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
+from ddptui.run.owned import OwnedRun
+from ddptui.run.processes import free_port
+from ddptui.run.readings import RunSampler
+from ddptui.run.supervisor import default_log_path
 from ddptui.script.group import RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
-from ddptui.supervisor import default_log_path
+from ddptui.sources.listener import ReportListener
+from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, count, event, settings_request
 
 SAMPLE_EVERY_S = 0.5

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from ddptui.run.stacks import StackRequests, innermost
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
 from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.stacks import StackRequests, innermost
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 

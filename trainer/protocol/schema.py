@@ -314,7 +314,7 @@ class RestartCommand(Command):
 
 
 class WorldOrder(Command):
-    """A change of the world, decided by the parent alone (ddptui/membership.py) and sent to
+    """A change of the world, decided by the parent alone (ddptui/run/membership.py) and sent to
     ranks' command pipes: `reform` to the world's rank 0, which offers it to every member at an
     agreed step (a leave or a join); `join` to the joining standby; `recover` straight to every
     survivor after a rank died (they roll back and re-form without it)."""

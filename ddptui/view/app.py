@@ -15,18 +15,18 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
-from ddptui.keys import KEYS
 from ddptui.source import RunSource
-from ddptui.views import RankView, RunView
-from ddptui.widgets.charts import RunCharts
-from ddptui.widgets.confirm import ConfirmQuit, ConfirmRestart
-from ddptui.widgets.devices import DevicePanel
-from ddptui.widgets.events import EventLog
-from ddptui.widgets.gpus import GpuScreen
-from ddptui.widgets.header import RunHeader
-from ddptui.widgets.help import HelpScreen
-from ddptui.widgets.stacks_screen import StacksScreen
-from ddptui.widgets.tables import EpochTable, RankTable
+from ddptui.view.keys import KEYS
+from ddptui.view.views import RankView, RunView
+from ddptui.view.widgets.charts import RunCharts
+from ddptui.view.widgets.confirm import ConfirmQuit, ConfirmRestart
+from ddptui.view.widgets.devices import DevicePanel
+from ddptui.view.widgets.events import EventLog
+from ddptui.view.widgets.gpus import GpuScreen
+from ddptui.view.widgets.header import RunHeader
+from ddptui.view.widgets.help import HelpScreen
+from ddptui.view.widgets.stacks_screen import StacksScreen
+from ddptui.view.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2
 CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows nothing new

@@ -13,13 +13,13 @@ import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
-from ddptui.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
-from ddptui.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
-from ddptui.processes import ProcessPool, RankProcess, free_port, prepare_data
-from ddptui.readings import RunSampler
-from ddptui.runstate import RunState
-from ddptui.steering import Steering
-from ddptui.watchdog import Member, Watchdog
+from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
+from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
+from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
+from ddptui.run.readings import RunSampler
+from ddptui.run.steering import Steering
+from ddptui.run.watchdog import Member, Watchdog
+from ddptui.view.runstate import RunState
 from trainer.config import RunConfig
 from trainer.protocol.events import PARENT, RankState, count, event
 
@@ -161,7 +161,7 @@ class Supervisor(Steering):
         self._emit("world", size=world, ranks=list(self.members), generation=0)
         self.watchdog.restart_clock(self.members, time.time())
         if self.config.autotune:
-            from ddptui.autotune import Autotuner, candidates
+            from ddptui.run.autotune import Autotuner, candidates
 
             self._autotuner = Autotuner(self, candidates(
                 self.config.settings(world), self.config.device_kind == "cuda", world))

@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddptui.health import Seen, Stragglers, judge_stalls
-from ddptui.stacks import StackRequests, innermost
+from ddptui.run.health import Seen, Stragglers, judge_stalls
+from ddptui.run.stacks import StackRequests, innermost
 
 CHECK_EVERY_S = 0.5
 SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped

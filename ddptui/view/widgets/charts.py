@@ -13,8 +13,8 @@ from textual.containers import Vertical
 from textual.geometry import Size
 from textual_plotext import PlotextPlot
 
-from ddptui.timeline import bins, smooth
-from ddptui.widgets.bars import duration
+from ddptui.view.timeline import bins, smooth
+from ddptui.view.widgets.bars import duration
 
 RANK_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")
 MARK_COLOR = "gray"

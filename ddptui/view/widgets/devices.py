@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ddptui.views import RunView
-from ddptui.widgets.bars import bar, mib, spark
+from ddptui.view.views import RunView
+from ddptui.view.widgets.bars import bar, mib, spark
 
 HISTORY_MIN = 8  # below this many cells the history column is left out
 

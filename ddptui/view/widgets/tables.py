@@ -9,8 +9,8 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from ddptui.views import RunView
-from ddptui.widgets.bars import duration, spark
+from ddptui.view.views import RunView
+from ddptui.view.widgets.bars import duration, spark
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",

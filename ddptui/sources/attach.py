@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import threading
 
-from ddptui.listener import ReportListener
-from ddptui.runstate import RunState
 from ddptui.source import RunSource
+from ddptui.sources.listener import ReportListener
+from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "

@@ -6,8 +6,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ddptui.views import RunView
-from ddptui.widgets.bars import bar, duration
+from ddptui.view.views import RunView
+from ddptui.view.widgets.bars import bar, duration
 
 
 class RunHeader(Static):

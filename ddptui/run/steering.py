@@ -5,9 +5,9 @@ what the run says about itself (its processes, its world, how it ended).
 
 from __future__ import annotations
 
-from ddptui.outcome import EXIT_INTERRUPTED
-from ddptui.owned import OwnedRun
-from ddptui.processes import RankProcess
+from ddptui.run.outcome import EXIT_INTERRUPTED
+from ddptui.run.owned import OwnedRun
+from ddptui.run.processes import RankProcess
 from trainer.protocol.events import PARENT, event, settings_request
 
 
@@ -108,7 +108,7 @@ class Steering(OwnedRun):
         return not self.world.idle()
 
     def autotune_done(self, best: dict, rate: float, results: list) -> None:
-        from ddptui.autotune import describe_settings
+        from ddptui.run.autotune import describe_settings
 
         tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in results)
         self.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",

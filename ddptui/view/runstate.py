@@ -11,10 +11,10 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from ddptui.epochs import EpochRow, LiveEpoch
-from ddptui.text import plain
-from ddptui.timeline import Timeline
-from ddptui.views import DeviceView, Progress, Pulse, RankView, RunView
+from ddptui.view.epochs import EpochRow, LiveEpoch
+from ddptui.view.text import plain
+from ddptui.view.timeline import Timeline
+from ddptui.view.views import DeviceView, Progress, Pulse, RankView, RunView
 from trainer.protocol.events import PARENT, RankState, count, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming

@@ -14,9 +14,9 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from ddptui.views import GPU_HISTORY_S, RunView
-from ddptui.widgets.bars import mib
-from ddptui.widgets.charts import Chart
+from ddptui.view.views import GPU_HISTORY_S, RunView
+from ddptui.view.widgets.bars import mib
+from ddptui.view.widgets.charts import Chart
 
 REPLOT_S = 1.0  # eight plots at ~25 ms each: once a second is plenty for a five-minute window
 

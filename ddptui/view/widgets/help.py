@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from ddptui.keys import keys_table
+from ddptui.view.keys import keys_table
 
 HELP = f"""\
 # ddptui keys

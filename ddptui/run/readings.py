@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import psutil
 
-from ddptui.nvml import open_nvml
+from ddptui.run.nvml import open_nvml
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 
