@@ -13,7 +13,7 @@ import time
 
 from ddptui import __version__, bytecode
 from ddptui.view.keys import keys_lines
-from trainer.argtypes import positive_float
+from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.config import Parser, UsageError, add_training_options, config_from_args
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
@@ -50,7 +50,7 @@ def build_parser() -> Parser:
     g = run.add_argument_group("launch")
     g.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPU indices in nvidia-smi order (0,1) or 'all' (default: all GPUs)")
-    g.add_argument("--cpus", type=int, default=None, metavar="N",
+    g.add_argument("--cpus", type=positive_int, default=None, metavar="N",
                    help="N CPU ranks on gloo (default 2 where there is no GPU)")
     g.add_argument("--headless", action="store_true",
                    help="no dashboard: status lines on stdout (automatic when not a terminal)")
@@ -60,7 +60,7 @@ def build_parser() -> Parser:
     g.add_argument("--autotune", action="store_true",
                    help="early in epoch 0, try DataLoader worker counts (and the prefetcher on "
                    "GPUs) for a few seconds each and keep the fastest")
-    g.add_argument("--max-restarts", type=int, default=0, metavar="K",
+    g.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="K",
                    help="bring crashed ranks back into the run, K times in all (default 0: the "
                    "run goes on without them; r brings one back)")
     g = run.add_argument_group("health")
@@ -93,8 +93,6 @@ def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None
     if gpus is not None and cpus is not None:
         raise UsageError("use either --gpus or --cpus, not both")
     if cpus is not None:
-        if cpus < 1:
-            raise UsageError(f"--cpus must be at least 1, got {cpus}")
         return None, cpus
     if count is None:
         from ddptui.run.nvml import gpu_count
@@ -127,8 +125,6 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "torchrun or srun (see docs/cluster.md)")
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
-    if args.max_restarts < 0:
-        raise UsageError(f"--max-restarts must be 0 or more, got {args.max_restarts}")
     config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
     from ddptui.run.supervisor import Supervisor, default_log_path
 

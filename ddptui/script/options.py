@@ -12,7 +12,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from trainer.argtypes import non_negative_int, positive_float
+from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.config import Parser, UsageError
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
@@ -76,7 +76,7 @@ def build_script_parser() -> Parser:
     g.add_argument("--gpus", default=None, metavar="LIST",
                    help="GPU indices in nvidia-smi order (0,1) or 'all': LOCAL_RANK k is the "
                    "k-th named (default: all GPUs)")
-    g.add_argument("--cpus", type=int, default=None, metavar="N",
+    g.add_argument("--cpus", type=positive_int, default=None, metavar="N",
                    help="N ranks with no GPU visible (default 2 where there is no GPU)")
     g.add_argument("--headless", action="store_true",
                    help="no dashboard: the ranks' output as torchrun shows it (automatic when "
