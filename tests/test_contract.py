@@ -1,7 +1,6 @@
-"""The contract and its documents: docs/events.md is what trainer/protocol/schema.py says, the
+"""The event and command contract: docs/events.md is what trainer/protocol/schema.py says, the
 checker catches an event that breaks it (tests/conftest.py's `events` runs it on every log a
-test reads), every command the dashboard's sources send fits it, the keys are described once
-(README, help, --help), and the docs link to files that exist."""
+test reads), and every command the dashboard's sources send fits it."""
 
 from __future__ import annotations
 
@@ -65,32 +64,3 @@ def test_the_world_orders_fit():
     world = Membership([0, 1], lambda: "tcp://127.0.0.1:1")
     orders = [a.order for a in world.stop(1, 0.0) if hasattr(a, "order")]
     assert orders and [p for o in orders for p in command_problems(o)] == []
-
-
-def test_the_keys_are_described_once_and_the_docs_show_that_description():
-    from ddptui.cli import EXAMPLES
-    from ddptui.view.app import DashboardApp
-    from ddptui.view.keys import KEYS, keys_lines, keys_table
-    from ddptui.view.widgets.help import HELP
-
-    bound = {(b.key, b.action, b.description) for b in DashboardApp.BINDINGS}
-    assert {(k.keys, k.action, k.label) for k in KEYS} <= bound
-    root = os.path.join(os.path.dirname(__file__), "..")
-    for doc in ("README.md", "docs/dashboard.md"):
-        with open(os.path.join(root, doc), encoding="utf-8") as f:
-            assert keys_table() in f.read(), f"{doc}: paste ddptui.view.keys.keys_table() in"
-    assert keys_table() in HELP and "\n".join(keys_lines()) in EXAMPLES
-
-
-def test_the_docs_link_only_to_files_that_exist():
-    import re
-
-    root = os.path.join(os.path.dirname(__file__), "..")
-    for doc in ["README.md"] + [f"docs/{f}" for f in os.listdir(os.path.join(root, "docs"))
-                                if f.endswith(".md")]:
-        with open(os.path.join(root, doc), encoding="utf-8") as f:
-            text = f.read()
-        for target in re.findall(r"\]\(([^)#]+)", text):
-            path = os.path.join(root, os.path.dirname(doc), target.replace("%5B", "[")
-                                .replace("%5D", "]"))
-            assert os.path.exists(path), f"{doc} links to {target}, which is not there"
