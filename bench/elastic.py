@@ -91,7 +91,7 @@ def start(doc: str, name: str) -> tuple[Supervisor, Bench, object]:
     parser.add_argument("--out", default=f"{name}.json")
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
-    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
+    config = config_from_args(args, gpus=gpus, cpus=cpus)
     config = config.replace(epochs=max(config.epochs, 1000))
     log = config.log or f"{name}.jsonl"
     if os.path.exists(log):

@@ -38,7 +38,7 @@ def main() -> int:
     parser.add_argument("--now", type=float, default=None, metavar="S")
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, None)
-    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=True)
+    config = config_from_args(args, gpus=gpus, cpus=cpus)
     log = config.log or "settings_switch.jsonl"
     sup = Supervisor(config, log)
     sup.start()

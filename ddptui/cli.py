@@ -125,10 +125,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "torchrun or srun (see docs/cluster.md)")
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
-    config = config_from_args(args, gpus=gpus, cpus=cpus, headless=headless)
+    config = config_from_args(args, gpus=gpus, cpus=cpus)
+    from ddptui.run.policy import RunPolicy
     from ddptui.run.supervisor import Supervisor, default_log_path
 
-    supervisor = Supervisor(config, config.log or default_log_path())
+    policy = RunPolicy(max_restarts=args.max_restarts, autotune=args.autotune,
+                       stall_after=args.stall_after, on_stall=args.on_stall)
+    supervisor = Supervisor(config, config.log or default_log_path(), policy)
     if headless:
         print(f"ddptui: logging to {supervisor.log_path}", flush=True)
         return run_headless(supervisor)

@@ -140,7 +140,7 @@ async def test_keys_are_served_while_8_ranks_send_20_events_per_second():
 def _config(*args: str):
     parser = Parser()
     add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=False)
+    return config_from_args(parser.parse_args(list(args)), cpus=2)
 
 
 async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from tests.conftest import TINY, assert_gone, events
 from trainer.config import Parser, add_training_options, config_from_args
@@ -13,7 +14,7 @@ from trainer.config import Parser, add_training_options, config_from_args
 def _config(*args: str):
     parser = Parser()
     add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=True)
+    return config_from_args(parser.parse_args(list(args)), cpus=2)
 
 
 def _wait(predicate, what: str, timeout: float = 60) -> None:
@@ -79,8 +80,8 @@ def test_pause_holds_every_rank_and_checkpoint_now_writes_mid_epoch(tmp_path):
 
 def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_path):
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64").replace(
-        autotune=True), str(log))
+    sup = Supervisor(_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64"), str(log),
+                     RunPolicy(autotune=True))
     sup.start()
     _wait(lambda: [e for e in events(log, "message") if e.get("autotune")], "the verdict", 90)
     (verdict,) = [e for e in events(log, "message") if e.get("autotune")]

@@ -12,15 +12,16 @@ import time
 import pytest
 import torch
 
+from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from tests.conftest import TINY, assert_gone, ddptui, events
 from trainer.config import Parser, add_training_options, config_from_args
 
 
-def _config(*args: str, cpus: int = 3, **launch):
+def _config(*args: str, cpus: int = 3):
     parser = Parser()
     add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=cpus, headless=True, **launch)
+    return config_from_args(parser.parse_args(list(args)), cpus=cpus)
 
 
 def _wait(predicate, what: str, timeout: float = 90) -> None:
@@ -158,7 +159,7 @@ def test_stop_rank_0_then_the_last_rank_is_refused(tmp_path):
 @pytest.mark.timeout(180)
 def test_max_restarts_brings_a_killed_rank_back(tmp_path):
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2, max_restarts=1), str(log))
+    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2), str(log), RunPolicy(max_restarts=1))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
     first = sup.slots[1].process.pid

@@ -12,6 +12,7 @@ import time
 import pytest
 from PIL import Image
 
+from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from ddptui.view.app import DashboardApp
 from tests.conftest import ROOT, TINY, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
@@ -29,10 +30,10 @@ def _worlds(log) -> list[int]:
     return [e["size"] for e in events(log, "world") if e["rank"] >= 0]
 
 
-def _config(*args: str, **launch):
+def _config(*args: str):
     parser = Parser()
     add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2, headless=False, **launch)
+    return config_from_args(parser.parse_args(list(args)), cpus=2)
 
 
 async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
@@ -45,8 +46,8 @@ async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
 @pytest.mark.timeout(240)
 async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without_it(tmp_path):
     log = tmp_path / "live.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64",
-                             stall_after=2.0), str(log))
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64"), str(log),
+                     RunPolicy(stall_after=2.0))
     app = DashboardApp(sup)
 
     def state(rank: int) -> str:

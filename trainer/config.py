@@ -80,15 +80,11 @@ class RunConfig:
     snapshot_every: int = 8  # steps between rollback points (crash recovery)
     tensorboard: str | None = None
     report: str | None = None  # HOST:PORT of a `ddptui attach` (ranks started by torchrun/srun)
-    # Launch options (ddptui run only); a torchrun launch takes its devices from the environment.
+    # The devices (ddptui run only; a torchrun launch takes them from the environment). How
+    # ddptui handles crashes and stalls is its own: ddptui/run/policy.py.
     gpus: tuple[int, ...] | None = None
     cpus: int | None = None
-    headless: bool = False
-    max_restarts: int = 0
     strategy: str = "ddp"  # dp: one process, torch.nn.DataParallel across the chosen GPUs
-    autotune: bool = False
-    stall_after: float | None = None  # None: max(10 s, 20 x the rank's median step)
-    on_stall: str = "warn"  # recover: kill a stalled rank, crash recovery follows
     max_bad_samples: int | None = None  # None: 0.1% of the training set, at least 10
 
     def bad_sample_limit(self, num_train: int) -> int:

@@ -15,6 +15,7 @@ from multiprocessing.connection import wait as wait_any
 
 from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
+from ddptui.run.policy import RunPolicy
 from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.run.readings import RunSampler
 from ddptui.run.steering import Steering
@@ -36,8 +37,9 @@ class Supervisor(Steering):
     """Start with start(); steer with the Steering calls; wait() returns the exit code. Only
     this class (through its ProcessPool) starts or kills processes."""
 
-    def __init__(self, config: RunConfig, log_path: str | None = None):
-        self.config = config
+    def __init__(self, config: RunConfig, log_path: str | None = None,
+                 policy: RunPolicy | None = None):
+        self.config, self.policy = config, policy or RunPolicy()
         self.log_path = log_path or config.log or default_log_path()
         self.state = RunState({
             "model": config.model, "data": config.data, "epochs": config.epochs,
@@ -52,7 +54,7 @@ class Supervisor(Steering):
         Steering.__init__(self)
         self.outcome = Outcome()
         self._stop_deadline: float | None = None
-        self.watchdog = Watchdog(config.stall_after, config.on_stall == "recover",
+        self.watchdog = Watchdog(self.policy.stall_after, self.policy.on_stall == "recover",
                                  config.telemetry_hz > 0, self._emit_health, self.say,
                                  self._kill, lambda pid: self.sampler.process(pid))
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
@@ -160,7 +162,7 @@ class Supervisor(Steering):
         self.world = Membership(list(range(world)), self.world.new_address)
         self._emit("world", size=world, ranks=list(self.members), generation=0)
         self.watchdog.restart_clock(self.members, time.time())
-        if self.config.autotune:
+        if self.policy.autotune:
             from ddptui.run.autotune import Autotuner, candidates
 
             self._autotuner = Autotuner(self, candidates(
@@ -242,7 +244,7 @@ class Supervisor(Steering):
             or r.death()
         self._set_state(r, RankState.CRASHED, reason)
         member = r.slot in self.members or r.slot in self.world.confirmed
-        restart = member and self._restarts < self.config.max_restarts
+        restart = member and self._restarts < self.policy.max_restarts
         alive = self.pool.alive()
         recoverable = bool(self.config.snapshot_every and self.state.first_step_t)
         actions = self.world.died(r.slot, alive, recoverable, reason, time.time(), restart)
@@ -250,7 +252,7 @@ class Supervisor(Steering):
         if restart and not self.outcome.failure:
             self._restarts += 1
             self.say(f"restarting rank {r.slot} ({self._restarts} of --max-restarts "
-                     f"{self.config.max_restarts})")
+                     f"{self.policy.max_restarts})")
 
     def _set_state(self, r: RankProcess, state: RankState, reason: str | None) -> None:
         r.state = state
