@@ -249,7 +249,7 @@ class Run:
 
     def _begin_epoch_figures(self) -> None:
         self._epoch_start, self._epoch_steps0 = time.perf_counter(), self.global_step
-        self._epoch_samples = 0
+        self._epoch_samples, self._epoch_waited = 0, 0.0
         self._figures: dict[str, float] = {}
 
     def _send_step(self, now: float) -> None:
@@ -257,7 +257,7 @@ class Run:
             return
         elapsed = max(now - self._start, 1e-9)
         epoch_steps = self.global_step - self._epoch_steps0
-        waited = self._loaders[0].take_wait() if self._loaders else 0.0
+        waited = self._taken_wait()
         self.reporter.emit("step", epoch=self._epoch or 0, step=epoch_steps,
                            global_step=self.global_step, loss=self._meter.read(),
                            steps=self._steps, samples_per_s=round(self._samples / elapsed, 2),
@@ -265,16 +265,24 @@ class Run:
                            data_wait=round(min(1.0, waited / elapsed), 4))
         self._begin_interval()
 
+    def _taken_wait(self) -> float:
+        """The time run.step waited for run.loader() since the last call, counted for the epoch."""
+        waited = self._loaders[0].take_wait() if self._loaders else 0.0
+        self._epoch_waited += waited
+        return waited
+
     def _end_epoch(self) -> None:
         if self._epoch is None or not self._epoch_open:
             return
         self._epoch_open = False
         seconds = max(time.perf_counter() - self._epoch_start, 1e-9)
+        self._taken_wait()  # the steps since the last step event count too
         loss = self._meter.epoch_mean()
         figures = dict(self._figures)
         self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._epoch_steps0,
                            samples=self._epoch_samples, seconds=round(seconds, 3),
-                           samples_per_s=round(self._epoch_samples / seconds, 2), data_wait=0.0,
+                           samples_per_s=round(self._epoch_samples / seconds, 2),
+                           data_wait=round(min(1.0, self._epoch_waited / seconds), 4),
                            settings=dict(self._loaders[0].settings) if self._loaders else {},
                            train_loss=loss, val_loss=figures.pop("val_loss", None),
                            val_acc=figures.pop("val_acc", None), metrics=figures,

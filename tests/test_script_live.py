@@ -105,6 +105,7 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         assert "pause" in run.controls and run.refuse("pause") is None
         epoch = events(log, "epoch")[0]
         assert epoch["samples"] == 1024 and "train_acc" in epoch["metrics"]
+        assert 0 < epoch["data_wait"] < 1  # run.step's waits for run.loader(), over the epoch
         run.pause()
         paused = wait_for_event(log, lambda e: e.get("status") == "paused", 30)
         run.checkpoint()  # taken while paused, at the step they paused at
