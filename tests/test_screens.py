@@ -82,8 +82,11 @@ async def test_a_scripts_ranks_show_their_process_output_and_who_waits_for_whom(
         screen = _text(app)
         assert "train.py --lr 0.1 · 2 × GPU" in screen and "waiting for" in screen
         assert any("waiting for rank 1" in text for *_, text, _kind in app.source.state.lines_after(0))
-        epochs = [str(app.epoch_table.get_row_at(i)[1]) for i in range(app.epoch_table.row_count)]
-        assert epochs[0] == "-"  # a script has no settings of ours to show
+        # A script with no settings of ours: its own figures take the settings' columns.
+        labels = [str(c.label) for c in app.epoch_table.ordered_columns]
+        assert labels == ["epoch", "img/s", "loss", "val_loss", "val_acc", "other figures", "ranks"]
+        losses = [str(app.epoch_table.get_row_at(i)[2]) for i in range(app.epoch_table.row_count)]
+        assert losses[:2] == ["1.4950", "0.9461"]
 
 
 @fixed_hash

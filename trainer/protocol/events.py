@@ -146,9 +146,9 @@ def describe(ev: dict) -> str | None:
         # A rank's own event is per rank; the run state's merged row sums its `ranks`.
         n = ev.get("ranks")
         if ev.get("source") == "output":  # read from a script's output: no rates, no settings
-            return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{_metrics(ev)}"
+            return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}"
         rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
-        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{_metrics(ev)}  "
+        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
                 f"[prefetch {_onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
@@ -187,7 +187,7 @@ def epoch_label(ev: dict) -> str:
     return f"epoch {ev['epoch']}"
 
 
-def _metrics(ev: dict) -> str:
+def figures(ev: dict) -> str:
     """A script's other figures of the epoch (--metric, run.log): '  acc 93.1  lr 0.01'."""
     return "".join(f"  {k} {v:.4g}" if isinstance(v, (int, float)) else f"  {k} {v}"
                    for k, v in (ev.get("metrics") or {}).items())

@@ -11,6 +11,7 @@ from textual.widgets.data_table import ColumnKey
 
 from ddptui.view.views import RunView
 from ddptui.view.widgets.bars import duration, spark
+from trainer.protocol.events import figures
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
@@ -144,25 +145,38 @@ class EpochTable(DataTable):
     # usual labels ("12 ·1024-2048 quit") fit; a longer one is cut at the end.
     COLUMNS = {"epoch": 18, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 8, "wait": 4,
                "loss": 7, "val_loss": 8, "val_acc": 7, "bad": 4, "ranks": 5}
+    # A script's rows with no settings of ours (its epochs read from its output, or sent by
+    # ddptui.init() without run.loader()): its own figures take the settings' room.
+    SCRIPT_COLUMNS = {"epoch": 18, "img/s": 8, "loss": 7, "val_loss": 8, "val_acc": 7,
+                      "other figures": 24, "ranks": 5}
     can_focus = False
 
     def on_mount(self) -> None:
         small_caches(self)
         self.zebra_stripes = True
+        self.columns_now = self.COLUMNS
         for name, width in self.COLUMNS.items():
             self.add_column(name, key=name, width=width)
 
     def show(self, view: RunView) -> None:
         self.script = bool(view.meta.get("script"))
         self.cpu = view.meta.get("device_kind") == "cpu"
-        new = [e for e in view.epochs if f"{e['epoch']}:{e['start_step']}" not in self.rows]
         live = view.live_epoch
+        plain = self.script and not any(e["settings"] for e in [*view.epochs, live] if e)
+        wanted = self.SCRIPT_COLUMNS if plain else self.COLUMNS
+        if wanted is not self.columns_now:  # rows are added again below, in the new columns
+            self.columns_now = wanted
+            self.clear(columns=True)
+            for name, width in wanted.items():
+                self.add_column(name, key=name, width=width)
+        new = [e for e in view.epochs if f"{e['epoch']}:{e['start_step']}" not in self.rows]
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")
         for e in new:
             self.add_row(*self._cells(e), key=f"{e['epoch']}:{e['start_step']}")
         if live is not None and "live" in self.rows:
-            update_row(self, "live", dict(zip(self.COLUMNS, self._live_cells(live), strict=True)))
+            update_row(self, "live", dict(zip(self.columns_now, self._live_cells(live),
+                                              strict=True)))
         elif live is not None:
             self.add_row(*self._live_cells(live), key="live")
             new.append(live)
@@ -181,9 +195,11 @@ class EpochTable(DataTable):
             label += " quit"
         elif e["rolled_back"]:
             label += " rolled back"
-        return (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["train_loss"], ".4f"),
-                _fmt(e["val_loss"], ".4f"),
-                "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%",
+        loss = (_fmt(e["train_loss"], ".4f"), _fmt(e["val_loss"], ".4f"),
+                "-" if e["val_acc"] is None else f"{100 * e['val_acc']:.1f}%")
+        if self.columns_now is self.SCRIPT_COLUMNS:
+            return (label, _rate(e), *loss, figures(e).strip() or "-", str(e["world_size"]))
+        return (label, *_setting_cells(s, e, self.script, self.cpu), *loss,
                 str(e["bad_samples"]), str(e["world_size"]))
 
     def _live_cells(self, e: dict) -> tuple:
@@ -192,16 +208,23 @@ class EpochTable(DataTable):
         s, style = e["settings"], "italic"
         label = f"{e['epoch']}" + (f" ·{e['start_step']}-" if e["start_step"] else "") + \
             f" {100 * min(e['progress'], 1.0):.0f}% {duration(e['seconds'])}"
-        cells = (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["loss"], ".4f"), "…", "…", "…",
-                 str(e["world_size"] or "-"))
+        if self.columns_now is self.SCRIPT_COLUMNS:
+            cells = (label, _rate(e), _fmt(e["loss"], ".4f"), "…", "…", "…",
+                     str(e["world_size"] or "-"))
+        else:
+            cells = (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["loss"], ".4f"),
+                     "…", "…", "…", str(e["world_size"] or "-"))
         return tuple(Text(c, style=style) for c in cells)
+
+
+def _rate(e: dict) -> str:
+    return f"{e['samples_per_s']:,.0f}" if e.get("samples_per_s") else "-"
 
 
 def _setting_cells(settings: dict, e: dict, script: bool, cpu: bool) -> tuple:
     """prefetch, workers, bench, img/s, wait: a script has no settings of ours to show."""
     if script and not settings:
-        rate = e["samples_per_s"]
-        return ("-", "-", "-", f"{rate:,.0f}" if rate else "-", "-")
+        return ("-", "-", "-", _rate(e), "-")
     return ("n/a" if cpu else _onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
             _onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
             f"{100 * e['data_wait']:.0f}%")
