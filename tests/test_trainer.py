@@ -31,8 +31,10 @@ def test_torchrun_trains_and_logs_both_ranks(env, tmp_path):
 
 def test_learns_on_the_builtin_shapes(env, tmp_path):
     log = tmp_path / "run.jsonl"
+    # Half of each epoch (16 of 31 steps): on 2 CPU cores the whole set took 36 s, and the loss
+    # falls just as clearly (3.58 -> 1.73, val_acc 0.30 when this was written).
     r = ddptui(["run", "resnet18", "--cpus", "2", "--epochs", "3", "--image-size", "32",
-                "--log", str(log)], env, tmp_path, timeout=240)
+                "--steps-per-epoch", "16", "--log", str(log)], env, tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
     assert len(rank0) == 3
