@@ -215,3 +215,17 @@ def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
                                                "cudnn_benchmark": False}))
     (line,) = [text for *_, text, kind in state.lines_after(0) if text.startswith("epoch 0")]
     assert "[prefetch n/a, workers 1" in line
+
+
+def test_a_scripts_restarted_group_gets_epoch_rows_of_its_own():
+    state = RunState({"script": "train.py", "world_size": 2})
+    for restart, losses in ((0, (2.0, 1.5)), (1, (1.4, 1.2))):
+        state.apply({"t": NOW, "kind": "run", "rank": -1, "status": "started",
+                     "restart": restart})
+        for epoch, loss in enumerate(losses):
+            for rank in (0, 1):
+                state.apply({"t": NOW + epoch, "kind": "epoch", "rank": rank, "epoch": epoch,
+                             "seconds": 1.0, "samples": 0, "samples_per_s": 0.0,
+                             "data_wait": 0.0, "settings": {}, "train_loss": loss})
+    rows = [(e["restart"], e["epoch"], e["train_loss"]) for e in state.view().epochs]
+    assert rows == [(0, 0, 2.0), (0, 1, 1.5), (1, 0, 1.4), (1, 1, 1.2)]

@@ -12,6 +12,7 @@ class EpochRow:
 
     epoch: int
     start_step: int = 0
+    restart: int = 0  # a script's group started again: its epochs are rows of their own
     ranks: dict = field(default_factory=dict)  # rank -> its epoch event
 
     def merged(self) -> dict:
@@ -24,6 +25,7 @@ class EpochRow:
         return {
             "epoch": self.epoch,
             "start_step": self.start_step,
+            "restart": self.restart,
             "end_step": first.get("end_step"),
             "partial": bool(first.get("partial")),
             "settings": first.get("settings") or {},

@@ -140,8 +140,9 @@ class RunState:
         d.history.add(t, d.util if d.util is not None else d.cpu_percent, mem, d.power_w)
 
     def _on_epoch(self, ev: dict, rank: int, t: float) -> None:
-        key = (ev["epoch"], ev.get("start_step", 0))
-        row = self.epochs.setdefault(key, EpochRow(*key))
+        restart = self.meta.get("restart", 0)
+        key = (restart, ev["epoch"], ev.get("start_step", 0))
+        row = self.epochs.setdefault(key, EpochRow(ev["epoch"], ev.get("start_step", 0), restart))
         row.ranks[rank] = ev
         if ev.get("val_acc") is not None:
             self.best_val_acc = max(self.best_val_acc or 0.0, ev["val_acc"])

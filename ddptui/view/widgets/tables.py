@@ -169,11 +169,11 @@ class EpochTable(DataTable):
             self.clear(columns=True)
             for name, width in wanted.items():
                 self.add_column(name, key=name, width=width)
-        new = [e for e in view.epochs if f"{e['epoch']}:{e['start_step']}" not in self.rows]
+        new = [e for e in view.epochs if _row_key(e) not in self.rows]
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")
         for e in new:
-            self.add_row(*self._cells(e), key=f"{e['epoch']}:{e['start_step']}")
+            self.add_row(*self._cells(e), key=_row_key(e))
         if live is not None and "live" in self.rows:
             update_row(self, "live", dict(zip(self.columns_now, self._live_cells(live),
                                               strict=True)))
@@ -188,7 +188,7 @@ class EpochTable(DataTable):
 
     def _cells(self, e: dict) -> tuple:
         s = e["settings"]
-        label = str(e["epoch"])
+        label = (f"r{e['restart']} " if e["restart"] else "") + str(e["epoch"])
         if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
             label += f" ·{e['start_step']}-{e['end_step']}"
         if e["at_quit"]:
@@ -215,6 +215,10 @@ class EpochTable(DataTable):
             cells = (label, *_setting_cells(s, e, self.script, self.cpu), _fmt(e["loss"], ".4f"),
                      "…", "…", "…", str(e["world_size"] or "-"))
         return tuple(Text(c, style=style) for c in cells)
+
+
+def _row_key(e: dict) -> str:
+    return f"{e['restart']}:{e['epoch']}:{e['start_step']}"
 
 
 def _rate(e: dict) -> str:
