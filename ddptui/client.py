@@ -304,13 +304,10 @@ class Run:
         return self._control.poll()
 
     def _apply(self, cmds: list[dict]) -> None:
-        handlers = {"pause": self._pause, "checkpoint": self._checkpoint_asked,
-                    "stop": self._stop_asked, "settings": self._settings_asked,
-                    "apply": self._apply_asked}
-        for cmd in cmds:
-            handler = handlers.get(cmd.get("op"))
+        for cmd in cmds:  # called every step: the table is the class's, built once
+            handler = self._HANDLERS.get(cmd.get("op"))
             if handler is not None:  # resume outside a pause, or one this version lacks
-                handler(cmd)
+                handler(self, cmd)
 
     def _checkpoint_asked(self, cmd: dict) -> None:
         self.should_checkpoint = True
@@ -361,6 +358,9 @@ class Run:
         if self.rank == 0:
             self.reporter.emit("run", status="resumed", global_step=self.global_step)
         self._begin_interval()
+
+    _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,
+                 "settings": _settings_asked, "apply": _apply_asked}
 
 
 def _physical_gpu() -> int | None:

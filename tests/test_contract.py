@@ -64,3 +64,14 @@ def test_the_world_orders_fit():
     world = Membership([0, 1], lambda: "tcp://127.0.0.1:1")
     orders = [a.order for a in world.stop(1, 0.0) if hasattr(a, "order")]
     assert orders and [p for o in orders for p in command_problems(o)] == []
+
+
+def test_the_rank_states_the_schema_allows_are_rank_state_s():
+    """schema.py cannot import events.py (which imports it): the two lists are kept equal here."""
+    from typing import get_args, get_type_hints
+
+    from trainer.protocol.events import RankState
+    from trainer.protocol.schema import RankEvent
+
+    state = get_type_hints(RankEvent, include_extras=True)["state"]
+    assert get_args(get_args(state)[0]) == tuple(s.value for s in RankState)

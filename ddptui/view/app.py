@@ -167,7 +167,7 @@ class DashboardApp(App[int]):
         return True
 
     def action_select(self, delta: int) -> None:
-        ranks = [r.rank for r in self.view.ranks] if self.view else []
+        ranks = [r.rank for r in self._ranks()]
         if ranks:
             i = ranks.index(self.selected_rank) if self.selected_rank in ranks else 0
             self.selected_rank = ranks[max(0, min(len(ranks) - 1, i + delta))]

@@ -145,7 +145,9 @@ class Decoder:
 
 
 class TorchvisionCodec:
-    """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs."""
+    """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs. The one
+    codec: nvJPEG's hardware decoder called directly, nvImageCodec and a share decoded by the
+    DataLoader workers trained no faster on one H200 or two (docs/input-pipeline.md)."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -165,10 +167,3 @@ class TorchvisionCodec:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:
             return None
-
-
-def choose_codec(device: torch.device) -> TorchvisionCodec:
-    """torchvision's nvJPEG. nvJPEG's hardware decoder called directly, nvImageCodec and a
-    share decoded by the DataLoader workers trained no faster on one H200 or two (docs/
-    input-pipeline.md), so they are gone: one path to keep right."""
-    return TorchvisionCodec(device)

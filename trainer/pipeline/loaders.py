@@ -7,7 +7,7 @@ from __future__ import annotations
 from trainer.config import RunConfig
 from trainer.pipeline.badsamples import BadSamples, skip
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.pipeline.gpudecode import Decoder, choose_codec
+from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
 from trainer.pipeline.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
@@ -22,7 +22,7 @@ class Loaders:
         normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
         self.bad = BadSamples(config.bad_sample_limit(bundle.num_train))
         self.prepare = Decoder(me.device, config.resolved_image_size, normalize,
-                               choose_codec(me.device), self._undecodable) \
+                               TorchvisionCodec(me.device), self._undecodable) \
             if bundle.collate is not None else ToDevice(me.device, normalize)
         for dataset in (bundle.train, bundle.val):
             if dataset is not None and hasattr(dataset, "notes"):  # set before workers start
