@@ -18,7 +18,8 @@ import time
 
 from ddptui.cli import resolve_devices
 from ddptui.run.supervisor import Supervisor
-from trainer.config import Parser, add_training_options, config_from_args
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 from trainer.protocol.events import read_events
 
 
@@ -50,7 +51,7 @@ class Bench:
         for evs in by_rank.values():
             if len(evs) >= 2:
                 a, b = evs[0], evs[-1]
-                total += (b["global_step"] - a["global_step"]) * self.sup.config.batch_size \
+                total += (b["global_step"] - a["global_step"]) * self.sup.config.train.batch_size \
                     / max(b["t"] - a["t"], 1e-9)
         return total
 
@@ -92,8 +93,8 @@ def start(doc: str, name: str) -> tuple[Supervisor, Bench, object]:
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    config = config.replace(epochs=max(config.epochs, 1000))
-    log = config.log or f"{name}.jsonl"
+    config = config.replace(epochs=max(config.train.epochs, 1000))
+    log = config.telemetry.log or f"{name}.jsonl"
     if os.path.exists(log):
         os.remove(log)
     sup = Supervisor(config, log)

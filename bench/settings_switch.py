@@ -13,7 +13,8 @@ import time
 
 from ddptui.cli import resolve_devices
 from ddptui.run.supervisor import Supervisor
-from trainer.config import Parser, add_training_options, config_from_args
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 from trainer.protocol.events import read_events
 
 
@@ -39,7 +40,7 @@ def main() -> int:
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, None)
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    log = config.log or "settings_switch.jsonl"
+    log = config.telemetry.log or "settings_switch.jsonl"
     sup = Supervisor(config, log)
     sup.start()
     while not sup.state.first_step_t and not sup.done.is_set():

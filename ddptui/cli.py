@@ -12,13 +12,17 @@ import threading
 import time
 
 from ddptui import __version__, bytecode
+from ddptui.run.policy import RunPolicy
 from ddptui.view.keys import keys_lines
-from trainer.argtypes import non_negative_int, positive_float, positive_int
-from trainer.config import Parser, UsageError, add_training_options, config_from_args
+from trainer.config import DeviceOptions
+from trainer.errors import UsageError
+from trainer.options import Parser, from_args
+from trainer.parse import add_training_options, config_from_args
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
 ATTACH_PORT = 29600
+HEADLESS_HELP = "no dashboard: status lines on stdout (automatic when not a terminal)"
 
 EXAMPLES = f"""examples:
   ddptui run resnet18                         # all GPUs (or 2 CPU ranks), built-in shapes data
@@ -46,37 +50,15 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     run = sub.add_parser("run", help="start one rank per GPU (or CPU rank) and watch it",
                          epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_training_options(run)
-    g = run.add_argument_group("launch")
-    g.add_argument("--gpus", default=None, metavar="LIST",
-                   help="GPU indices in nvidia-smi order (0,1) or 'all' (default: all GPUs)")
-    g.add_argument("--cpus", type=positive_int, default=None, metavar="N",
-                   help="N CPU ranks on gloo (default 2 where there is no GPU)")
-    g.add_argument("--headless", action="store_true",
-                   help="no dashboard: status lines on stdout (automatic when not a terminal)")
-    g.add_argument("--strategy", choices=("ddp", "dp"), default="ddp",
-                   help="dp: one process driving every chosen GPU with torch.nn.DataParallel "
-                   "(to see the difference DDP makes; --batch-size stays per GPU)")
-    g.add_argument("--autotune", action="store_true",
-                   help="early in epoch 0, try DataLoader worker counts (and the prefetcher on "
-                   "GPUs) for a few seconds each and keep the fastest")
-    g.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="K",
-                   help="bring crashed ranks back into the run, K times in all (default 0: the "
-                   "run goes on without them; r brings one back)")
-    g = run.add_argument_group("health")
-    g.add_argument("--stall-after", type=positive_float, default=None, metavar="S",
-                   help="a rank that finishes no step for S seconds is flagged stalled (default: "
-                   "max(10, 20 x its median step time); 60 s for a first step)")
-    g.add_argument("--on-stall", choices=("warn", "recover"), default="warn",
-                   help="warn: flag it and show where it is stuck (k kills it); recover: kill it "
-                   "and go on through crash recovery")
+    groups = add_training_options(run, DeviceOptions, RunPolicy)
+    groups["launch"].add_argument("--headless", action="store_true", help=HEADLESS_HELP)
     attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
                             "with --report (see docs/cluster.md)")
     attach.add_argument("--listen", default=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
                         help=f"where ranks connect (default 127.0.0.1:{ATTACH_PORT}; "
                         "0.0.0.0:PORT for other machines)")
     attach.add_argument("--headless", action="store_true",
-                        help="no dashboard: status lines on stdout (automatic when not a terminal)")
+                        help=HEADLESS_HELP)
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
@@ -126,16 +108,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    from ddptui.run.policy import RunPolicy
+    from ddptui.run.processes import end_resource_tracker
     from ddptui.run.supervisor import Supervisor, default_log_path
 
-    policy = RunPolicy(max_restarts=args.max_restarts, autotune=args.autotune,
-                       stall_after=args.stall_after, on_stall=args.on_stall)
-    supervisor = Supervisor(config, config.log or default_log_path(), policy)
-    if headless:
-        print(f"ddptui: logging to {supervisor.log_path}", flush=True)
-        return run_headless(supervisor)
-    return run_dashboard(supervisor)
+    policy = from_args(RunPolicy, args)
+    supervisor = Supervisor(config, config.telemetry.log or default_log_path(), policy)
+    try:
+        if headless:
+            print(f"ddptui: logging to {supervisor.log_path}", flush=True)
+            return run_headless(supervisor)
+        return run_dashboard(supervisor)
+    finally:
+        end_resource_tracker()
 
 
 def cmd_run_script(argv: list[str]) -> int:
@@ -200,6 +184,9 @@ def _exit_when_done(supervisor, code: int) -> None:
     log is closed, so after a grace period for the app to restore the terminal, the process ends."""
     supervisor.wait()
     time.sleep(EXIT_GRACE_S)
+    from ddptui.run.processes import end_resource_tracker
+
+    end_resource_tracker()
     os._exit(code)
 
 
@@ -236,7 +223,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad address, or NoKey
         raise UsageError(str(e)) from None
     log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
-    from trainer.config import check_writable_dir
+    from trainer.parse import check_writable_dir
 
     check_writable_dir(os.path.dirname(os.path.abspath(log)), "--log directory")
     from ddptui.sources.attach import Attach

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from trainer.elastic.control import Control, Mailbox
 from trainer.protocol.channel import load_key, parse_address
-from trainer.telemetry.gpu import DeviceSampler
+from trainer.telemetry.gpu import DeviceSampler, physical_index
 from trainer.telemetry.remote import RemoteLink, node_name
 from trainer.telemetry.reporter import Reporter
 
@@ -150,7 +150,7 @@ class Run:
         self.global_step += 1
         self._steps += 1
         self._samples += samples
-        self._epoch_samples += samples
+        self._segment_samples += samples
         if loss is not None:
             self._meter.add(loss)
         self._apply(self._agreed())
@@ -248,9 +248,14 @@ class Run:
         self._start, self._steps, self._samples = time.perf_counter(), 0, 0
 
     def _begin_epoch_figures(self) -> None:
-        self._epoch_start, self._epoch_steps0 = time.perf_counter(), self.global_step
-        self._epoch_samples, self._epoch_waited = 0, 0.0
+        self._epoch_steps0 = self.global_step
         self._figures: dict[str, float] = {}
+        self._begin_segment()
+
+    def _begin_segment(self) -> None:
+        """An epoch row's span: the epoch, or the part of it since `a` put settings in force."""
+        self._segment_start, self._segment_steps0 = time.perf_counter(), self.global_step
+        self._segment_samples, self._segment_waited = 0, 0.0
 
     def _send_step(self, now: float) -> None:
         if not self._steps:
@@ -268,25 +273,31 @@ class Run:
     def _taken_wait(self) -> float:
         """The time run.step waited for run.loader() since the last call, counted for the epoch."""
         waited = self._loaders[0].take_wait() if self._loaders else 0.0
-        self._epoch_waited += waited
+        self._segment_waited += waited
         return waited
 
     def _end_epoch(self) -> None:
         if self._epoch is None or not self._epoch_open:
             return
         self._epoch_open = False
-        seconds = max(time.perf_counter() - self._epoch_start, 1e-9)
-        self._taken_wait()  # the steps since the last step event count too
-        loss = self._meter.epoch_mean()
         figures = dict(self._figures)
-        self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._epoch_steps0,
-                           samples=self._epoch_samples, seconds=round(seconds, 3),
-                           samples_per_s=round(self._epoch_samples / seconds, 2),
-                           data_wait=round(min(1.0, self._epoch_waited / seconds), 4),
-                           settings=dict(self._loaders[0].settings) if self._loaders else {},
-                           train_loss=loss, val_loss=figures.pop("val_loss", None),
-                           val_acc=figures.pop("val_acc", None), metrics=figures,
-                           world_size=self.world_size)
+        self._end_segment(False, dict(self._loaders[0].settings) if self._loaders else {},
+                          val_loss=figures.pop("val_loss", None),
+                          val_acc=figures.pop("val_acc", None), metrics=figures)
+
+    def _end_segment(self, partial: bool, settings: dict, **extra) -> None:
+        """The `epoch` event for the steps since the segment began, as the built-in trainer's."""
+        seconds = max(time.perf_counter() - self._segment_start, 1e-9)
+        self._taken_wait()  # the steps since the last step event count too
+        samples = self._segment_samples
+        self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._segment_steps0,
+                           start_step=self._segment_steps0 - self._epoch_steps0,
+                           end_step=self.global_step - self._epoch_steps0, partial=partial,
+                           samples=samples, seconds=round(seconds, 3),
+                           samples_per_s=round(samples / seconds, 2),
+                           data_wait=round(min(1.0, self._segment_waited / seconds), 4),
+                           settings=settings, train_loss=self._meter.epoch_mean(),
+                           world_size=self.world_size, **extra)
 
     def _agreed(self) -> list[dict]:
         """The dashboard's orders, the same on every rank at the same step."""
@@ -334,11 +345,16 @@ class Run:
         for live in self._loaders:
             live.switch = bool(live.pending)
 
-    def _applied(self, settings: dict) -> None:
-        """The first loader put new settings in force (rank 0 says so)."""
+    def _applied(self, settings: dict, before: dict | None) -> None:
+        """The first loader put new settings in force: at an epoch's start, or mid-epoch with
+        `a` (`before` in force until then), which ends the row's part there on every rank."""
+        if before is not None and self._epoch_open and self.global_step > self._segment_steps0:
+            self._end_segment(True, before)
+            self._begin_segment()
         if self.rank == 0:
             self.reporter.emit("settings", settings=settings, epoch=self._epoch or 0,
-                               step=self._loaders[0].taken, status="applied")
+                               step=self._loaders[0].taken if before is not None else 0,
+                               status="applied")
 
     def _pause(self, cmd: dict) -> None:
         """Every rank waits here, at the same step, until resumed (or stopped)."""
@@ -364,12 +380,9 @@ class Run:
 
 
 def _physical_gpu() -> int | None:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if visible is not None:
-        ids = [v.strip() for v in visible.split(",") if v.strip()]
-        return int(ids[local]) if local < len(ids) and ids[local].isdigit() else None
-    return local if torch.cuda.is_available() else None
+    if not torch.cuda.is_available():
+        return None
+    return physical_index(int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def _device_name(local_rank: int) -> str:

@@ -34,7 +34,8 @@ class LiveLoader:
 
     def __init__(self, dataset, batch_size: int = 1, sampler=None, shuffle: bool = False,
                  num_workers: int = 0, device: torch.device | str | None = None,
-                 on_applied: Callable[[dict], None] = lambda settings: None, **kwargs):
+                 on_applied: Callable[[dict, dict | None], None] = lambda now, before: None,
+                 **kwargs):
         self.dataset, self.batch_size, self.sampler, self.shuffle = dataset, batch_size, sampler, \
             shuffle
         self.kwargs = {k: v for k, v in kwargs.items() if k != "pin_memory"}
@@ -74,20 +75,23 @@ class LiveLoader:
                     return
             finally:
                 batches.close()  # its workers end here, before new ones start
-            self._apply()
+            self._apply(mid_epoch=True)
 
     def take_wait(self) -> float:
         waited, self.waited = self.waited, 0.0
         return waited
 
-    def _apply(self) -> None:
+    def _apply(self, mid_epoch: bool = False) -> None:
+        """Pending settings take effect; on_applied(now, before) gets the settings that were in
+        force, mid-epoch (at an epoch's start, None)."""
         self.switch = False
         if not self.pending:
             return
+        before = dict(self.settings)
         self.settings.update(self.pending)
         self.pending = {}
         torch.backends.cudnn.benchmark = bool(self.settings["cudnn_benchmark"])
-        self.on_applied(dict(self.settings))
+        self.on_applied(dict(self.settings), before if mid_epoch else None)
 
     def _indices(self) -> list[int]:
         """The epoch's order, drawn once (a DistributedSampler's share after set_epoch)."""

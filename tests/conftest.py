@@ -86,6 +86,14 @@ def events(path, kind: str | None = None) -> list[dict]:
     return [e for e in evs if kind is None or e["kind"] == kind]
 
 
+def epoch_samples(path) -> dict[tuple[int, int], int]:
+    """Samples each rank trained in each epoch, its rows' parts added up."""
+    totals: dict[tuple[int, int], int] = {}
+    for e in events(path, "epoch"):
+        totals[e["rank"], e["epoch"]] = totals.get((e["rank"], e["epoch"]), 0) + e["samples"]
+    return totals
+
+
 def wait_for_event(path, predicate, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -202,6 +210,31 @@ def _end_what_a_failed_test_left(monkeypatch):
         except psutil.Error:
             pass
     psutil.wait_procs(left, timeout=10)
+
+
+@pytest.fixture
+def orphans():
+    """While the test runs, processes orphaned by a ddptui subprocess are adopted by this one
+    (PR_SET_CHILD_SUBREAPER) instead of PID 1, so the test can see what ddptui left behind the
+    moment it returned: `orphans()` lists them. They are reaped afterwards."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    before = {p.pid for p in psutil.Process().children()}
+
+    def adopted() -> list[str]:
+        return [_describe(p.pid) for p in psutil.Process().children() if p.pid not in before]
+
+    yield adopted
+    libc.prctl(36, 0, 0, 0, 0)
+    for p in psutil.Process().children():
+        if p.pid not in before:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+    psutil.wait_procs([p for p in psutil.Process().children() if p.pid not in before], timeout=10)
 
 
 def _cmdline(p: psutil.Process) -> list[str]:

@@ -21,7 +21,8 @@ from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
 from tests.conftest import TINY, assert_gone, events, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run
-from trainer.config import Parser, add_training_options, config_from_args
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 RECORDED = os.path.join(DATA, "run-2cpu.jsonl")

@@ -11,7 +11,7 @@ import pytest
 from ddptui import bytecode
 from ddptui.cli import main, resolve_devices
 from tests.conftest import ROOT, ddptui
-from trainer.config import UsageError
+from trainer.errors import UsageError
 
 
 @pytest.mark.parametrize("args, says", [

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ddptui.run.supervisor import Supervisor
-from trainer.config import RunConfig
+from trainer.config import DeviceOptions, RunConfig
 from trainer.loop import COMMANDS as RANK_COMMANDS
 from trainer.protocol.contract import command_problems, problems, reference
 from trainer.protocol.events import decode, encode, event
@@ -37,7 +37,7 @@ def test_the_checker_names_what_breaks_the_contract():
 
 
 def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_theirs(tmp_path):
-    sup = Supervisor(RunConfig(model="resnet18", cpus=2), log_path=str(tmp_path / "x.jsonl"))
+    sup = Supervisor(RunConfig(devices=DeviceOptions(cpus=2)), log_path=str(tmp_path / "x.jsonl"))
     sup.pause()
     sup.resume()
     sup.checkpoint()

@@ -8,7 +8,8 @@ import time
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from tests.conftest import TINY, assert_gone, events
-from trainer.config import Parser, add_training_options, config_from_args
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 
 
 def _config(*args: str):

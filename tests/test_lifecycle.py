@@ -26,7 +26,7 @@ from tests.conftest import (
 LONG = [*TINY, "--cpus", "2", "--epochs", "50"]
 
 
-def test_headless_run_logs_every_event_kind_from_both_ranks(env, tmp_path):
+def test_headless_run_logs_every_event_kind_from_both_ranks(env, tmp_path, orphans):
     log = tmp_path / "x.jsonl"
     r = ddptui(["run", "resnet18", "--cpus", "2", "--headless", "--epochs", "1",
                 "--steps-per-epoch", "10", *FAST, "--log", str(log)], env, tmp_path, timeout=150)
@@ -37,11 +37,12 @@ def test_headless_run_logs_every_event_kind_from_both_ranks(env, tmp_path):
     assert [e["status"] for e in events(log, "run")] == ["started", "done"]
     assert events(log, "world")[0]["size"] == 2
     assert "first step" in r.stdout and "done in" in r.stdout
+    assert orphans() == []  # not even multiprocessing's resource tracker, at the moment of exit
     assert_gone(run_pids(log))
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_signal_stops_in_order_with_a_checkpoint(sig, code, env, tmp_path):
+def test_signal_stops_in_order_with_a_checkpoint(sig, code, env, tmp_path, orphans):
     log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
     p = start_ddptui(["run", *LONG, "--checkpoint-dir", str(ck), "--log", str(log)], env, ROOT)
     wait_for_event(log, lambda e: e["kind"] == "step" and e.get("global_step", 0) >= 3)
@@ -52,6 +53,7 @@ def test_signal_stops_in_order_with_a_checkpoint(sig, code, env, tmp_path):
     assert events(log, "run")[-1]["status"] == "interrupted"
     assert events(log, "checkpoint"), "an orderly stop writes a final checkpoint"
     assert os.listdir(ck)
+    assert orphans() == []
     assert_gone(pids | {p.pid})
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from trainer.config import DataError
+from trainer.errors import DataError
 from trainer.pipeline.prefetch import threaded_batches
 
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ import torch
 from trainer.bootstrap import cuda_defaults
 from trainer.build import build_optimizer
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
-from trainer.config import RunConfig
+from trainer.config import DataOptions, RunConfig, TrainOptions
 from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tensors
 from trainer.elastic.world import await_store
@@ -99,7 +99,7 @@ def test_the_event_buffer_drops_the_oldest_and_a_failed_send_goes_back_in_front(
 
 def _adamw_parts():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
-    optimizer, _ = build_optimizer(RunConfig(model="m", optimizer="adamw"), model, 1, 10)
+    optimizer, _ = build_optimizer(RunConfig(train=TrainOptions(optimizer="adamw")), model, 1, 10)
     return model, optimizer, torch.amp.GradScaler("cpu", enabled=False)
 
 
@@ -215,6 +215,6 @@ def test_a_padded_last_validation_batch_scores_its_own_samples_alike():
 def test_the_bad_sample_limit_has_a_floor_on_small_sets():
     """0.1% of a 200-image set is 0: one bad file would end the run. At least 10 are skipped;
     --max-bad-samples 0 still fails at the first."""
-    assert RunConfig().bad_sample_limit(200) == 10
-    assert RunConfig().bad_sample_limit(1_281_167) == 1281
-    assert RunConfig(max_bad_samples=0).bad_sample_limit(1_281_167) == 0
+    assert DataOptions().bad_sample_limit(200) == 10
+    assert DataOptions().bad_sample_limit(1_281_167) == 1281
+    assert DataOptions(max_bad_samples=0).bad_sample_limit(1_281_167) == 0

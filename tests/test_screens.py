@@ -5,15 +5,15 @@ labels read back from a real terminal (tmux)."""
 
 from __future__ import annotations
 
-import io
+import html
 import json
+import re
 import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from rich.console import Console
 
 from ddptui.sources.replay import Replay
 from ddptui.view.app import DashboardApp
@@ -35,11 +35,19 @@ def _app(scene: str) -> DashboardApp:
 
 
 def _text(app: DashboardApp) -> str:
-    """The screen as plain text, the way a terminal would show it."""
-    update = app.screen._compositor.render_update(full=True)
-    console = Console(width=app.size.width, file=io.StringIO(), color_system=None)
-    console.print(update)
-    return console.file.getvalue()
+    """The screen as plain text, the way a terminal would show it: read back from Textual's
+    SVG screenshot, where each run of text sits at x = (column + 1) x the cell width."""
+    svg = app.export_screenshot()
+    rows = [[" "] * app.size.width for _ in range(app.size.height)]
+    cell = None
+    for x, line, text in re.findall(r'<text class="[\w-]+-r\d+" x="([\d.]+)" y="[\d.]+" '
+                                    r'textLength="[\d.]+" clip-path="url\(#[\w-]+-line-(\d+)\)"'
+                                    r'>([^<]*)</text>', svg):
+        cell = cell or float(x)  # the first run starts at column 0
+        text = html.unescape(text).replace("\xa0", " ")
+        column = round(float(x) / cell) - 1
+        rows[int(line)][column:column + len(text)] = list(text)
+    return "\n".join("".join(r).rstrip() for r in rows) + "\n"
 
 
 @fixed_hash

@@ -15,7 +15,15 @@ from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
 from ddptui.view.widgets.tables import RankTable
-from tests.conftest import ROOT, assert_gone, assert_stops_cleanly, events, rank_pids, wait_for_event
+from tests.conftest import (
+    ROOT,
+    assert_gone,
+    assert_stops_cleanly,
+    epoch_samples,
+    events,
+    rank_pids,
+    wait_for_event,
+)
 
 LOOPING = os.path.join(ROOT, "tests", "helpers", "scripts", "looping.py")
 WITH_DDPTUI = os.path.join(ROOT, "examples", "with_ddptui.py")
@@ -108,6 +116,12 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         assert 0 < epoch["data_wait"] < 1  # run.step's waits for run.loader(), over the epoch
         run.pause()
         paused = wait_for_event(log, lambda e: e.get("status") == "paused", 30)
+        # run.loader(): w/W then a, agreed while paused: every rank switches at the paused step.
+        assert run.refuse("settings") is None
+        run.change_settings(workers=1)
+        wait_for_event(log, lambda e: e["kind"] == "settings" and e.get("status") == "pending"
+                       and e["settings"]["workers"] == 1, 30)
+        run.apply_now()
         run.checkpoint()  # taken while paused, at the step they paused at
         wait_for_event(log, lambda e: "checkpoint asked for" in e.get("text", ""), 30)
         run.resume()
@@ -115,18 +129,20 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         assert resumed["global_step"] == paused["global_step"]
         assert any(name.startswith("epoch") for name in os.listdir(tmp_path)
                    if name.endswith(".pt"))
-        # run.loader(): w/W then a, every rank at the same step, no sample lost or seen twice.
-        assert run.refuse("settings") is None
-        run.change_settings(workers=1)
-        wait_for_event(log, lambda e: e["kind"] == "settings" and e.get("status") == "pending"
-                       and e["settings"]["workers"] == 1, 30)
-        run.apply_now()
         applied = wait_for_event(log, lambda e: e["kind"] == "settings" and
                                  e.get("status") == "applied" and e["settings"]["workers"] == 1, 30)
         later = applied["epoch"] + 1
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] == later, 60)
         rows = [e for e in events(log, "epoch") if e["epoch"] <= later]
-        assert all(e["samples"] == 1024 for e in rows)  # each rank's share, whole, every epoch
+        assert set(epoch_samples(log).values()) == {1024}  # each rank's share, no sample lost
+        # The row of the epoch they paused in is cut there (unless that was the epoch's end).
+        at = paused["global_step"] % epoch["steps"]
+        assert applied["step"] == at
+        for rank in (0, 1):
+            cut = [(e["partial"], e["settings"]["workers"], e["start_step"], e["end_step"])
+                   for e in rows if e["rank"] == rank and e["epoch"] == applied["epoch"]]
+            assert cut == ([(True, 0, 0, at), (False, 1, at, epoch["steps"])] if at else
+                           [(False, 1, 0, epoch["steps"])]), cut
         assert {e["settings"]["workers"] for e in rows if e["epoch"] == later} == {1}
     except BaseException:
         run.stop()

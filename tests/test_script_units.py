@@ -152,7 +152,7 @@ def test_a_live_loader_switches_settings_mid_epoch_without_losing_a_sample():
     torch.manual_seed(0)
     applied = []
     live = LiveLoader(data, batch_size=4, shuffle=True, drop_last=False,
-                      on_applied=applied.append)
+                      on_applied=lambda now, before: applied.append((now, before)))
     seen = []
     for i, (batch,) in enumerate(live):
         seen += batch.tolist()
@@ -160,10 +160,11 @@ def test_a_live_loader_switches_settings_mid_epoch_without_losing_a_sample():
             live.pending = {"workers": 1}
             live.switch = True
     assert sorted(seen) == list(range(50)) and seen == live.epoch_order
-    assert applied == [{"prefetch": False, "workers": 1, "cudnn_benchmark": False}]
+    assert applied == [({"prefetch": False, "workers": 1, "cudnn_benchmark": False},
+                        {"prefetch": False, "workers": 0, "cudnn_benchmark": False})]
     live.pending = {"workers": 0}  # at the next epoch, without a
     assert sorted(b for (batch,) in live for b in batch.tolist()) == list(range(50))
-    assert live.settings["workers"] == 0 and len(applied) == 2
+    assert live.settings["workers"] == 0 and applied[1][1] is None  # an epoch's start
 
 
 def test_a_stopped_rank_is_the_culprit_without_stacks():

@@ -16,7 +16,8 @@ from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from ddptui.view.app import DashboardApp
 from tests.conftest import ROOT, TINY, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
-from trainer.config import Parser, add_training_options, config_from_args
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 
 HANG = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:hang_once",
         "--batch-size", "8", "--workers", "0", "--cpus", "2"]

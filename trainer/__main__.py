@@ -13,7 +13,9 @@ import socket
 import sys
 
 from trainer.bootstrap import cuda_defaults
-from trainer.config import Parser, UsageError, add_training_options, config_from_args
+from trainer.errors import UsageError
+from trainer.options import Parser
+from trainer.parse import add_training_options, config_from_args
 
 
 def distributed_env() -> tuple[int, int, int]:

@@ -72,14 +72,14 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     faulthandler.register(signal.SIGUSR1, file=open(spec.stacks_path, "a"), all_threads=True)
     if spec.physical_gpu is not None:
         os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        dp = spec.config.strategy == "dp"
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.gpus)) if dp \
+        dp = spec.config.devices.strategy == "dp"
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \
             else str(spec.physical_gpu)
         # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         cuda_defaults()
-        if spec.config.data_kind != "synthetic" and spec.config.resolved_workers(spec.world_size):
+        if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
             start_worker_server()
     if spec.rank == 0 and not spec.standby:
         channel.send(event("message", 0, level="info", text="importing torch"))

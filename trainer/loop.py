@@ -33,7 +33,7 @@ def on_urgent(order: dict, p: Parts) -> None:
 
 def run_epochs(p: Parts) -> bool:
     """Epochs until done (True), stopped or left (False); world changes happen in between."""
-    while p.sampler.epoch < p.config.epochs:
+    while p.sampler.epoch < p.config.train.epochs:
         order = None
         try:
             outcome = run_segment(p)
@@ -107,7 +107,7 @@ def run_segment(p: Parts) -> str:
 def train_one_epoch(p: Parts, epoch: int) -> None:
     """The hot loop: no host/device sync, no I/O; the meter and control are lagged and cheap."""
     p.ddp.train()
-    every, snap_every = p.config.checkpoint_every, p.config.snapshot_every
+    every, snap_every = p.config.checkpoint.every, p.config.checkpoint.snapshot_every
     pulse = p.me.pulse  # where the loop is, for the heartbeat: plain attribute writes
     # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
     # thread must be gone before the loader is iterated again.
@@ -226,7 +226,7 @@ def validate(p: Parts) -> tuple[float, float, int] | None:
     tuned = p.me.device.type == "cuda" and torch.backends.cudnn.benchmark
     for images, labels in p.loaders.val_batches():
         with p.autocast():
-            logits = p.model(padded(images, p.config.batch_size) if tuned else images)
+            logits = p.model(padded(images, p.config.train.batch_size) if tuned else images)
         logits = logits[:len(labels)]
         totals[0] += F.cross_entropy(logits.float(), labels, reduction="sum")
         totals[1] += (logits.argmax(1) == labels).sum()
@@ -264,7 +264,7 @@ def end_epoch(p: Parts, epoch: int) -> None:
     if p.me.echo and p.me.is_main:
         print(describe({"kind": "epoch", "rank": 0, **ev}), flush=True)
     p.sampler.set_epoch(epoch + 1)
-    if epoch + 1 < p.config.epochs:
+    if epoch + 1 < p.config.train.epochs:
         apply_pending(p, epoch + 1)
     save(p)
 

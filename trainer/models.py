@@ -11,7 +11,8 @@ import inspect
 from torch import nn
 from torchvision import models
 
-from trainer.config import UsageError, check_model_name
+from trainer.errors import UsageError
+from trainer.parse import check_model_name
 from trainer.pipeline.datasets import load_callable
 
 

@@ -7,7 +7,6 @@ ranks started by torchrun or srun. Everything is built by plain functions from o
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
@@ -15,9 +14,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.build import build_parts, warm_up
-from trainer.config import DataError, RunConfig, UsageError
+from trainer.config import RunConfig
 from trainer.elastic import world
 from trainer.elastic.control import Control
+from trainer.errors import DataError, UsageError
 from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
 from trainer.parts import Parts
@@ -25,7 +25,7 @@ from trainer.pipeline.gpudecode import Decoder
 from trainer.protocol.channel import load_key, parse_address
 from trainer.protocol.events import count
 from trainer.rank import Rank
-from trainer.telemetry.gpu import DeviceSampler
+from trainer.telemetry.gpu import DeviceSampler, physical_index
 from trainer.telemetry.heartbeat import Heartbeat
 from trainer.telemetry.remote import RemoteLink, node_name
 from trainer.telemetry.reporter import Reporter
@@ -42,9 +42,9 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     `forming`: the process group already being formed (on cuda:0 or the CPU)."""
     me = _whoami(config, rank, world_size, local_rank, physical_gpu, channel, echo, slot, standby)
     supervised = channel is not None
-    link = _remote_link(config, me) if config.report and not supervised else None
+    link = _remote_link(config, me) if config.telemetry.report and not supervised else None
     inbox = link.inbox if link is not None else inbox
-    watchers = _watchers(config, me, supervised) if config.telemetry_hz > 0 else []
+    watchers = _watchers(config, me, supervised) if config.telemetry.hz > 0 else []
     code = 1
     try:
         control_group = None
@@ -79,24 +79,26 @@ def _whoami(config: RunConfig, rank: int, world_size: int, local_rank: int | Non
             standby: bool) -> Rank:
     """This process's Rank: its device (the one visible GPU, or cuda:LOCAL_RANK under
     torchrun, or the CPU) and where its events go."""
-    use_cuda = torch.cuda.is_available() and config.cpus is None
+    use_cuda = torch.cuda.is_available() and config.devices.cpus is None
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", 0 if physical_gpu is not None else local) if use_cuda else \
         torch.device("cpu")
     if use_cuda:
-        physical_gpu = _physical_index(local) if physical_gpu is None else physical_gpu
+        if physical_gpu is None:
+            found = physical_index(local)
+            physical_gpu = local if found is None else found
         torch.cuda.set_device(device)  # (a Forming thread set it on its own thread only)
     slot = rank if slot is None else slot
     me = Rank(slot, rank, world_size, device, physical_gpu if use_cuda else None,
-              Reporter(slot, channel, config.log if channel is None else None), echo, standby)
-    if config.tensorboard:
-        me.reporter.sinks.append(TensorBoardSink(config.tensorboard, slot))
+              Reporter(slot, channel, config.telemetry.log if channel is None else None), echo, standby)
+    if config.telemetry.tensorboard:
+        me.reporter.sinks.append(TensorBoardSink(config.telemetry.tensorboard, slot))
     return me
 
 
 def _remote_link(config: RunConfig, me: Rank) -> RemoteLink:
     """Under torchrun or srun with --report: events to `ddptui attach`, its commands back."""
-    link = RemoteLink(parse_address(config.report, "--report"), load_key()[0], node_name(),
+    link = RemoteLink(parse_address(config.telemetry.report, "--report"), load_key()[0], node_name(),
                       lambda text: print(f"rank {me.rank}: {text}", file=sys.stderr, flush=True))
     me.reporter.sinks.append(link)
     return link
@@ -106,9 +108,9 @@ def _announce_world(config: RunConfig, me: Rank, link: RemoteLink | None) -> Non
     me.announce("running")
     me.say(f"process group ready: {count(me.world_size, 'rank')} on {dist.get_backend()}")
     if link is not None and me.is_main:
-        me.reporter.emit("run", status="started", model=config.model, data=config.data,
-                         epochs=config.epochs, world_size=me.world_size,
-                         device_kind=me.device.type, batch_size=config.batch_size)
+        me.reporter.emit("run", status="started", model=config.model.name, data=config.data.spec,
+                         epochs=config.train.epochs, world_size=me.world_size,
+                         device_kind=me.device.type, batch_size=config.train.batch_size)
 
 
 def _close(me: Rank, link: RemoteLink | None, code: int) -> None:
@@ -127,7 +129,7 @@ def _watchers(config: RunConfig, me: Rank, supervised: bool) -> list:
     under torchrun or srun a device sampler per GPU it drives (DataParallel drives them all)."""
     if supervised:
         return [Heartbeat(me.pulse, me.reporter.emit)]
-    gpus = list(config.gpus) if config.strategy == "dp" and me.device.type == "cuda" \
+    gpus = list(config.devices.gpus) if config.devices.strategy == "dp" and me.device.type == "cuda" \
         else [me.physical_gpu]
     return [DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), g) for g in gpus]
 
@@ -147,18 +149,9 @@ def _one_line(e: Exception) -> str:
     # DataLoader re-raises a worker's exception with the worker traceback in the message.
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
     last = lines[-1]
-    for prefix in ("trainer.config.DataError: ", "trainer.config.UsageError: "):
+    for prefix in ("trainer.errors.DataError: ", "trainer.errors.UsageError: "):
         last = last.removeprefix(prefix)
     return last
-
-
-def _physical_index(local_rank: int) -> int:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible:
-        ids = [v for v in visible.split(",") if v.strip()]
-        if local_rank < len(ids) and ids[local_rank].strip().isdigit():
-            return int(ids[local_rank])
-    return local_rank
 
 
 def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -> None:
@@ -173,7 +166,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
             if not world.join(p):
                 return
         else:
-            p.ddp = world.wrap(p.model, me, p.config.strategy)
+            p.ddp = world.wrap(p.model, me, p.config.devices.strategy)
             p.control = Control(p.mailbox, me.rank, control_group)
             describe_start(p)
         if run_epochs(p):
@@ -191,16 +184,16 @@ def describe_start(p: Parts) -> None:
     """The model summary, the settings in force, and what this kind of rank cannot do."""
     me, config, bundle = p.me, p.config, p.loaders.bundle
     params, steps = count_parameters(p.model), p.sampler.steps_done + len(p.sampler)
-    me.say(f"{config.model}: {params / 1e6:.1f}M parameters, {bundle.num_classes} "
+    me.say(f"{config.model.name}: {params / 1e6:.1f}M parameters, {bundle.num_classes} "
            f"classes, {bundle.num_train} training samples, {steps} steps per epoch",
            steps_per_epoch=steps, num_train=bundle.num_train,
            num_classes=bundle.num_classes, params=params)
     if me.is_main:
         me.reporter.emit("settings", settings=dict(p.state.settings), epoch=p.sampler.epoch,
                          status="applied")
-    if me.device.type != "cuda" and p.state.settings["prefetch"] and config.decode != "gpu":
+    if me.device.type != "cuda" and p.state.settings["prefetch"] and config.data.decode != "gpu":
         me.say("prefetcher needs CUDA: CPU ranks load batches directly")
-    if config.strategy == "dp":
+    if config.devices.strategy == "dp":
         me.say("--strategy dp: cudnn.benchmark is off (DataParallel's per-step threads "
                "would autotune again every step)")
     if isinstance(p.loaders.prepare, Decoder):  # --decode gpu

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from trainer.config import DataError
+from trainer.errors import DataError
 from trainer.parts import Parts
 from trainer.protocol.events import count
 from trainer.rank import Rank
@@ -33,7 +33,7 @@ def report_kept(p: Parts, epoch: int, old_world: int, redone: int) -> None:
     kept = p.state.global_step - p.state.segment_global
     if p.sampler.epoch != epoch or kept <= 0:
         return
-    batch = p.config.batch_size * old_world
+    batch = p.config.train.batch_size * old_world
     report_segment(p, epoch, partial=True, world_size=old_world, rolled_back=redone,
                    steps=kept, samples=kept * batch)
 
@@ -74,8 +74,8 @@ def save(p: Parts) -> None:
     if p.checkpoints is None:
         return
     p.checkpoints.put({
-        "model_name": p.config.model,
-        "optimizer_name": p.config.optimizer,
+        "model_name": p.config.model.name,
+        "optimizer_name": p.config.train.optimizer,
         "model": p.model.state_dict(),
         "optimizer": p.optimizer.state_dict(),
         "scheduler": p.scheduler.state_dict(),

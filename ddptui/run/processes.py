@@ -70,7 +70,7 @@ class ProcessPool:
         from trainer.bootstrap import RankSpec, run_rank
 
         stacks = f"{self.stem}.rank{slot}.stacks"
-        spec = RankSpec(self.config, slot, slot, self.config.world_size, init, gpu, os.getpid(),
+        spec = RankSpec(self.config, slot, slot, self.config.devices.world_size, init, gpu, os.getpid(),
                         f"{self.stem}.rank{slot}.out", stacks, standby=standby)
         telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
         inbox_end, inbox = self._ctx.Pipe(duplex=False)
@@ -176,7 +176,7 @@ def _join_all(processes, seconds: float) -> None:
 
 def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
     """Generate the built-in dataset here, once, with progress, before ranks race for it."""
-    if config.data_kind != "shapes":
+    if config.data.kind != "shapes":
         return
     from trainer.pipeline.shapes import ensure_shapes
 
@@ -195,6 +195,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def end_resource_tracker() -> None:
+    """End multiprocessing's resource tracker and wait for it, once a run is over and the process
+    is about to exit. Left alone it ends only after we do (the end of its pipe is its signal), an
+    orphan for a moment. The parent itself registers nothing with it (pipes, no Queues), so
+    closing our end is safe here; no process may be started after this."""
+    trackers = [p for p in psutil.Process().children()
+                if "resource_tracker" in " ".join(_cmdline(p))]
+    if trackers:
+        os.close(resource_tracker.getfd())
+        psutil.wait_procs(trackers, timeout=5)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def start_resource_tracker(path: str) -> None:

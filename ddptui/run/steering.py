@@ -65,7 +65,7 @@ class Steering(OwnedRun):
 
     def refuse(self, action: str) -> str | None:
         """Why `action` (pause, checkpoint, settings...) cannot be done; None when it can."""
-        if action == "checkpoint" and not self.config.checkpoint_dir:
+        if action == "checkpoint" and not self.config.checkpoint.dir:
             return "no --checkpoint-dir was given"
         return None
 

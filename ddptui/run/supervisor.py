@@ -40,12 +40,12 @@ class Supervisor(Steering):
     def __init__(self, config: RunConfig, log_path: str | None = None,
                  policy: RunPolicy | None = None):
         self.config, self.policy = config, policy or RunPolicy()
-        self.log_path = log_path or config.log or default_log_path()
+        self.log_path = log_path or config.telemetry.log or default_log_path()
         self.state = RunState({
-            "model": config.model, "data": config.data, "epochs": config.epochs,
-            "world_size": config.world_size, "device_kind": config.device_kind,
-            "gpus": list(config.gpus or []), "batch_size": config.batch_size,
-            "log": self.log_path, "checkpoint_dir": config.checkpoint_dir,
+            "model": config.model.name, "data": config.data.spec, "epochs": config.train.epochs,
+            "world_size": config.devices.world_size, "device_kind": config.devices.kind,
+            "gpus": list(config.devices.gpus or []), "batch_size": config.train.batch_size,
+            "log": self.log_path, "checkpoint_dir": config.checkpoint.dir,
         })
         self.pool = ProcessPool(config, self.log_path)
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
@@ -55,9 +55,13 @@ class Supervisor(Steering):
         self.outcome = Outcome()
         self._stop_deadline: float | None = None
         self.watchdog = Watchdog(self.policy.stall_after, self.policy.on_stall == "recover",
-                                 config.telemetry_hz > 0, self._emit_health, self.say,
+                                 config.telemetry.hz > 0, self._emit_health, self.say,
                                  self._kill, lambda pid: self.sampler.process(pid))
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
+        # The supervisor's own commands; the rest go to the world's rank 0.
+        self._own = {"stop": self._begin_stop, "stop_rank": self._change_world,
+                     "restart_rank": self._change_world, "kill_rank": self._kill_asked,
+                     "stacks": self._ask_stacks}
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, kind: str, **fields) -> None:
@@ -124,7 +128,7 @@ class Supervisor(Steering):
     def _main(self) -> None:
         code = EXIT_FAILED
         try:
-            self.sampler = RunSampler(self.config.gpus, self._handle,
+            self.sampler = RunSampler(self.config.devices.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
             self._emit("run", status="started", pid=os.getpid(), **self.state.meta)
             prepare_data(self.config, self.say)
@@ -151,10 +155,10 @@ class Supervisor(Steering):
                 self._closed()
 
     def _spawn(self) -> None:
-        world = self.config.world_size
+        world = self.config.devices.world_size
         init = f"tcp://127.0.0.1:{free_port()}"
-        gpus = list(self.config.gpus) if self.config.gpus else [None] * world
-        if self.config.strategy == "dp":  # one process holds every GPU
+        gpus = list(self.config.devices.gpus) if self.config.devices.gpus else [None] * world
+        if self.config.devices.strategy == "dp":  # one process holds every GPU
             gpus = gpus[:1]
         self.say(f"starting {count(world, 'rank')}")
         for slot, gpu in enumerate(gpus):
@@ -166,7 +170,7 @@ class Supervisor(Steering):
             from ddptui.run.autotune import Autotuner, candidates
 
             self._autotuner = Autotuner(self, candidates(
-                self.config.settings(world), self.config.device_kind == "cuda", world))
+                self.config.settings(world), self.config.devices.kind == "cuda", world))
 
     def _start_process(self, slot: int, gpu: int | None, init: str, standby: bool) -> None:
         rp = self.pool.start(slot, gpu, init, standby)
@@ -246,7 +250,7 @@ class Supervisor(Steering):
         member = r.slot in self.members or r.slot in self.world.confirmed
         restart = member and self._restarts < self.policy.max_restarts
         alive = self.pool.alive()
-        recoverable = bool(self.config.snapshot_every and self.state.first_step_t)
+        recoverable = bool(self.config.checkpoint.snapshot_every and self.state.first_step_t)
         actions = self.world.died(r.slot, alive, recoverable, reason, time.time(), restart)
         self._act(actions)
         if restart and not self.outcome.failure:
@@ -298,12 +302,8 @@ class Supervisor(Steering):
 
     # -- commands ------------------------------------------------------------------------------
     def _run_commands(self) -> None:
-        """The supervisor's own commands run here; the rest go to the world's rank 0."""
-        own = {"stop": self._begin_stop, "stop_rank": self._change_world,
-               "restart_rank": self._change_world, "kill_rank": self._kill_asked,
-               "stacks": self._ask_stacks}
         for cmd in self._queued():
-            own.get(cmd["op"], self._send)(cmd)
+            self._own.get(cmd["op"], self._send)(cmd)
 
     def _change_world(self, cmd: dict) -> None:
         slot, now = cmd["slot"], time.time()
@@ -346,7 +346,7 @@ class Supervisor(Steering):
             self._stop_past(stalled)
         elif any(r.state == RankState.RUNNING for r in members) and self.state.first_step_t:
             self.say("stopping: ranks finish their step"
-                     + (" and checkpoint" if self.config.checkpoint_dir else ""))
+                     + (" and checkpoint" if self.config.checkpoint.dir else ""))
             self._send({"op": "stop"})
             self._stop_deadline = time.monotonic() + STOP_GRACE_S
         else:  # still starting up: nothing to save, nothing to agree on
@@ -359,7 +359,7 @@ class Supervisor(Steering):
             self.pool.kill(s, "stalled at the stop")
         alive = self.pool.alive() - set(stalled)
         told = self.world.halt_without(stalled, alive, time.time()) \
-            if self.config.snapshot_every and self.state.first_step_t else []
+            if self.config.checkpoint.snapshot_every and self.state.first_step_t else []
         if not told:
             self.say("stopping: the stalled ranks are ended, nothing is waited for")
             self._end_all()
@@ -367,7 +367,7 @@ class Supervisor(Steering):
         self._act(told)
         self.say(f"stopping without rank {', '.join(map(str, stalled))} (stalled): the others "
                  "go back to their last common step"
-                 + (", checkpoint" if self.config.checkpoint_dir else "") + " and end")
+                 + (", checkpoint" if self.config.checkpoint.dir else "") + " and end")
         self._stop_deadline = time.monotonic() + STALLED_STOP_S
 
     def _end_all(self) -> None:

@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 
 from trainer.argtypes import non_negative_int, positive_float, positive_int
-from trainer.config import Parser, UsageError
+from trainer.errors import UsageError
+from trainer.options import Parser, add_sections, flags, from_args, option
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -28,20 +29,41 @@ FORMS = """your own script (torchrun's contract, no code change):
 
 @dataclass(frozen=True)
 class ScriptConfig:
-    """What the script form asks for; the launch and the watch, never the training."""
+    """What the script form asks for; the launch and the watch, never the training. Each option
+    field declares its flag and help (trainer/options.py)."""
 
-    target: str  # the script's path, or the module with -m
-    module: bool
-    args: tuple[str, ...]  # after --
-    gpus: tuple[int, ...] | None
-    cpus: int | None
-    headless: bool
-    log: str | None
-    grace: float
-    max_restarts: int
-    stall_after: float
-    metrics: tuple[tuple[str, str | None], ...]  # (name, regex with one group, or None)
-    stacks_signal: int
+    GROUP = "launch"
+    target: str = option("", flag="target", metavar="SCRIPT.py | -m MODULE")  # or the module
+    module: bool = False  # target is a module (-m)
+    args: tuple[str, ...] = ()  # after --
+    gpus: tuple[int, ...] | None = option(
+        None, "GPU indices in nvidia-smi order (0,1) or 'all': LOCAL_RANK k is the k-th named "
+        "(default: all GPUs)", metavar="LIST")
+    cpus: int | None = option(None, "N ranks with no GPU visible (default 2 where there is no "
+                              "GPU)", type=positive_int, metavar="N")
+    headless: bool = option(False, "no dashboard: the ranks' output as torchrun shows it "
+                            "(automatic when not a terminal)", action="store_true")
+    log: str | None = option(None, "telemetry log (default runs/<time>.jsonl; each rank's output "
+                             "beside it as .rankN.out)", metavar="FILE.jsonl")
+    grace: float = option(
+        GRACE_S, f"after Ctrl-C, q or SIGTERM (forwarded to every rank), SIGKILL what is left "
+        f"after S seconds (default {GRACE_S:.0f}, as torchrun)", type=positive_float, metavar="S")
+    max_restarts: int = option(
+        0, "after a rank fails, restart every rank, K times in all (the script's own checkpoint "
+        "resumes it; TORCHELASTIC_RESTART_COUNT counts them)", type=non_negative_int,
+        metavar="K")
+    stall_after: float = option(
+        STALL_S, f"flag a rank stalled after S seconds stopped, idle (no CPU, GPU idle) or "
+        f"silent (no output for max(S, 3 x its longest gap)) (default {STALL_S:.0f})",
+        group="watch", type=positive_float, metavar="S")
+    # (name, regex with one group, or None)
+    metrics: tuple[tuple[str, str | None], ...] = option(
+        (), "besides loss, read NAME from the ranks' output ('NAME: 1.0', 'NAME=1.0'), or the "
+        "first group of REGEX; repeatable", flag="--metric", group="watch", action="append",
+        metavar="NAME[=REGEX]")
+    stacks_signal: int = option(
+        int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
+        "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG")
 
     @property
     def world_size(self) -> int:
@@ -71,36 +93,7 @@ def build_script_parser() -> Parser:
                description="Run your own torchrun script, one process per GPU (or CPU rank), "
                "with the environment torchrun --standalone gives it, and watch every rank. "
                "Options go before --, the script's own arguments after it.", epilog=FORMS)
-    p.add_argument("target", metavar="SCRIPT.py | -m MODULE")
-    g = p.add_argument_group("launch")
-    g.add_argument("--gpus", default=None, metavar="LIST",
-                   help="GPU indices in nvidia-smi order (0,1) or 'all': LOCAL_RANK k is the "
-                   "k-th named (default: all GPUs)")
-    g.add_argument("--cpus", type=positive_int, default=None, metavar="N",
-                   help="N ranks with no GPU visible (default 2 where there is no GPU)")
-    g.add_argument("--headless", action="store_true",
-                   help="no dashboard: the ranks' output as torchrun shows it (automatic when "
-                   "not a terminal)")
-    g.add_argument("--log", default=None, metavar="FILE.jsonl",
-                   help="telemetry log (default runs/<time>.jsonl; each rank's output beside it "
-                   "as .rankN.out)")
-    g.add_argument("--grace", type=positive_float, default=GRACE_S, metavar="S",
-                   help=f"after Ctrl-C, q or SIGTERM (forwarded to every rank), SIGKILL what "
-                   f"is left after S seconds (default {GRACE_S:.0f}, as torchrun)")
-    g.add_argument("--max-restarts", type=non_negative_int, default=0, metavar="K",
-                   help="after a rank fails, restart every rank, K times in all (the script's "
-                   "own checkpoint resumes it; TORCHELASTIC_RESTART_COUNT counts them)")
-    g = p.add_argument_group("watch")
-    g.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
-                   help=f"flag a rank stalled after S seconds stopped, idle (no CPU, GPU idle) "
-                   f"or silent (no output for max(S, 3 x its longest gap)) (default "
-                   f"{STALL_S:.0f})")
-    g.add_argument("--metric", action="append", default=[], metavar="NAME[=REGEX]",
-                   help="besides loss, read NAME from the ranks' output ('NAME: 1.0', "
-                   "'NAME=1.0'), or the first group of REGEX; repeatable")
-    g.add_argument("--stacks-signal", default="SIGUSR1", metavar="SIG",
-                   help="the signal that makes a rank write its Python stacks (t) (default "
-                   "SIGUSR1; pick another if your script handles that one)")
+    add_sections(p, ScriptConfig)
     return p
 
 
@@ -115,11 +108,10 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
     args = build_script_parser().parse_args(ours)
     _check_target(args.target, module)
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
-    return ScriptConfig(
-        target=args.target, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
-        headless=args.headless or not sys.stdout.isatty(), log=args.log, grace=args.grace,
-        max_restarts=args.max_restarts, stall_after=args.stall_after,
-        metrics=tuple(_metric(m) for m in args.metric),
+    return from_args(
+        ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
+        headless=args.headless or not sys.stdout.isatty(),
+        metrics=tuple(_metric(m) for m in args.metric or ()),
         stacks_signal=_signal(args.stacks_signal))
 
 
@@ -137,9 +129,8 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
     return ours, theirs
 
 
-def _known(option: str) -> bool:
-    names = {o for a in build_script_parser()._actions for o in a.option_strings}
-    return option.split("=", 1)[0] in names
+def _known(flag: str) -> bool:
+    return flag.split("=", 1)[0] in {"-h", "--help", *flags(ScriptConfig)}
 
 
 def _check_target(target: str, module: bool) -> None:
@@ -171,7 +162,9 @@ def _metric(text: str) -> tuple[str, str | None]:
     return name, regex
 
 
-def _signal(name: str) -> int:
+def _signal(name: str | int) -> int:
+    if isinstance(name, int):  # the field's default, not a user's flag
+        return name
     name = name.upper()
     name = name if name.startswith("SIG") else "SIG" + name
     try:

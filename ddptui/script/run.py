@@ -65,6 +65,7 @@ class ScriptRun(OwnedRun):
         self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
+        self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
@@ -304,9 +305,8 @@ class ScriptRun(OwnedRun):
                            restarting=self._restart and self.stopping is None))
 
     def _run_commands(self) -> None:
-        own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group}
         for cmd in self._queued():
-            own[cmd["op"]](cmd)
+            self._own[cmd["op"]](cmd)
 
     def _ask_stacks(self, cmd: dict) -> None:
         live = {r.slot: r for r in self.group.alive()}

@@ -27,6 +27,7 @@ from ddptui.view.widgets.header import RunHeader
 from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.stacks_screen import StacksScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
+from trainer.protocol.events import onoff
 
 REFRESH_S = 0.2
 CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows nothing new
@@ -147,7 +148,7 @@ class DashboardApp(App[int]):
             self._told_failed = True
         elif view.status != "failed":
             self._told_failed = False
-        pending = ", ".join(f"{k} {_onoff(v)}" for k, v in view.pending.items())
+        pending = ", ".join(f"{k} {onoff(v)}" for k, v in view.pending.items())
         self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
                                          if pending else "epochs")
         start = state.started_t
@@ -352,6 +353,3 @@ def _boxed(widget, title: str):
     widget.border_title = title
     return widget
 
-
-def _onoff(v) -> str:
-    return ("on" if v else "off") if isinstance(v, bool) else str(v)

@@ -193,11 +193,11 @@ def enter(p: Parts, order: dict):
 def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:
     """Everything that follows a new world: shards, lr, DDP, control, a fresh rollback point."""
     p.sampler.set_world(p.me.rank, p.me.world_size)
-    if p.config.lr_scaling == "linear" and old_world != p.me.world_size:
+    if p.config.train.lr_scaling == "linear" and old_world != p.me.world_size:
         rescale_lr(p, p.me.world_size / old_world)
     # Members that stayed hold the same state, a joiner has just been sent it, and a recovery
     # restored a common point: DDP's own check and broadcast would be a second round trip.
-    p.ddp = wrap(p.model, p.me, p.config.strategy, in_sync=True)
+    p.ddp = wrap(p.model, p.me, p.config.devices.strategy, in_sync=True)
     p.state.mark("ddp")
     p.control = Control(p.mailbox, p.me.rank, group)
     p.loaders.reshard()

@@ -10,7 +10,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 
-from trainer.config import DataError
+from trainer.errors import DataError
 
 MAX_SKIP = 100  # unreadable samples in a row before the data set itself is the problem
 

@@ -21,8 +21,10 @@ from torchvision import datasets, transforms
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms import v2
 
-from trainer.config import DataError, RunConfig, UsageError, importable_from_cwd
+from trainer.config import RunConfig
 from trainer.elastic.lifeline import descends_from, die_with_parent
+from trainer.errors import DataError, UsageError
+from trainer.parse import importable_from_cwd
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.forkserver import worker_context
 from trainer.pipeline.gpudecode import JpegFiles, collate
@@ -81,11 +83,11 @@ def _describe(base: Dataset, index: int) -> str:
 
 def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -> DataBundle:
     """Open (or generate) the configured data; user mistakes raise UsageError or DataError."""
-    kind, path, size = config.data_kind, config.data_path, config.resolved_image_size
-    seed = config.seed if config.deterministic else None
+    kind, path, size = config.data.kind, config.data.path, config.data.resolved_image_size
+    seed = config.train.seed if config.train.deterministic else None
     if kind == "synthetic":
         return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
-    gpu = collate if config.decode == "gpu" else None
+    gpu = collate if config.data.decode == "gpu" else None
     if kind == "shapes":
         root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
         return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed, gpu)
@@ -107,7 +109,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
             aug = [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip()]
             return _small(train, val, 3, aug, size, 32, seed)
         return _small(train, val, 1, [], size, 28, seed)
-    return _custom(config.data, size, seed)
+    return _custom(config.data.spec, size, seed)
 
 
 def _first_line(e: Exception) -> str:

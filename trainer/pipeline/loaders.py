@@ -19,9 +19,9 @@ class Loaders:
     def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
                  sampler: ShardedBatchSampler, settings: dict):
         self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
-        normalize = Normalize(bundle.in_channels, me.device, config.channels_last)
-        self.bad = BadSamples(config.bad_sample_limit(bundle.num_train))
-        self.prepare = Decoder(me.device, config.resolved_image_size, normalize,
+        normalize = Normalize(bundle.in_channels, me.device, config.model.channels_last)
+        self.bad = BadSamples(config.data.bad_sample_limit(bundle.num_train))
+        self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
                                TorchvisionCodec(me.device), self._undecodable) \
             if bundle.collate is not None else ToDevice(me.device, normalize)
         for dataset in (bundle.train, bundle.val):
@@ -60,7 +60,7 @@ class Loaders:
             self.val = self._val_loader()
 
     def _val_loader(self):
-        return build_val_loader(self.bundle, self.config.batch_size, self.me.rank,
+        return build_val_loader(self.bundle, self.config.train.batch_size, self.me.rank,
                                 self.me.world_size, self.workers, self.me.device.type == "cuda")
 
     def arm_val(self) -> None:
@@ -83,10 +83,10 @@ class Loaders:
 
     def train_batches(self, prefetch: bool):
         if self.bundle.train is None:
-            return iter(SyntheticBatches(self.sampler, self.config.batch_size,
-                                         self.config.resolved_image_size, self.bundle.num_classes,
-                                         self.me.device, self.config.channels_last))
-        if prefetch and self.config.decode == "gpu":
+            return iter(SyntheticBatches(self.sampler, self.config.train.batch_size,
+                                         self.config.data.resolved_image_size, self.bundle.num_classes,
+                                         self.me.device, self.config.model.channels_last))
+        if prefetch and self.config.data.decode == "gpu":
             return threaded_batches(self.train, self.me.device, self.prepare)
         if prefetch and self.me.device.type == "cuda":
             return prefetched_batches(self.train, self.me.device, self.prepare)

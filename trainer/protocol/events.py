@@ -151,11 +151,11 @@ def describe(ev: dict) -> str | None:
         return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}  "
                 f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
                 f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
-                f"[prefetch {_onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
+                f"[prefetch {onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
                 f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
     if kind == "settings":
         s = ev.get("settings") or {}
-        body = ", ".join(f"{k} {_onoff(v)}" for k, v in s.items())
+        body = ", ".join(f"{k} {onoff(v)}" for k, v in s.items())
         if ev.get("status") == "requested":
             return (f"settings requested: {body} (every rank applies them at the next epoch; "
                     "a: now)")
@@ -197,5 +197,8 @@ def _num(v) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
-def _onoff(v) -> str:
+def onoff(v) -> str:
+    """A setting as the screens write it: on/off for a switch, '-' for none, else the value."""
+    if v is None:
+        return "-"
     return ("on" if v else "off") if isinstance(v, bool) else str(v)

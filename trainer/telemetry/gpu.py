@@ -15,6 +15,15 @@ from collections.abc import Callable
 import psutil
 
 
+def physical_index(local_rank: int) -> int | None:
+    """The NVML (nvidia-smi) index of this process's GPU `local_rank`, through
+    CUDA_VISIBLE_DEVICES; None where that names the GPU otherwise (a UUID, MIG)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return local_rank
+    ids = [v.strip() for v in visible.split(",") if v.strip()]
+    return int(ids[local_rank]) if local_rank < len(ids) and ids[local_rank].isdigit() else None
+
 class DeviceSampler(threading.Thread):
     """Calls emit("gpu", ...) every `interval` seconds until stopped."""
 

@@ -34,17 +34,15 @@ class Chart(PlotextPlot):
         """`draw(plt, width)` fills the plot; it is built at the current size and shown."""
         self._draw = draw
         if self.size.area:
-            theme = self._get_plotext_theme_name(self.app.theme)
-            self.run_worker(partial(self._build, draw, self.size, theme), thread=True,
+            self.run_worker(partial(self._build, draw), thread=True,
                             group=f"chart-{id(self)}", exit_on_error=False)
 
-    def _build(self, draw: Callable[[object, int], None], size: Size, theme: str) -> None:
+    def _build(self, draw: Callable[[object, int], None]) -> None:
         with self._lock:
+            size = self.size
             draw(self.plt, size.width)
-            self.plt.plotsize(size.width, size.height)
-            self.plt._set_size(size.width, size.height)  # as PlotextPlot.render does
-            self.plt.theme(theme)
-            text = Text.from_ansi(self.plt.build())
+            # PlotextPlot's own render sizes the figure, applies the app's theme and builds it.
+            text = PlotextPlot.render(self)
         try:
             self.app.call_from_thread(self._show, size, text)
         except RuntimeError:  # the app closed meanwhile

@@ -11,20 +11,11 @@ from textual.widgets.data_table import ColumnKey
 
 from ddptui.view.views import RunView
 from ddptui.view.widgets.bars import duration, spark
-from trainer.protocol.events import figures
+from trainer.protocol.events import figures, onoff
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
                "waiting": "yellow", "slow": "bold yellow"}
-
-
-def small_caches(table: DataTable) -> None:
-    """Every update of a live table re-renders it anew (its caches are keyed by an update count),
-    so DataTable's default caches (10,000 cells, 1,000 rows and lines) only fill with dead
-    renders, tens of MB an hour; a few screens' worth is all that is ever read back."""
-    table._cell_render_cache.maxsize = 1000
-    for cache in (table._row_render_cache, table._row_renderable_cache, table._line_cache):
-        cache.maxsize = 200
 
 
 def update_row(table: DataTable, key: str, cells: dict, widen: bool = False) -> None:
@@ -57,7 +48,6 @@ class RankTable(DataTable):
     can_focus = False
 
     def on_mount(self) -> None:
-        small_caches(self)
         self.cursor_type = "row"
         self.zebra_stripes = True
         self.script = False
@@ -152,7 +142,6 @@ class EpochTable(DataTable):
     can_focus = False
 
     def on_mount(self) -> None:
-        small_caches(self)
         self.zebra_stripes = True
         self.columns_now = self.COLUMNS
         for name, width in self.COLUMNS.items():
@@ -229,8 +218,8 @@ def _setting_cells(settings: dict, e: dict, script: bool, cpu: bool) -> tuple:
     """prefetch, workers, bench, img/s, wait: a script has no settings of ours to show."""
     if script and not settings:
         return ("-", "-", "-", _rate(e), "-")
-    return ("n/a" if cpu else _onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
-            _onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
+    return ("n/a" if cpu else onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
+            onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
             f"{100 * e['data_wait']:.0f}%")
 
 
@@ -239,6 +228,3 @@ def _mib(mib: int | None) -> str:
         return "-"
     return f"{mib / 1024:.1f}G" if mib >= 1024 else f"{mib}M"
 
-
-def _onoff(value) -> str:
-    return "on" if value else "off"
