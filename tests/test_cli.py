@@ -139,3 +139,35 @@ def test_attach_makes_a_private_key_file_and_refuses_a_busy_port(env, tmp_path):
         f"ddptui: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
     key = tmp_path / "cfg" / "ddptui" / "authkey"
     assert key.stat().st_mode & 0o777 == 0o600 and len(key.read_text().strip()) == 64
+
+
+def test_each_option_fills_its_section_and_replace_finds_it():
+    """The command line is generated from RunConfig's sections: every flag lands in its section,
+    the launch and health options in ddptui's RunPolicy, never in what the ranks get."""
+    import dataclasses
+
+    from ddptui.cli import build_parser
+    from ddptui.run.policy import RunPolicy
+    from trainer.config import RunConfig
+    from trainer.options import from_args
+    from trainer.parse import config_from_args
+
+    args = build_parser().parse_args([
+        "run", "resnet50", "--data", "synthetic", "--batch-size", "8", "--no-prefetch",
+        "--amp", "bf16", "--checkpoint-every", "3", "--telemetry-hz", "2", "--cpus", "3",
+        "--seed", "7", "--max-restarts", "2", "--stall-after", "12", "--on-stall", "recover"])
+    config = config_from_args(args, gpus=None, cpus=args.cpus)
+    assert (config.model.name, config.model.amp, config.data.kind, config.data.prefetch) == \
+        ("resnet50", "bf16", "synthetic", False)
+    assert (config.train.batch_size, config.train.seed, config.checkpoint.every,
+            config.telemetry.hz, config.devices.world_size) == (8, 7, 3, 2.0, 3)
+    assert from_args(RunPolicy, args) == RunPolicy(max_restarts=2, stall_after=12.0,
+                                                   on_stall="recover")
+    sections = [f.name for s in dataclasses.fields(RunConfig) for f in
+                dataclasses.fields(s.default_factory())]
+    assert len(sections) == len(set(sections))  # replace() routes a field by its name alone
+    changed = config.replace(batch_size=16, cudnn_benchmark=False)
+    assert (changed.train.batch_size, changed.model.cudnn_benchmark, changed.model.amp) == \
+        (16, False, "bf16")
+    with pytest.raises(TypeError):
+        config.replace(stall_after=3)  # ddptui's own, not the ranks'
