@@ -129,7 +129,7 @@ def test_ranks_blocked_in_a_collective_wait_for_the_one_stuck_in_its_own_code():
 def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
     import torch
 
-    from ddptui.client import LagMeter
+    from ddptui.lagmeter import LagMeter
 
     meter = LagMeter()
     assert meter.read() is None
