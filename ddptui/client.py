@@ -238,9 +238,10 @@ class Run:
                 group = dist.new_group(backend="gloo")
             self._control = Control(self._mailbox, self.rank, group)
             self._alone = group is None
+            if self._alone and self.world_size > 1:  # no group to agree through: send us each
+                self.reporter.emit("rank", state="running", alone=True)
         if self._alone:  # every step: look before draining (no exception raised per step)
-            return self._mailbox.drain() if self.rank == 0 and \
-                not self._mailbox.commands.empty() else []
+            return self._mailbox.drain() if not self._mailbox.commands.empty() else []
         return self._control.poll()
 
     def _apply(self, cmds: list[dict]) -> None:
@@ -290,7 +291,7 @@ class Run:
         if self.paused:
             return
         self.paused = True
-        if self.rank == 0:
+        if self.rank == 0 or self._alone:  # alone, each rank pauses at a step of its own
             self.reporter.emit("run", status="paused", global_step=self.global_step)
         while self.paused:
             cmds = self._mailbox.drain() if self._alone else self._control.tick_paused()
@@ -300,7 +301,7 @@ class Run:
                 if cmd.get("op") in ("resume", "stop"):
                     self.paused = False
             self._apply([c for c in cmds if c.get("op") not in ("pause", "resume")])
-        if self.rank == 0:
+        if self.rank == 0 or self._alone:
             self.reporter.emit("run", status="resumed", global_step=self.global_step)
         self._begin_interval()
 

@@ -218,3 +218,13 @@ def test_the_bad_sample_limit_has_a_floor_on_small_sets():
     assert DataOptions().bad_sample_limit(200) == 10
     assert DataOptions().bad_sample_limit(1_281_167) == 1281
     assert DataOptions(max_bad_samples=0).bad_sample_limit(1_281_167) == 0
+
+
+def test_cpu_ranks_fork_their_dataloader_workers():
+    """A spawned rank's default start method is spawn: a DataLoader worker would be a fresh
+    interpreter importing torch (seconds each). CPU ranks fork them; CUDA ranks start them from
+    the preloaded fork server."""
+    from trainer.pipeline.forkserver import worker_context
+
+    assert worker_context(False).get_start_method() == "fork"
+    assert worker_context(True).get_start_method() == "forkserver"

@@ -114,7 +114,7 @@ class ScriptRun(OwnedRun):
         self._handle(event("message", PARENT, level=level, text=text, **fields))
 
     def _command(self, cmd: dict, note: dict | None = None) -> None:
-        if self._link.send(0, cmd) and note is not None:
+        if self._link.order(cmd) and note is not None:
             self.state.apply(note)
 
     # -- the thread ----------------------------------------------------------------------------
@@ -333,7 +333,7 @@ class ScriptRun(OwnedRun):
         self.stopping = (status, code)
         if not self.group.alive():
             return
-        if "stop" in self.controls and self._link.send(0, {"op": "stop"}):
+        if "stop" in self.controls and self._link.order({"op": "stop"}):
             self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
                      f"SIGKILL after {self.config.grace:g} s")
             self._end_others(None)

@@ -75,7 +75,7 @@ class Attach(RunSource):
         self._note("warning", DELEGATED.format(rank=rank))
 
     def _command(self, cmd: dict) -> bool:
-        return self._link.send(0, cmd)
+        return self._link.order(cmd)
 
     def _record(self, ev: dict) -> None:
         self.state.apply(ev)

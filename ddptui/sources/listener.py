@@ -1,5 +1,5 @@
 """The listening end of the ranks' report channel (trainer/protocol/channel.py): authenticates
-every connection, hands each event on, and sends commands to one rank. `ddptui attach` listens
+every connection, hands each event on, and sends the dashboard's orders. `ddptui attach` listens
 for torchrun and srun jobs; `ddptui run SCRIPT` for its ranks that call ddptui.init().
 """
 
@@ -25,6 +25,9 @@ class ReportListener:
         self._conns: dict[int, Connection] = {}  # rank -> its connection
         self._open: set[Connection] = set()
         self._closing = False
+        # A script's ranks without a process group cannot agree on a step: each takes the
+        # orders itself (they said so in a `rank` event with `alone`).
+        self._alone = False
 
     def start(self) -> None:
         threading.Thread(target=self._accept, name="report-accept", daemon=True).start()
@@ -47,6 +50,13 @@ class ReportListener:
     def connected(self) -> set[int]:
         with self._lock:
             return set(self._conns)
+
+    def order(self, cmd: dict) -> bool:
+        """An order for the whole run: to the world's rank 0, which agrees it with the others at
+        one step; to every rank when they have no process group to agree through."""
+        if not self._alone:
+            return self.send(0, cmd)
+        return all([self.send(rank, cmd) for rank in sorted(self.connected())])
 
     def send(self, rank: int, cmd: dict) -> bool:
         """Send a command to `rank`; False (and a warning in the log) when it cannot be."""
@@ -91,6 +101,7 @@ class ReportListener:
                 ranks.add(ev["rank"])
                 with self._lock:
                     self._conns.setdefault(ev["rank"], conn)
+                    self._alone = self._alone or bool(ev.get("alone"))
                 self.record(ev)
         except MessageTooLong:
             self.note("warning", f"dropped the connection from {peer}: message over the size "

@@ -135,6 +135,8 @@ class RankEvent(Event):
     api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init"]]
     control: NotRequired[Annotated[list, "the orders that script rank takes (pause, checkpoint, "
                                          "stop, settings)"]]
+    alone: NotRequired[Annotated[bool, "that script rank has no process group: it takes the "
+                                       "dashboard's orders itself, not agreed at one step"]]
     seconds: NotRequired[Annotated[float, "stalled or waiting: seconds since its last step"]]
     process: NotRequired[Annotated[str, "stalled: its process state (running, sleeping, "
                                         "stopped, disk wait, zombie)"]]
