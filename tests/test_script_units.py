@@ -184,3 +184,62 @@ def test_a_live_loaders_length_is_counted_and_leaves_the_random_state_alone():
     assert len(LiveLoader(data, batch_size=4, shuffle=True)) == 13
     assert len(LiveLoader(data, batch_size=4, shuffle=True, drop_last=True)) == 12
     assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_torch(tmp_path):
+    """What torch's NCCL watchdog does, played here: a FIFO it reads without blocking, and a
+    dump written with torch's pickler (typed lists as torch.jit._pickle calls) once asked."""
+    import os
+    import pickle
+
+    import torch.jit._pickle
+
+    from ddptui.script.flight import FlightDumps
+
+    class IntList(list):  # pickled as torch's pickler writes List[int]
+        def __reduce__(self):
+            return torch.jit._pickle.build_intlist, (list(self),)
+
+    prefix = str(tmp_path / "x.nccl-trace-rank")
+    dumps = FlightDumps(prefix)
+    assert not dumps.ask(0, now=0.0)  # no pipe: no NCCL group, nothing to wait for
+    os.mkfifo(prefix + "0.pipe")
+    assert not dumps.ask(0, now=0.0)  # a pipe nobody reads (the rank's watchdog is gone)
+    reader = os.open(prefix + "0.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert dumps.ask(0, now=0.0)
+        assert os.read(reader, 128) == b"1"
+        assert dumps.collect(now=1.0) == []  # asked, not written yet
+        entry = {"profiling_name": "nccl:all_reduce", "collective_seq_id": 41,
+                 "state": "completed", "process_group": ("0", "default_pg"),
+                 "input_sizes": [IntList([256, 1000])]}
+        trace = {"version": "2.4", "entries": [entry, {**entry, "collective_seq_id": 42,
+                                                        "state": "started"}]}
+        with open(prefix + "0", "wb") as f:
+            pickle.dump(trace, f)
+        assert dumps.collect(now=1.1) == []  # seen once: is it still growing?
+        assert dumps.collect(now=1.2) == [
+            (0, "NCCL: in all_reduce #42 (started), process group default_pg")]
+        assert dumps.ask(0, now=2.0)
+        assert dumps.collect(now=2.0 + 31) == [(0, None)]  # asked, and no dump came
+    finally:
+        os.close(reader)
+    dumps.remove_pipes([0, 1])
+    assert not os.path.exists(prefix + "0.pipe")
+
+
+def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
+    from ddptui.script.launch import Attempt, rank_env
+    from ddptui.script.options import ScriptConfig
+
+    attempt = Attempt("id", 0, 29500, "127.0.0.1:1", "k")
+    gpu = ScriptConfig(target="t.py", gpus=(0, 1))
+    env = rank_env(gpu, attempt, 1, "s", base={}, trace_prefix="runs/x.nccl-trace-rank")
+    assert env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "runs/x.nccl-trace-rank"
+    assert int(env.get("TORCH_FR_BUFFER_SIZE") or env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) > 0
+    mine = rank_env(gpu, attempt, 1, "s", base={"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/d/fr_"},
+                    trace_prefix="runs/x.nccl-trace-rank")
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in mine
+    cpu = rank_env(ScriptConfig(target="t.py", cpus=2), attempt, 1, "s", base={},
+                   trace_prefix="runs/x.nccl-trace-rank")
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in cpu

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from ddptui.run.processes import ended_how
+from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback
@@ -72,7 +73,8 @@ class RankGroup:
             pipes = [os.pipe(), os.pipe()]
             try:
                 popen = subprocess.Popen(
-                    command(self.config), env=rank_env(self.config, attempt, slot, stacks),
+                    command(self.config), env=rank_env(self.config, attempt, slot, stacks,
+                                                       trace_prefix=trace_prefix(self.stem)),
                     stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
                     start_new_session=True, close_fds=True)
             finally:

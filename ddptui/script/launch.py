@@ -9,6 +9,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 
+from ddptui.script.flight import trace_env
 from ddptui.script.options import ScriptConfig
 
 INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")
@@ -36,9 +37,10 @@ def command(config: ScriptConfig) -> list[str]:
 
 
 def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,
-             base: dict | None = None) -> dict[str, str]:
-    """The environment of rank `rank`: torchrun's variables, the GPUs in --gpus order, and what
-    ddptui's sitecustomize and ddptui.init() read."""
+             base: dict | None = None, trace_prefix: str | None = None) -> dict[str, str]:
+    """The environment of rank `rank`: torchrun's variables, the GPUs in --gpus order, what
+    ddptui's sitecustomize and ddptui.init() read, and on GPUs the NCCL flight recorder with its
+    dump pipe under `trace_prefix` (unless the user points it elsewhere)."""
     env = dict(os.environ if base is None else base)
     n = config.world_size
     env.update({
@@ -65,6 +67,9 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
     if config.gpus:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's order, as --gpus names them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpus))
+        if trace_prefix and not {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE",
+                                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(env):
+            env.update(trace_env(trace_prefix, env))
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env

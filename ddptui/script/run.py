@@ -17,6 +17,7 @@ from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import free_port
 from ddptui.run.readings import RunSampler
 from ddptui.run.supervisor import default_log_path
+from ddptui.script.flight import trace_prefix
 from ddptui.script.group import RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig
@@ -55,7 +56,7 @@ class ScriptRun(OwnedRun):
                                     lambda level, text: self._inbox.put(
                                         event("message", PARENT, level=level, text=text)))
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
-        self.watch = ScriptWatch(config, self._handle, self.say)
+        self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
         self.run_id = new_run_id()
         self.attempts = 0
@@ -142,6 +143,8 @@ class ScriptRun(OwnedRun):
             try:
                 if self.group is not None:
                     self.group.end(None, 0)
+                    if self.watch.flight is not None:
+                        self.watch.flight.remove_pipes(r.slot for r in self.group.ranks)
                 self._drain(0)
                 self.watch.flush_lines(time.time(), force=True)
             finally:

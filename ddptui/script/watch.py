@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from ddptui.run.stacks import StackRequests, innermost
+from ddptui.script.flight import FlightDumps
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
@@ -37,11 +38,14 @@ class ScriptWatch:
     """Owned by the script's run thread: every call comes from it."""
 
     def __init__(self, config: ScriptConfig, handle: Callable[[dict], None],
-                 say: Callable[..., None]):
+                 say: Callable[..., None], trace_prefix: str | None = None):
         self.config, self.handle, self.say = config, handle, say
         self.patterns = compile_metrics(config.metrics)
         self.stalls = ScriptStalls(config.stall_after)
         self.stacks = StackRequests()
+        # GPU ranks' NCCL flight recorders, dumped with their stacks (ddptui/script/flight.py)
+        self.flight = FlightDumps(trace_prefix) if trace_prefix and config.gpus else None
+        self._stacks: dict[int, str] = {}  # slot -> its last Python stacks
         self.tree = ProcessTree()
         self.readers: dict[int, MetricReader] = {}
         self.silence: dict[int, Silence] = {}
@@ -162,10 +166,13 @@ class ScriptWatch:
                      stacks_of=r.slot, stacks="")
             return
         self.stacks.ask(r.slot, r.pid, r.stacks_path, now, self.config.stacks_signal)
+        if self.flight is not None:
+            self.flight.ask(r.slot, now)
 
     def collect_stacks(self, ranks: dict[int, ScriptRank], now: float) -> None:
         for slot, text in self.stacks.collect(now):
             stalled = self.flags.get(slot) == "stalled"
+            self._stacks[slot] = text or ""
             if text is None:
                 why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
                 self.say(f"rank {slot}: no Python stacks: {why}", "warning", stacks_of=slot,
@@ -177,6 +184,11 @@ class ScriptWatch:
             if stalled:
                 self.evidence[slot] = text
                 self._blame(ranks)
+        for slot, nccl in self.flight.collect(now) if self.flight is not None else []:
+            if nccl:  # the stacks screen shows it above the Python stacks
+                stacks = self._stacks.get(slot, "")
+                self.say(f"rank {slot}: {nccl}", "info", stacks_of=slot,
+                         stacks=f"{nccl}\n\n{stacks}" if stacks else nccl)
 
     def _blame(self, ranks: dict[int, ScriptRank]) -> None:
         """Stalled ranks blocked in a collective while another is stuck in its own code (or

@@ -1,0 +1,147 @@
+"""torch's NCCL flight recorder in a script's ranks: turned on through the environment, dumped on
+`t` through the named pipe each rank's NCCL watchdog polls, and read back as one line per rank
+saying which collective it is in. Works while the rank's Python is hung: torch's threads answer.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import io
+import os
+import pickle
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
+DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
+# the C++ stacks of every entry first, which took over 4 s on an H100
+
+
+def trace_prefix(stem: str) -> str:
+    """Where a run's dumps go, beside its log: runs/<time>.nccl-trace-rank0 (and .pipe)."""
+    return f"{stem}.nccl-trace-rank"
+
+
+def trace_env(prefix: str, env: dict[str, str]) -> dict[str, str]:
+    """What a rank needs for the recorder and its pipe (`{prefix}{rank}.pipe` asks for a dump,
+    written to `{prefix}{rank}`); the buffer size stays as `env` sets it, if it does."""
+    size = env.get("TORCH_FR_BUFFER_SIZE") or env.get("TORCH_NCCL_TRACE_BUFFER_SIZE") \
+        or TRACE_ENTRIES
+    names = ("TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE") if _torch_at_least(2, 9) else \
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    # (torch 2.9 renamed the two and warns on every rank when the old names are set)
+    return {names[0]: size, names[1]: prefix, "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": prefix}
+
+
+def _torch_at_least(major: int, minor: int) -> bool:
+    try:  # the installed version, without importing torch
+        found = importlib.metadata.version("torch").split(".")[:2]
+        return (int(found[0]), int(found[1])) >= (major, minor)
+    except (importlib.metadata.PackageNotFoundError, ValueError, IndexError):
+        return True
+
+
+@dataclass
+class _Dump:
+    path: str
+    deadline: float
+    size: int = -1
+
+
+class FlightDumps:
+    """ask(slot) writes to a rank's pipe; collect(now) gives (slot, one-line summary) for each
+    dump written since (or None for one that never came)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.pending: dict[int, _Dump] = {}
+
+    def ask(self, slot: int, now: float) -> bool:
+        """False when the rank has no NCCL process group listening (CPU ranks, gloo, not yet
+        formed): nothing is waited for."""
+        path = f"{self.prefix}{slot}"
+        try:
+            if os.path.exists(path):
+                os.remove(path)  # the last dump: a new one is written in its place
+            fd = os.open(path + ".pipe", os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader
+        except OSError:
+            return False
+        try:
+            os.write(fd, b"1")
+        finally:
+            os.close(fd)
+        self.pending[slot] = _Dump(path, now + DUMP_WAIT_S)
+        return True
+
+    def remove_pipes(self, slots: Iterable[int]) -> None:
+        """The ranks' watchdogs leave their pipes behind: gone with the run (the dumps stay)."""
+        for slot in slots:
+            try:
+                os.remove(f"{self.prefix}{slot}.pipe")
+            except OSError:
+                pass
+
+    def collect(self, now: float) -> list[tuple[int, str | None]]:
+        done = []
+        for slot, dump in list(self.pending.items()):
+            try:
+                size = os.path.getsize(dump.path)
+            except OSError:
+                size = 0
+            finished = size > 0 and size == dump.size  # written, and no longer growing
+            dump.size = size
+            if finished or now > dump.deadline:
+                del self.pending[slot]
+                done.append((slot, summary(_load(dump.path)) if size else None))
+        return done
+
+
+def summary(trace: dict | None) -> str | None:
+    """'NCCL: in all_reduce #412 (started), process group default_pg' for the oldest collective
+    that has not completed; else the last one, completed."""
+    if not trace:
+        return None
+    entries = trace.get("entries") or []
+    if not entries:
+        return "NCCL: no collective recorded yet"
+    open_ = [e for e in entries if e.get("state") != "completed"]
+    e = open_[0] if open_ else entries[-1]
+    name = str(e.get("profiling_name", "?")).removeprefix("nccl:")
+    seq = e.get("collective_seq_id") or e.get("p2p_seq_id")
+    group = e.get("process_group")
+    group = f", process group {group[1] or group[0]}" if isinstance(group, (list, tuple)) \
+        and len(group) == 2 else ""
+    if open_:
+        return f"NCCL: in {name} #{seq} ({e.get('state')}){group}"
+    return f"NCCL: in no collective; the last, {name} #{seq}, completed{group}"
+
+
+def _same(value, *_type_tag):
+    return value
+
+
+# torch writes the dump with its own pickler, which wraps typed lists in calls of
+# torch.jit._pickle; they only give the value back, so they are read here without torch.
+_TORCH_LISTS = {"build_intlist", "build_doublelist", "build_boollist", "build_genericlist",
+                "build_tensorlist", "restore_type_tag"}
+_BUILTINS = {"list": list, "dict": dict, "tuple": tuple, "set": set, "frozenset": frozenset}
+
+
+class _Plain(pickle.Unpickler):
+    """The dump is plain data (dicts, lists, strings, numbers): nothing else is loaded."""
+
+    def find_class(self, module: str, name: str):
+        if module == "torch.jit._pickle" and name in _TORCH_LISTS:
+            return _same
+        if module == "builtins" and name in _BUILTINS:
+            return _BUILTINS[name]
+        raise pickle.UnpicklingError(f"not plain data: {module}.{name}")
+
+
+def _load(path: str) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            trace = _Plain(io.BytesIO(f.read())).load()
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+        return None
+    return trace if isinstance(trace, dict) else None
