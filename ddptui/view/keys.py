@@ -29,7 +29,7 @@ KEYS = (
         "kill the selected rank (a stalled one above all): the others go on through crash recovery"),
     Key("t", "stacks", "Stacks", "t",
         "the selected rank's Python stacks, every thread (a stalled rank's are taken when it is "
-        "flagged)"),
+        "flagged); a script's GPU rank also says which NCCL collective it is in"),
     Key("g", "gpus", "GPU detail", "g",
         "the GPU screen: each GPU's load, memory and power over five minutes, clocks and why "
         "they are held down, PCIe and NVLink traffic, other processes"),

@@ -20,7 +20,8 @@ from trainer.protocol.events import PARENT, RankState, count, describe
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
 FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
-TROUBLE = ("stalled", "crashed", "slow")  # rank states the event pane shows as warnings
+# rank states the event pane shows as warnings
+TROUBLE = frozenset({RankState.STALLED, RankState.CRASHED, RankState.SLOW})
 
 
 def _fresh_for(r: RankView) -> float:
@@ -151,7 +152,8 @@ class RunState:
         if ev.get("settings") and not self.settings:
             self.settings = dict(ev["settings"])
         self.live_epoch.ended(ev, t)
-        live = [r for r in self.ranks.values() if r.state in ("running", "starting")]
+        live = [r for r in self.ranks.values()
+                if RankState.of(r.state).is_member or r.state == RankState.STARTING]
         if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
             merged = row.merged()
             if self.meta.get("device_kind") == "cpu" and merged["settings"]:
