@@ -187,14 +187,16 @@ def _describe(pid: int) -> str:
 
 @pytest.fixture(autouse=True)
 def _end_what_a_failed_test_left(monkeypatch):
-    """A test that fails half-way leaves its run going (a Supervisor's thread and ranks, a
-    ddptui subprocess): end them so that they do not load the tests after it. Tests that check
-    for leftovers do so themselves, with assert_gone."""
+    """A test that fails half-way leaves its run going (a Supervisor's or a ScriptRun's thread
+    and ranks, a ddptui subprocess): end them so that they do not load the tests after it. Tests
+    that check for leftovers do so themselves, with assert_gone."""
     from ddptui.run.supervisor import Supervisor
+    from ddptui.script.run import ScriptRun
 
     started = []
-    start = Supervisor.start
-    monkeypatch.setattr(Supervisor, "start", lambda sup: (started.append(sup), start(sup))[1])
+    for cls in (Supervisor, ScriptRun):
+        monkeypatch.setattr(cls, "start", lambda run, start=cls.start: (started.append(run),
+                                                                          start(run))[1])
     yield
     for sup in started:
         if not sup.done.is_set():

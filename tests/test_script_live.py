@@ -153,28 +153,21 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
     await asyncio.sleep(0)
 
 
-async def test_ranks_without_a_process_group_each_take_pause_and_stop(script_env, tmp_path):
+def test_ranks_without_a_process_group_each_take_pause_and_stop(script_env, tmp_path):
     """No group to agree through: every rank gets the order and acts on it at a step of its own,
     so q still ends every rank's loop cleanly (not rank 0's alone, the others signalled)."""
     log = tmp_path / "alone.jsonl"
     run = _run([os.path.join(ROOT, "tests", "helpers", "scripts", "alone.py"), "--cpus", "2",
                 "--grace", "20"], log)
-    run.start()
-    try:
+    run.start()  # (a failure half-way: conftest ends the run)
+
+    def each_rank(says, timeout: float = 30) -> None:
         for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e["kind"] == "rank" and e["rank"] == r
-                           and e.get("alone"), 60)
-        run.pause()
-        for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e.get("status") == "paused" and e["rank"] == r,
-                           30)
-        run.resume()
-        for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e.get("status") == "resumed" and e["rank"] == r,
-                           30)
-    except BaseException:
-        run.stop()
-        run.stop()
-        raise
+            wait_for_event(log, lambda e, r=rank: e["rank"] == r and says(e), timeout)
+
+    each_rank(lambda e: e["kind"] == "rank" and e.get("alone"), 60)
+    run.pause()
+    each_rank(lambda e: e.get("status") == "paused")
+    run.resume()
+    each_rank(lambda e: e.get("status") == "resumed")
     assert_stops_cleanly(run, log)
-    await asyncio.sleep(0)

@@ -12,18 +12,30 @@ STACKS_WAIT_S = 2.0  # a process that cannot run its signal handler (SIGSTOP) an
 
 
 @dataclass
-class _Request:
-    pid: int
+class Awaited:
+    """A file another process was asked to write: in once written and no longer growing, or
+    given up on past its deadline."""
+
     path: str
     deadline: float
     size: int = -1
+
+    def settled(self, now: float) -> int | None:
+        """The file's size once it is in (0: none came by the deadline); None while waiting."""
+        try:
+            size = os.path.getsize(self.path)
+        except OSError:
+            size = 0
+        finished = size > 0 and size == self.size
+        self.size = size
+        return size if finished or now > self.deadline else None
 
 
 class StackRequests:
     """ask() signals a rank; collect() returns the answers that are complete (or timed out)."""
 
     def __init__(self):
-        self.pending: dict[int, _Request] = {}
+        self.pending: dict[int, Awaited] = {}
 
     def ask(self, slot: int, pid: int, path: str, now: float,
             sig: int = signal.SIGUSR1) -> bool:
@@ -33,20 +45,15 @@ class StackRequests:
             os.kill(pid, sig)
         except OSError:
             return False
-        self.pending[slot] = _Request(pid, path, now + STACKS_WAIT_S)
+        self.pending[slot] = Awaited(path, now + STACKS_WAIT_S)
         return True
 
     def collect(self, now: float) -> list[tuple[int, str | None]]:
         """(slot, stacks) for answers complete since the last call; None when none came."""
         done = []
         for slot, req in list(self.pending.items()):
-            try:
-                size = os.path.getsize(req.path)
-            except OSError:
-                size = 0
-            finished = size > 0 and size == req.size  # written, and no longer growing
-            req.size = size
-            if finished or now > req.deadline:
+            size = req.settled(now)
+            if size is not None:
                 del self.pending[slot]
                 done.append((slot, _read(req.path) if size else None))
         return done

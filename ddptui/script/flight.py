@@ -10,7 +10,8 @@ import io
 import os
 import pickle
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from ddptui.run.stacks import Awaited
 
 TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
 DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
@@ -41,20 +42,13 @@ def _torch_at_least(major: int, minor: int) -> bool:
         return True
 
 
-@dataclass
-class _Dump:
-    path: str
-    deadline: float
-    size: int = -1
-
-
 class FlightDumps:
     """ask(slot) writes to a rank's pipe; collect(now) gives (slot, one-line summary) for each
     dump written since (or None for one that never came)."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
-        self.pending: dict[int, _Dump] = {}
+        self.pending: dict[int, Awaited] = {}
 
     def ask(self, slot: int, now: float) -> bool:
         """False when the rank has no NCCL process group listening (CPU ranks, gloo, not yet
@@ -70,7 +64,7 @@ class FlightDumps:
             os.write(fd, b"1")
         finally:
             os.close(fd)
-        self.pending[slot] = _Dump(path, now + DUMP_WAIT_S)
+        self.pending[slot] = Awaited(path, now + DUMP_WAIT_S)
         return True
 
     def remove_pipes(self, slots: Iterable[int]) -> None:
@@ -84,13 +78,8 @@ class FlightDumps:
     def collect(self, now: float) -> list[tuple[int, str | None]]:
         done = []
         for slot, dump in list(self.pending.items()):
-            try:
-                size = os.path.getsize(dump.path)
-            except OSError:
-                size = 0
-            finished = size > 0 and size == dump.size  # written, and no longer growing
-            dump.size = size
-            if finished or now > dump.deadline:
+            size = dump.settled(now)
+            if size is not None:
                 del self.pending[slot]
                 done.append((slot, summary(_load(dump.path)) if size else None))
         return done
