@@ -194,7 +194,7 @@ def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_tor
 
     import torch.jit._pickle
 
-    from ddptui.script.flight import FlightDumps
+    from ddptui.script.flight import FlightDumps, summary
 
     class IntList(list):  # pickled as torch's pickler writes List[int]
         def __reduce__(self):
@@ -218,14 +218,32 @@ def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_tor
         with open(prefix + "0", "wb") as f:
             pickle.dump(trace, f)
         assert dumps.collect(now=1.1) == []  # seen once: is it still growing?
-        assert dumps.collect(now=1.2) == [
-            (0, "NCCL: in all_reduce #42 (started), process group default_pg")]
+        ((slot, read),) = dumps.collect(now=1.2)
+        assert slot == 0 and read["entries"][0]["input_sizes"] == [[256, 1000]]
+        assert summary(read) == "NCCL: in all_reduce #42 (started), process group default_pg"
         assert dumps.ask(0, now=2.0)
         assert dumps.collect(now=2.0 + 31) == [(0, None)]  # asked, and no dump came
     finally:
         os.close(reader)
     dumps.remove_pipes([0, 1])
     assert not os.path.exists(prefix + "0.pipe")
+
+
+def test_the_nccl_dumps_name_the_rank_that_never_joined_the_collective_the_others_are_in():
+    """DDP's all-reduce runs behind the Python: a rank that waits for a peer shows user code in
+    its stacks, but its dump has all_reduce #42 open while the peer never enqueued #42."""
+    from ddptui.script.flight import behind
+
+    def trace(*entries):
+        return {"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
+                             "collective_seq_id": seq, "state": state} for seq, state in entries]}
+
+    done41 = [(40, "completed"), (41, "completed")]
+    assert behind({0: trace(*done41, (42, "started")), 1: trace(*done41),
+                   2: trace(*done41, (42, "scheduled"))}) == {
+        0: ("all_reduce #42 (NCCL)", [1]), 2: ("all_reduce #42 (NCCL)", [1])}
+    # every rank in #42: no rank is behind, so nobody is named
+    assert behind({0: trace(*done41, (42, "started")), 1: trace(*done41, (42, "started"))}) == {}
 
 
 def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
@@ -243,3 +261,32 @@ def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
     cpu = rank_env(ScriptConfig(target="t.py", cpus=2), attempt, 1, "s", base={},
                    trace_prefix="runs/x.nccl-trace-rank")
     assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in cpu
+
+
+def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
+    """Both ranks stalled, both stacks in user code: the dumps show rank 0 inside all_reduce #42
+    that rank 1 never joined, so rank 0 is `waiting` for rank 1 and rank 1 stays `stalled`."""
+    from types import SimpleNamespace
+
+    from ddptui.script.options import ScriptConfig
+    from ddptui.script.watch import ScriptWatch
+
+    said: list[dict] = []
+    watch = ScriptWatch(ScriptConfig(target="t.py", gpus=(0, 1)), said.append,
+                        lambda text, level="info", **f: said.append({"text": text, **f}),
+                        trace_prefix=str(tmp_path / "x.nccl-trace-rank"))
+
+    def trace(*entries):
+        return {"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
+                             "collective_seq_id": seq, "state": state} for seq, state in entries]}
+
+    dumps = {0: trace((41, "completed"), (42, "started")), 1: trace((41, "completed"))}
+    watch.flight.collect = lambda now: list(dumps.items())
+    watch.flags = {0: "stalled", 1: "stalled"}
+    ranks = {s: SimpleNamespace(slot=s, pid=100 + s, gpu=s) for s in (0, 1)}
+    watch.collect_stacks(ranks, now=1.0)
+    verdicts = [(e["rank"], e["state"], e.get("waiting_for")) for e in said
+                if e.get("kind") == "rank"]
+    assert verdicts == [(0, "waiting", [1])] and watch.flags == {0: "waiting", 1: "stalled"}
+    assert "rank 1: NCCL: in no collective; the last, all_reduce #41, completed" in \
+        [e.get("text") for e in said]

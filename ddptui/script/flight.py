@@ -43,8 +43,7 @@ def _torch_at_least(major: int, minor: int) -> bool:
 
 
 class FlightDumps:
-    """ask(slot) writes to a rank's pipe; collect(now) gives (slot, one-line summary) for each
-    dump written since (or None for one that never came)."""
+    """ask(slot) writes to a rank's pipe; collect(now) gives each dump that came since."""
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -75,13 +74,14 @@ class FlightDumps:
             except OSError:
                 pass
 
-    def collect(self, now: float) -> list[tuple[int, str | None]]:
+    def collect(self, now: float) -> list[tuple[int, dict | None]]:
+        """(slot, the dump's data) for each dump in since the last call; None: none came."""
         done = []
         for slot, dump in list(self.pending.items()):
             size = dump.settled(now)
             if size is not None:
                 del self.pending[slot]
-                done.append((slot, summary(_load(dump.path)) if size else None))
+                done.append((slot, _load(dump.path) if size else None))
         return done
 
 
@@ -103,6 +103,29 @@ def summary(trace: dict | None) -> str | None:
     if open_:
         return f"NCCL: in {name} #{seq} ({e.get('state')}){group}"
     return f"NCCL: in no collective; the last, {name} #{seq}, completed{group}"
+
+
+def behind(traces: dict[int, dict]) -> dict[int, tuple[str, list[int]]]:
+    """From several ranks' dumps: a rank with a collective open (#N of a process group) waits
+    for the ranks that never enqueued #N there; slot -> (where it waits, those ranks)."""
+    highest: dict[int, dict] = {}  # slot -> process group -> the last sequence number enqueued
+    for slot, trace in traces.items():
+        for e in trace.get("entries") or []:
+            group, seq = e.get("pg_id"), e.get("collective_seq_id") or 0
+            highest.setdefault(slot, {})[group] = max(seq, highest.get(slot, {}).get(group, 0))
+    waits = {}
+    for slot, trace in traces.items():
+        open_ = [e for e in trace.get("entries") or [] if e.get("state") != "completed"]
+        if not open_:
+            continue
+        e = open_[0]
+        group, seq = e.get("pg_id"), e.get("collective_seq_id") or 0
+        late = sorted(other for other, seqs in highest.items()
+                      if other != slot and seqs.get(group, 0) < seq)
+        if late:
+            name = str(e.get("profiling_name", "?")).removeprefix("nccl:")
+            waits[slot] = (f"{name} #{seq} (NCCL)", late)
+    return waits
 
 
 def _same(value, *_type_tag):

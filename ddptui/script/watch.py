@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ddptui.run.stacks import StackRequests, innermost
-from ddptui.script.flight import FlightDumps
+from ddptui.script.flight import FlightDumps, behind, summary
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
@@ -51,6 +51,7 @@ class ScriptWatch:
         self.silence: dict[int, Silence] = {}
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting
         self.evidence: dict[int, str] = {}  # a flagged slot -> its stacks since the verdict
+        self.traces: dict[int, dict] = {}  # a flagged slot -> its NCCL dump since the verdict
         self.frozen: set[int] = set()  # flagged slots whose process is stopped
         self._ranks: list[ScriptRank] = []  # the live ranks of the last sample
         self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
@@ -63,9 +64,7 @@ class ScriptWatch:
             self.readers[slot] = MetricReader(slot, self.patterns, self._emitter(slot))
             self.silence[slot] = Silence(now)
             self.stalls.forget(slot)
-            self.flags.pop(slot, None)
-            self.evidence.pop(slot, None)
-            self.frozen.discard(slot)
+            self._forget(slot)
         self.reporting.clear()
 
     def _emitter(self, slot: int) -> Callable[..., None]:
@@ -107,8 +106,13 @@ class ScriptWatch:
         if reader is not None and slot not in self.reporting:
             reader.finish_epoch(partial=not whole)
         self.stalls.forget(slot)
+        self._forget(slot)
+
+    def _forget(self, slot: int) -> None:
+        """A verdict on `slot` and its evidence are over."""
         self.flags.pop(slot, None)
         self.evidence.pop(slot, None)
+        self.traces.pop(slot, None)
         self.frozen.discard(slot)
 
     # -- what the parent sees ------------------------------------------------------------
@@ -140,9 +144,7 @@ class ScriptWatch:
         old = self.flags.get(r.slot)
         if verdict is None:
             if old is not None:
-                del self.flags[r.slot]
-                self.evidence.pop(r.slot, None)
-                self.frozen.discard(r.slot)
+                self._forget(r.slot)
                 self._rank(r, "running", "making progress again")
             return
         if old is not None:
@@ -184,17 +186,25 @@ class ScriptWatch:
             if stalled:
                 self.evidence[slot] = text
                 self._blame(ranks)
-        for slot, nccl in self.flight.collect(now) if self.flight is not None else []:
-            if nccl:  # the stacks screen shows it above the Python stacks
-                stacks = self._stacks.get(slot, "")
-                self.say(f"rank {slot}: {nccl}", "info", stacks_of=slot,
-                         stacks=f"{nccl}\n\n{stacks}" if stacks else nccl)
+        for slot, trace in self.flight.collect(now) if self.flight is not None else []:
+            nccl = summary(trace)
+            if nccl is None:
+                continue
+            stacks = self._stacks.get(slot, "")  # the stacks screen shows it above them
+            self.say(f"rank {slot}: {nccl}", "info", stacks_of=slot,
+                     stacks=f"{nccl}\n\n{stacks}" if stacks else nccl)
+            if slot in self.flags:
+                self.traces[slot] = trace
+                self._blame(ranks)
 
     def _blame(self, ranks: dict[int, ScriptRank]) -> None:
         """Stalled ranks blocked in a collective while another is stuck in its own code (or
         frozen: stopped, no stacks to take) wait for that one: they are shown `waiting`, the
-        other stays `stalled`."""
-        for slot, (where, culprits) in blame(self.evidence, self.frozen).items():
+        other stays `stalled`. The NCCL dumps say it best where they name a rank that never
+        joined the collective the others are in (DDP's all-reduce runs behind the Python)."""
+        found = blame(self.evidence, self.frozen)
+        found.update(behind(self.traces))
+        for slot, (where, culprits) in found.items():
             if self.flags.get(slot) == "stalled" and slot in ranks:
                 self.flags[slot] = "waiting"
                 names = ", ".join(map(str, culprits))
