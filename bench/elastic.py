@@ -18,6 +18,7 @@ import time
 
 from ddptui.cli import resolve_devices
 from ddptui.run.supervisor import Supervisor
+from trainer.config import DeviceOptions
 from trainer.options import Parser
 from trainer.parse import add_training_options, config_from_args
 from trainer.protocol.events import read_events
@@ -86,9 +87,7 @@ def start(doc: str, name: str) -> tuple[Supervisor, Bench, object]:
     """Parse the run's options, start a long run and wait until it is past cudnn autotuning
     and worker start-up (and has a median step time)."""
     parser = Parser(description=doc)
-    add_training_options(parser)
-    parser.add_argument("--gpus", default=None)
-    parser.add_argument("--cpus", type=int, default=None)
+    add_training_options(parser, DeviceOptions)
     parser.add_argument("--out", default=f"{name}.json")
     args = parser.parse_args()
     gpus, cpus = resolve_devices(args.gpus, args.cpus)

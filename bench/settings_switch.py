@@ -8,11 +8,13 @@ every S seconds and applied at once (the `a` key), so one epoch shows before and
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
 from ddptui.cli import resolve_devices
 from ddptui.run.supervisor import Supervisor
+from trainer.config import DeviceOptions
 from trainer.options import Parser
 from trainer.parse import add_training_options, config_from_args
 from trainer.protocol.events import read_events
@@ -33,14 +35,15 @@ def parse_switch(items: list[str]) -> list[dict]:
 
 def main() -> int:
     parser = Parser(description=__doc__)
-    add_training_options(parser)
-    parser.add_argument("--gpus", default=None)
+    add_training_options(parser, DeviceOptions)
     parser.add_argument("--switch", nargs="+", default=[])
     parser.add_argument("--now", type=float, default=None, metavar="S")
     args = parser.parse_args()
-    gpus, cpus = resolve_devices(args.gpus, None)
+    gpus, cpus = resolve_devices(args.gpus, args.cpus)
     config = config_from_args(args, gpus=gpus, cpus=cpus)
     log = config.telemetry.log or "settings_switch.jsonl"
+    if os.path.exists(log):
+        os.remove(log)  # the figures below read it from the start
     sup = Supervisor(config, log)
     sup.start()
     while not sup.state.first_step_t and not sup.done.is_set():
@@ -51,14 +54,14 @@ def main() -> int:
             sup.change_settings(**change)
             sup.apply_now()
             continue
-        seen = len(sup.state.view()["epochs"])
-        while len(sup.state.view()["epochs"]) <= seen and not sup.done.is_set():
+        seen = len(sup.state.view().epochs)
+        while len(sup.state.view().epochs) <= seen and not sup.done.is_set():
             time.sleep(0.1)
         sup.change_settings(**change)
     code = sup.wait()
     print("| epoch | steps | ranks | prefetch | workers | cudnn.benchmark | img/s | data-wait |")
     print("|---|---|---|---|---|---|---|---|")
-    for e in sup.state.view()["epochs"]:
+    for e in sup.state.view().epochs:
         s = e["settings"]
         print(f"| {e['epoch']} | {e['start_step']}-{e['end_step']} | {e['world_size']} | "
               f"{s['prefetch']} | {s['workers']} | {s['cudnn_benchmark']} | "
