@@ -10,6 +10,7 @@ and after (5 s windows).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -130,7 +131,7 @@ def main() -> int:
     sup.stop()
     code = sup.wait(120)
     with open(args.out, "w") as f:
-        json.dump({"config": {k: v for k, v in vars(config).items()}, "rows": rows}, f, indent=1)
+        json.dump({"config": dataclasses.asdict(config), "rows": rows}, f, indent=1)
     print("| action | world | to first step (s) | longest stall of a rank that stayed (s) "
           "| steps redone | img/s before | img/s after |")
     print("|---|---|---|---|---|---|---|")
