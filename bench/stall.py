@@ -17,7 +17,8 @@ import subprocess
 import sys
 import time
 
-from bench.elastic import Bench, start
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.elastic import Bench, start  # noqa: E402
 
 
 def smi_memory() -> dict[int, int]:
