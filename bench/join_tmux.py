@@ -10,6 +10,7 @@ that stayed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shlex
@@ -37,16 +38,14 @@ def wait(log: str, predicate, what: str, timeout: float = 300) -> list[dict]:
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    rounds, keep = 3, None
-    if "--rounds" in args:
-        i = args.index("--rounds")
-        rounds = int(args[i + 1])
-        del args[i:i + 2]
-    if "--keep" in args:  # a folder to copy the run's log into, for a closer look
-        i = args.index("--keep")
-        keep = args[i + 1]
-        del args[i:i + 2]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     usage="%(prog)s [--rounds N] [--keep DIR] MODEL "
+                                     "[ddptui run options]")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", default=None, metavar="DIR",
+                        help="a folder to copy the run's log into, for a closer look")
+    known, args = parser.parse_known_args()
+    rounds, keep = known.rounds, known.keep
     tmp = tempfile.mkdtemp()
     log, session = os.path.join(tmp, "run.jsonl"), f"join{os.getpid()}"
     cmd = [sys.executable, "-m", "ddptui", "run", *args, "--epochs", "1000", "--log", log]
