@@ -16,11 +16,12 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def option(default: Any, help: str | None = None, *, flag: str | None = None,
+def option(default: Any, help: str | None = None, /, *, flag: str | None = None,
            group: str | None = None, **argparse_kwargs: Any) -> Any:
     """A dataclass field that is also a command-line option: `flag` defaults to the field's name
     with dashes (`batch_size` -> --batch-size); a flag without dashes is positional; `group`
-    overrides the section's argument group; the rest goes to `add_argument` as it is."""
+    overrides the section's argument group; the rest goes to `add_argument` as it is (a
+    `default` there is the command line's, where it is spelt otherwise than the field's)."""
     return dataclasses.field(default=default, metadata={
         "flag": flag, "help": help, "group": group, "argparse": argparse_kwargs})
 

@@ -6,7 +6,6 @@ saying which collective it is in. Works while the rank's Python is hung: torch's
 from __future__ import annotations
 
 import importlib.metadata
-import io
 import os
 import pickle
 from collections.abc import Iterable
@@ -93,39 +92,48 @@ def summary(trace: dict | None) -> str | None:
     entries = trace.get("entries") or []
     if not entries:
         return "NCCL: no collective recorded yet"
-    open_ = [e for e in entries if e.get("state") != "completed"]
-    e = open_[0] if open_ else entries[-1]
-    name = str(e.get("profiling_name", "?")).removeprefix("nccl:")
-    seq = e.get("collective_seq_id") or e.get("p2p_seq_id")
+    e = _oldest_open(entries) or entries[-1]
     group = e.get("process_group")
     group = f", process group {group[1] or group[0]}" if isinstance(group, (list, tuple)) \
         and len(group) == 2 else ""
-    if open_:
-        return f"NCCL: in {name} #{seq} ({e.get('state')}){group}"
-    return f"NCCL: in no collective; the last, {name} #{seq}, completed{group}"
+    if e.get("state") != "completed":
+        return f"NCCL: in {_name(e)} #{_seq(e)} ({e.get('state')}){group}"
+    return f"NCCL: in no collective; the last, {_name(e)} #{_seq(e)}, completed{group}"
 
 
 def behind(traces: dict[int, dict]) -> dict[int, tuple[str, list[int]]]:
     """From several ranks' dumps: a rank with a collective open (#N of a process group) waits
     for the ranks that never enqueued #N there; slot -> (where it waits, those ranks)."""
+    # Collectives only: send/recv count in a sequence of their own.
+    collectives = {slot: [e for e in trace.get("entries") or [] if not e.get("is_p2p")]
+                   for slot, trace in traces.items()}
     highest: dict[int, dict] = {}  # slot -> process group -> the last sequence number enqueued
-    for slot, trace in traces.items():
-        for e in trace.get("entries") or []:
-            group, seq = e.get("pg_id"), e.get("collective_seq_id") or 0
-            highest.setdefault(slot, {})[group] = max(seq, highest.get(slot, {}).get(group, 0))
+    for slot, entries in collectives.items():
+        seqs = highest.setdefault(slot, {})
+        for e in entries:
+            seqs[e.get("pg_id")] = max(seqs.get(e.get("pg_id"), 0), _seq(e))
     waits = {}
-    for slot, trace in traces.items():
-        open_ = [e for e in trace.get("entries") or [] if e.get("state") != "completed"]
-        if not open_:
+    for slot, entries in collectives.items():
+        e = _oldest_open(entries)
+        if e is None:
             continue
-        e = open_[0]
-        group, seq = e.get("pg_id"), e.get("collective_seq_id") or 0
         late = sorted(other for other, seqs in highest.items()
-                      if other != slot and seqs.get(group, 0) < seq)
+                      if other != slot and seqs.get(e.get("pg_id"), 0) < _seq(e))
         if late:
-            name = str(e.get("profiling_name", "?")).removeprefix("nccl:")
-            waits[slot] = (f"{name} #{seq} (NCCL)", late)
+            waits[slot] = (f"{_name(e)} #{_seq(e)} (NCCL)", late)
     return waits
+
+
+def _oldest_open(entries: list[dict]) -> dict | None:
+    return next((e for e in entries if e.get("state") != "completed"), None)
+
+
+def _name(e: dict) -> str:
+    return str(e.get("profiling_name", "?")).removeprefix("nccl:")
+
+
+def _seq(e: dict) -> int:
+    return e.get("collective_seq_id") or e.get("p2p_seq_id") or 0
 
 
 def _same(value, *_type_tag):
@@ -153,7 +161,7 @@ class _Plain(pickle.Unpickler):
 def _load(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
-            trace = _Plain(io.BytesIO(f.read())).load()
+            trace = _Plain(f).load()
     except (OSError, pickle.UnpicklingError, EOFError, ValueError):
         return None
     return trace if isinstance(trace, dict) else None

@@ -63,7 +63,8 @@ class ScriptConfig:
         metavar="NAME[=REGEX]")
     stacks_signal: int = option(
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
-        "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG")
+        "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG",
+        default="SIGUSR1")
 
     @property
     def world_size(self) -> int:
@@ -162,9 +163,7 @@ def _metric(text: str) -> tuple[str, str | None]:
     return name, regex
 
 
-def _signal(name: str | int) -> int:
-    if isinstance(name, int):  # the field's default, not a user's flag
-        return name
+def _signal(name: str) -> int:
     name = name.upper()
     name = name if name.startswith("SIG") else "SIG" + name
     try:

@@ -153,7 +153,7 @@ class RunState:
             self.settings = dict(ev["settings"])
         self.live_epoch.ended(ev, t)
         live = [r for r in self.ranks.values()
-                if RankState.of(r.state).is_member or r.state == RankState.STARTING]
+                if r.state.is_member or r.state == RankState.STARTING]
         if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
             merged = row.merged()
             if self.meta.get("device_kind") == "cpu" and merged["settings"]:
