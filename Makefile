@@ -18,8 +18,10 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/ddptui run resnet18 || test $$? -eq 130  # quitting with q or Ctrl-C is no error
 
+# Three tests at a time on CI's two cores: a test spends about a third of its time waiting on
+# ranks that import torch or on a timer, and the suite takes 4.7 min instead of 5.8.
 test: $(STAMP)
-	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q
+	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
