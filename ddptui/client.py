@@ -13,6 +13,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -23,6 +24,9 @@ from trainer.protocol.channel import load_key, parse_address
 from trainer.telemetry.gpu import DeviceSampler, physical_index
 from trainer.telemetry.remote import RemoteLink, node_name
 from trainer.telemetry.reporter import Reporter
+
+if TYPE_CHECKING:
+    from ddptui.elastic import Elastic
 
 STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
 CONTROLS = ["pause", "checkpoint", "stop"]  # what the dashboard may ask of a script that steps
@@ -37,7 +41,8 @@ class Run:
     but epochs(), which still counts epochs and calls set_epoch."""
 
     def __init__(self, report: str | None, hz: float = STEPS_HZ):
-        self.rank = int(os.environ.get("RANK", 0))
+        self.rank = int(os.environ.get("RANK", 0))  # in the current world
+        self.slot = self.rank  # the rank it was started as: its name on the dashboard
         self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.active = bool(report)
@@ -51,10 +56,12 @@ class Run:
         self._epoch: int | None = None
         self._epoch_open = False
         self._done = False
+        self._elastic: Elastic | None = None
+        self._model = None  # run.ddp()'s
         if not self.active:
             return
         self._supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid())
-        self.reporter = Reporter(self.rank)
+        self.reporter = Reporter(self.slot)
         self.link = RemoteLink(parse_address(report, "DDPTUI_REPORT"), load_key()[0],
                                node_name(), lambda text: print(f"ddptui: rank {self.rank}: "
                                                                f"{text}", file=sys.stderr))
@@ -67,13 +74,15 @@ class Run:
         self._begin_interval()
         self._begin_epoch_figures()
         self._announce()
-        atexit.register(self.done)
+        atexit.register(self._at_exit)
 
     # -- the calls a script makes ----------------------------------------------------------------
     def step(self, loss=None, samples: int = 0) -> None:
         """After each optimizer step: `loss` a tensor (never read now) or a float, `samples` the
         batch size on this rank."""
         if not self.active:
+            return
+        if self._recovered():  # this step broke with the world: it is redone from the point
             return
         self.should_checkpoint = False
         self.global_step += 1
@@ -82,7 +91,12 @@ class Run:
         self._segment_samples += samples
         if loss is not None:
             self._meter.add(loss)
-        self._apply(self._agreed())
+        for live in self._loaders:
+            live.step_done()
+        if self._elastic is None:
+            self._apply(self._agreed())
+        elif not self._elastic_step():
+            return
         now = time.perf_counter()
         if now - self._start >= self._interval or self.global_step == 1:  # the first at once
             self._send_step(now)
@@ -128,14 +142,52 @@ class Run:
         from ddptui.loader import LiveLoader
 
         live = LiveLoader(dataset, batch_size, sampler, **kwargs)
+        live.on_epoch, live.on_next = self._epoch_point, self._recovered
+        if self._elastic is not None:
+            live.set_world(self.rank, self.world_size)
         self._loaders.append(live)
         if len(self._loaders) == 1:  # the first one's settings are the run's
             live.on_applied = self._applied
-            self.reporter.emit("rank", state="running", control=[*CONTROLS, "settings"])
+            self.reporter.emit("rank", state="running", control=self._controls())
             if self.rank == 0:
                 self.reporter.emit("settings", settings=dict(live.settings), epoch=self._epoch
                                    or 0, status="applied")
         return live
+
+    def ddp(self, module: torch.nn.Module, **kwargs) -> torch.nn.Module:
+        """DistributedDataParallel(module, **kwargs); for run.elastic(), one that ddptui builds
+        again over each new world (use it as your DDP model)."""
+        from ddptui.elastic import ElasticDDP
+
+        if not self.active:
+            return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
+        self._model = ElasticDDP(module, **kwargs)
+        return self._model
+
+    def elastic(self, state_dict_fn: Callable[[], Any], load_state_dict_fn: Callable[[Any], None],
+                every: int | None = None) -> None:
+        """Ranks may leave (s) or die (k, a crash) while the others go on: every `every` steps
+        and at each epoch's start the state state_dict_fn() returns is kept (its tensors copied
+        out, no device sync), and after a peer died the survivors re-form, give the newest point
+        they all hold to load_state_dict_fn, and redo the steps since. Needs the model from
+        run.ddp() and run.loader() for the training data; the step in `with run.guard():`."""
+        from ddptui.elastic import POINT_EVERY, Elastic
+
+        if not self.active:
+            return
+        if self._model is None:
+            raise ValueError("run.elastic() needs the model wrapped first: model = run.ddp(model)")
+        self._elastic = Elastic(self, state_dict_fn, load_state_dict_fn, self._model,
+                                every or POINT_EVERY)
+        self._mailbox.on_urgent = self._elastic.on_urgent
+        for live in self._loaders:
+            live.set_world(self.rank, self.world_size)
+        self.reporter.emit("rank", state="running", control=self._controls())
+
+    def guard(self) -> Guard:
+        """`with run.guard():` around a step (forward, backward, optimizer step, run.step): when
+        a peer dies in it, the error is caught and the step redone after the recovery."""
+        return Guard(self)
 
     def on_checkpoint(self, fn: Callable[[], None]) -> None:
         """Call `fn` on every rank at the same step when the dashboard asks for a checkpoint."""
@@ -151,9 +203,81 @@ class Run:
         self.reporter.emit("rank", state="done", pid=os.getpid())
         if self.rank == 0 and not self._supervised:
             self.reporter.emit("run", status="done", exit_code=0)
+        self._close()
+
+    def _at_exit(self) -> None:
+        """The script ended without run.done(): done, unless an uncaught error ended it (ddptui
+        reports the crash from the exit code and the traceback)."""
+        if getattr(sys, "last_value", None) is None:
+            self.done()
+        elif self.active and not self._done:
+            self._done = True
+            self._close()
+
+    def _close(self) -> None:
+        if self._elastic is not None:
+            self._elastic.close()
         for thread in self._threads:
             thread.stop()
         self.reporter.close()
+
+    # -- run.elastic's part of the run -------------------------------------------------------
+    def _controls(self) -> list[str]:
+        """What the dashboard may ask of this rank."""
+        return [*CONTROLS, *(["settings"] if self._loaders else []),
+                *(["elastic"] if self._elastic else [])]
+
+    def _elastic_step(self) -> bool:
+        """A step's end under run.elastic: a lost peer noticed, orders agreed (a leave among
+        them), a rollback point taken. False when the world broke here."""
+        elastic = self._elastic
+        try:
+            elastic.check_lost()
+            elastic.step_done(self.global_step)
+            self._apply(self._agreed())
+        except Exception as e:
+            if elastic.await_recover(e) is None:
+                raise
+            return False
+        if self.global_step % elastic.every == 0:
+            elastic.take(self.global_step, self._position())
+        return True
+
+    def _recovered(self) -> bool:
+        """A recover order kept from a failed step is carried out here, outside the error's
+        handling (its traceback holds the broken world's sockets, which peers wait on)."""
+        if self._elastic is None or self._elastic.order is None:
+            return False
+        self._elastic.recover()
+        return True
+
+    def _epoch_point(self) -> None:
+        """run.loader() starts an epoch: a rollback point there, so none is ever behind it."""
+        if self._elastic is not None:
+            self._elastic.take(self.global_step, self._position())
+
+    def _position(self) -> dict:
+        return {"global_step": self.global_step, "epoch": self._epoch,
+                "consumed": [live.consumed for live in self._loaders]}
+
+    def _restore_position(self, host: dict) -> None:
+        if host["epoch"] != self._epoch:
+            raise RuntimeError(f"the survivors' newest common rollback point is in epoch "
+                               f"{host['epoch']}, before this one")
+        self.global_step = host["global_step"]
+        for live, consumed in zip(self._loaders, host["consumed"], strict=True):
+            live.restore(consumed)
+        self._epoch_steps0 = min(self._epoch_steps0, self.global_step)
+        self._segment_steps0 = min(self._segment_steps0, self.global_step)
+        self._begin_interval()
+
+    def _leave(self, reason: str) -> NoReturn:
+        """This rank leaves the world at an agreed step (s): it says so and exits with 0."""
+        self._done = True
+        self._send_step(time.perf_counter())
+        self.reporter.emit("rank", state="stopped", reason=reason, pid=os.getpid())
+        self._close()
+        raise SystemExit(0)
 
     # -- inside --------------------------------------------------------------------------------
     def _announce(self) -> None:
@@ -169,9 +293,9 @@ class Run:
         for thread in self._threads:
             thread.start()
 
-    def _say(self, text: str, level: str = "info") -> None:
+    def _say(self, text: str, level: str = "info", **fields) -> None:
         if self.rank == 0 or level != "info":
-            self.reporter.emit("message", level=level, text=text)
+            self.reporter.emit("message", level=level, text=text, **fields)
 
     def _begin_interval(self) -> None:
         self._start, self._steps, self._samples = time.perf_counter(), 0, 0
@@ -305,8 +429,31 @@ class Run:
             self.reporter.emit("run", status="resumed", global_step=self.global_step)
         self._begin_interval()
 
+    def _reform(self, cmd: dict) -> None:
+        if self._elastic is not None:
+            self._elastic.reform(cmd)
+
     _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,
-                 "settings": _settings_asked, "apply": _apply_asked}
+                 "settings": _settings_asked, "apply": _apply_asked, "reform": _reform}
+
+
+class Guard:
+    """run.guard(): a step that a peer's death may break. The error is caught when ddptui says
+    a peer died; the survivors recover before the next batch and redo the steps since the
+    point they went back to. Any other error goes on up."""
+
+    def __init__(self, run: Run):
+        self.run = run
+
+    def __enter__(self) -> Guard:
+        self.run._recovered()
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        elastic = self.run._elastic
+        if elastic is None or not isinstance(error, Exception):
+            return False
+        return elastic.await_recover(error) is not None
 
 
 def _physical_gpu() -> int | None:

@@ -2,6 +2,7 @@
 prefetcher follow the dashboard (p, w/W), with cudnn.benchmark (b): at the next epoch, or with
 `a` at the next agreed step, every rank at the same step, without skipping or repeating a
 sample (the epoch's order is drawn once, and a new loader takes it up where the old one was).
+Under run.elastic() it shards the epoch itself, so a world that shrinks takes up the rest.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from trainer.pipeline.prefetch import prefetched_batches, to_device
 
@@ -50,32 +51,80 @@ class LiveLoader:
         self.epoch_order: list[int] = []
         self.taken = 0  # batches handed out this epoch
         self.waited = 0.0  # seconds the loop waited for a batch, since take_wait()
+        # run.elastic(): (rank, world size) while ddptui shards the epoch's whole order; each
+        # step takes the next batch_size x world samples of it, this rank its slice.
+        self.world: tuple[int, int] | None = None
+        self.consumed = 0  # samples of the epoch's order taken by completed steps (elastic)
+        self.restart = False  # the world or the position changed: rebuild before the next batch
+        self.iterating = False
+        self.on_epoch: Callable[[], None] = lambda: None  # an epoch's iteration begins
+        self.on_next: Callable[[], object] = lambda: None  # the loop asks for the next batch
+        self._epochs = 0
 
     def __len__(self) -> int:
         """Batches in an epoch, counted: drawing the epoch's order here would use up the random
         state that shuffles it (a framework asks for the length more than once an epoch)."""
+        if self.world is not None:
+            return len(self.dataset) // (self.batch_size * self.world[1])
         n = len(self.sampler) if self.sampler is not None else len(self.dataset)
         return n // self.batch_size if self.kwargs.get("drop_last") else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator:
         self._apply()  # an epoch boundary: whatever is pending takes effect
-        self.epoch_order, self.taken = self._indices(), 0
-        while True:
-            batches = self._batches(self.epoch_order[self.taken * self.batch_size:])
-            try:
-                asked = time.perf_counter()
-                for batch in batches:
-                    self.waited += time.perf_counter() - asked
-                    self.taken += 1
-                    yield batch
-                    if self.switch:
-                        break
+        self.epoch_order, self.taken, self.consumed = self._indices(), 0, 0
+        self._epochs += 1
+        self.iterating = True
+        self.on_epoch()
+        try:
+            while True:
+                self.restart = False
+                batches = self._batches(self._left())
+                try:
                     asked = time.perf_counter()
-                else:
-                    return
-            finally:
-                batches.close()  # its workers end here, before new ones start
-            self._apply(mid_epoch=True)
+                    for batch in batches:
+                        self.waited += time.perf_counter() - asked
+                        self.taken += 1
+                        yield batch
+                        self.on_next()
+                        if self.switch or self.restart:
+                            break
+                        asked = time.perf_counter()
+                    else:
+                        return
+                finally:
+                    batches.close()  # its workers end here, before new ones start
+                self._apply(mid_epoch=True)
+        finally:
+            self.iterating = False
+
+    def set_world(self, rank: int, world_size: int) -> None:
+        """run.elastic(): shard the epoch over this world from the next batch on."""
+        if self.sampler is not None and not isinstance(self.sampler, DistributedSampler):
+            raise ValueError("run.elastic() shards run.loader()'s epoch itself: give it a "
+                             "DistributedSampler or no sampler")
+        self.world = (rank, world_size)
+        self.restart = self.iterating
+
+    def step_done(self) -> None:
+        """A step completed (run.step): under run.elastic the position moves one global step."""
+        if self.world is not None and self.iterating:
+            self.consumed += self.batch_size * self.world[1]
+
+    def restore(self, consumed: int) -> None:
+        """Go back to a rollback point's position in this epoch."""
+        self.consumed = consumed
+        self.restart = self.iterating
+
+    def _left(self) -> list[int]:
+        """What this rank still has to load this epoch."""
+        if self.world is None:
+            return self.epoch_order[self.taken * self.batch_size:]
+        rank, world_size = self.world
+        stride, order = self.batch_size * world_size, self.epoch_order
+        steps = (len(order) - self.consumed) // stride
+        first = self.consumed + rank * self.batch_size
+        return [k for s in range(steps)
+                for k in order[first + s * stride:first + s * stride + self.batch_size]]
 
     def take_wait(self) -> float:
         waited, self.waited = self.waited, 0.0
@@ -94,12 +143,24 @@ class LiveLoader:
         self.on_applied(dict(self.settings), before if mid_epoch else None)
 
     def _indices(self) -> list[int]:
-        """The epoch's order, drawn once (a DistributedSampler's share after set_epoch)."""
+        """The epoch's order, drawn once (a DistributedSampler's share after set_epoch; under
+        run.elastic, the whole epoch's order as the sampler would shuffle it)."""
+        if self.world is not None:
+            return self._whole_order()
         if self.sampler is not None:
             return list(iter(self.sampler))
         if self.shuffle:
             return torch.randperm(len(self.dataset)).tolist()
         return list(range(len(self.dataset)))
+
+    def _whole_order(self) -> list[int]:
+        s = self.sampler
+        shuffle, seed, epoch = (s.shuffle, s.seed, s.epoch) if s is not None else \
+            (self.shuffle, 0, self._epochs)
+        if not shuffle:
+            return list(range(len(self.dataset)))
+        return torch.randperm(len(self.dataset),
+                              generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
     def _loader(self, indices: list[int]) -> DataLoader:
         prefetch = self.settings["prefetch"] and self.device.type == "cuda"

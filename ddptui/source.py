@@ -18,7 +18,6 @@ class RunSource(ABC):
 
     can_steer: ClassVar[bool] = True  # pause, settings, checkpoint, ranks (a Replay: no)
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
-    group_restart: ClassVar[bool] = False  # s, r, k restart every rank together (a script's)
 
     state: RunState
     done: threading.Event
@@ -41,6 +40,11 @@ class RunSource(ABC):
     def pids(self) -> set[int]:
         """Every process of the run seen so far (none where the source owns none)."""
         return set()
+
+    def restarts_group(self, key: str) -> bool:
+        """Whether s, r or k (`key`) restarts every rank together: a script's ranks, unless it
+        gave run.elastic() (then s and k act on one rank, and r still on all)."""
+        return False
 
     def refuse(self, action: str) -> str | None:
         """Why `action` (pause, settings, checkpoint) cannot be done now; None when it can."""
@@ -74,7 +78,7 @@ class RunSource(ABC):
         self._cannot("kill a rank")
 
     def restart_group(self, kill: int | None = None) -> None:
-        """Every rank ends (`kill` at once) and the group starts again (group_restart)."""
+        """Every rank ends (`kill` at once) and the group starts again (restarts_group)."""
         self._cannot("restart the group")
 
     def stacks(self, rank: int) -> None:

@@ -35,7 +35,7 @@ def model(classes: int) -> nn.Module:
                          nn.Flatten(), nn.Linear(16 * 16, classes))
 
 
-def setup(args: argparse.Namespace):
+def setup(args: argparse.Namespace, wrap=DDP):
     """The process group, the data and its DistributedSampler, the DDP model."""
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
@@ -48,7 +48,7 @@ def setup(args: argparse.Namespace):
     labels = torch.randint(0, 10, (args.samples,))
     data = TensorDataset(images, labels)
     sampler = DistributedSampler(data)
-    net = DDP(model(10).to(device), device_ids=[local_rank] if cuda else None)
+    net = wrap(model(10).to(device), device_ids=[local_rank] if cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     return device, data, sampler, net, opt
 

@@ -329,8 +329,9 @@ def test_every_run_source_serves_the_keys_its_flags_offer(cls):
     assert issubclass(cls, RunSource)
     steering = ("pause", "resume", "checkpoint", "change_settings", "apply_now")
     assert all(map(serves, steering)) if cls.can_steer else not any(map(serves, steering))
-    if cls.group_restart:  # s, r and k restart the group; t asks for stacks
+    if serves("restarts_group"):  # s, r and k restart the group, or s and k act on one rank
         assert serves("restart_group") and serves("stacks")
+        assert serves("stop_rank") and serves("kill_rank")
     elif cls.can_steer:
         assert serves("stop_rank") and serves("restart_rank")
         if cls.owns_ranks:

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 
+from ddptui.run.membership import Fail, Kill, Membership, Say, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import free_port
@@ -37,8 +38,6 @@ NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init()
 class ScriptRun(OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
-    group_restart = True  # s, r and k act on the whole group: a script's ranks cannot leave alone
-
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
         self.config = config
         self.log_path = log_path or config.log or default_log_path()
@@ -50,6 +49,10 @@ class ScriptRun(OwnedRun):
         self.state = RunState(dict(self.meta))
         OwnedRun.__init__(self)
         self.controls: set[str] = set()  # what the ranks opted into (ddptui.init)
+        self._controls_of: dict[int, set[str]] = {}  # the same, rank by rank
+        self.world = Membership([], self._new_address)  # who is in the world (run.elastic)
+        self._killed: dict[int, str] = {}  # slot -> why ddptui killed it (k)
+        self._left: set[int] = set()  # slots that left the world (s)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
         self._key = secrets.token_hex(16)
         self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
@@ -66,7 +69,8 @@ class ScriptRun(OwnedRun):
         self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
-        self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group}
+        self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
+                     "stop_rank": self._stop_rank, "kill_rank": self._kill_rank}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
@@ -81,6 +85,26 @@ class ScriptRun(OwnedRun):
 
     def stacks(self, rank: int) -> None:
         self._commands.put({"op": "stacks", "slot": rank})
+
+    def stop_rank(self, rank: int) -> None:
+        """run.elastic(): the rank leaves at the next agreed step, the others go on."""
+        self._commands.put({"op": "stop_rank", "slot": rank})
+
+    def kill_rank(self, rank: int) -> None:
+        """run.elastic(): SIGKILL to the rank; the others recover from a rollback point."""
+        self._commands.put({"op": "kill_rank", "slot": rank})
+
+    def restart_rank(self, rank: int) -> None:
+        self.restart_group()
+
+    @property
+    def elastic(self) -> bool:
+        """Every rank gave run.elastic(): s and k act on one rank, a crash is survived."""
+        return bool(self.group and self.group.ranks) and all(
+            "elastic" in self._controls_of.get(r.slot, ()) for r in self.group.ranks)
+
+    def restarts_group(self, key: str) -> bool:
+        return key == "r" or not self.elastic
 
     def pause(self) -> None:
         self._command({"op": "pause"}, event("run", PARENT, status="pausing"))
@@ -156,7 +180,9 @@ class ScriptRun(OwnedRun):
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
         self.failure, self._ended, self._restart, self._deadlines = None, False, False, []
-        self.controls = set()
+        self.controls, self._controls_of, self._killed, self._left = set(), {}, {}, set()
+        self.world = Membership(list(range(self.config.world_size)), self._new_address)
+        self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
         n = self.config.world_size
@@ -217,7 +243,17 @@ class ScriptRun(OwnedRun):
         self.watch.reported(item, now)
         if item["kind"] == "rank" and item.get("control"):
             self.controls |= set(item["control"])
+            self._controls_of[item["rank"]] = set(item["control"])
+        if item["kind"] == "rank" and item.get("state") == "running":
+            self.world.entered(item["rank"])
+        elif item["kind"] == "rank" and item.get("state") == "stopped" and \
+                item["rank"] in self.world.leaving:  # out of the world; its process ends next
+            self.world.left(item["rank"])
+            self._left.add(item["rank"])
         self._handle(item)
+        if item["kind"] == "world" and item["rank"] != PARENT and item.get("generation"):
+            self._link.leader = item["ranks"][0]
+            self._act(self.world.world_confirmed(item["generation"], now))
 
     def _sample(self, now: float) -> None:
         self.group.scan_children()
@@ -230,8 +266,10 @@ class ScriptRun(OwnedRun):
     # -- ranks ending, the outcome -------------------------------------------------------------
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
-        self.watch.finished(r.slot, code == 0)
-        if code == 0:
+        self.watch.finished(r.slot, code == 0, r.pid)
+        if code == 0 and r.slot in self._left:
+            self._rank_state(r, "stopped", "left the world on request")
+        elif code == 0:
             self._rank_state(r, "done", "")
         elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
             self._rank_state(r, "stopped", f"ended by ddptui ({r.death()})")
@@ -239,10 +277,43 @@ class ScriptRun(OwnedRun):
             lines = r.traceback()
             text = lines[-1] if lines else r.death()
             self._rank_state(r, "crashed", text)
+            if r.slot in self._killed:
+                text = lines[-1] if lines and code != -9 else self._killed[r.slot]
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=_exit_code(code), pid=r.pid))
-            if self.failure is None:
+            if self.elastic and self.failure is None:
+                self._survive(r, text)
+            elif self.failure is None:
                 self._failed(r, text)
+
+    def _survive(self, r: ScriptRank, text: str) -> None:
+        """run.elastic(): the world re-forms from the ranks still alive, which go back to their
+        newest common rollback point; with none alive, the run fails as any other."""
+        alive = {a.slot for a in self.group.alive()}
+        actions = self.world.died(r.slot, alive, True, f"{r.death()}: {text}", time.time())
+        if any(isinstance(a, Fail) for a in actions):
+            self._failed(r, text)
+            return
+        self._act(actions)
+
+    def _act(self, actions: list) -> None:
+        """Carry out what the membership decided (a script has no standbys: r restarts all)."""
+        for a in actions:
+            if isinstance(a, Tell):
+                self._link.send(a.slot, a.order)
+            elif isinstance(a, Say):
+                self.say(a.text, a.level)
+            elif isinstance(a, Kill):
+                self._kill(a.slot, a.why)
+
+    def _kill(self, slot: int, why: str) -> None:
+        for r in self.group.alive():
+            if r.slot == slot:
+                self._killed[slot] = why
+                os.killpg(r.pid, signal.SIGKILL)
+
+    def _new_address(self) -> str:
+        return f"tcp://127.0.0.1:{free_port()}"
 
     @property
     def _ending(self) -> bool:
@@ -327,6 +398,14 @@ class ScriptRun(OwnedRun):
             if r.slot == cmd.get("kill"):
                 os.killpg(r.pid, signal.SIGKILL)
         self._end_others(signal.SIGTERM)
+
+    def _stop_rank(self, cmd: dict) -> None:
+        if self.elastic and self.stopping is None:
+            self._act(self.world.stop(cmd["slot"], time.time()))
+
+    def _kill_rank(self, cmd: dict) -> None:
+        if self.elastic and self.stopping is None and cmd["slot"] in self.world.members:
+            self._kill(cmd["slot"], "killed with k")
 
     def _stop(self, cmd: dict) -> None:
         status, code = cmd["status"], cmd["code"]

@@ -99,9 +99,11 @@ class ScriptWatch:
                 self._line_t[slot] = now
                 del self._line[slot]
 
-    def finished(self, slot: int, whole: bool) -> None:
+    def finished(self, slot: int, whole: bool, pid: int) -> None:
         """The rank's process ended: its last epoch read so far becomes a row (`whole` when
-        it exited 0; else the part of the epoch it got through)."""
+        it exited 0; else the part of the epoch it got through); its readings are over."""
+        self.handle(event("process", slot, pid=pid, status="exited", cpu_percent=None, rss=None,
+                          gpu_mem=None))
         reader = self.readers.get(slot)
         if reader is not None and slot not in self.reporting:
             reader.finish_epoch(partial=not whole)

@@ -28,6 +28,7 @@ class ReportListener:
         # A script's ranks without a process group cannot agree on a step: each takes the
         # orders itself (they said so in a `rank` event with `alone`).
         self._alone = False
+        self.leader = 0  # the world's rank 0 (a script's after run.elastic: whoever is first)
 
     def start(self) -> None:
         threading.Thread(target=self._accept, name="report-accept", daemon=True).start()
@@ -55,7 +56,7 @@ class ReportListener:
         """An order for the whole run: to the world's rank 0, which agrees it with the others at
         one step; to every rank when they have no process group to agree through."""
         if not self._alone:
-            return self.send(0, cmd)
+            return self.send(self.leader, cmd)
         return all([self.send(rank, cmd) for rank in sorted(self.connected())])
 
     def send(self, rank: int, cmd: dict) -> bool:

@@ -140,7 +140,7 @@ class DashboardApp(App[int]):
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
                 screen.stacks = rank.stacks
         if view.status == "failed" and not self.source.done.is_set() and \
-                self.source.group_restart:
+                self.source.restarts_group("r"):
             # A script's run that failed waits on screen: r may start it again.
             if not self._told_failed:
                 self.notify(f"{view.reason}\nr starts every rank again; q quits",
@@ -201,7 +201,7 @@ class DashboardApp(App[int]):
 
     def _whole_group(self, key: str) -> bool:
         """s, r, k on a script's run: its ranks restart together (asked first while they run)."""
-        if not self.source.group_restart:
+        if not self.source.restarts_group(key):
             return False
         rank = self.selected_rank
         if not any(r.state.is_member or r.state.is_coming for r in self._ranks()):

@@ -237,7 +237,8 @@ class ProcessEvent(Event):
     """A script rank's process, as the parent sees it, once a second."""
 
     pid: Annotated[int, "its process"]
-    status: Annotated[str, "psutil's status: running, sleeping, stopped, disk-sleep, zombie"]
+    status: Annotated[str, "psutil's status: running, sleeping, stopped, disk-sleep, zombie; "
+                           "exited once it ended (its figures null)"]
     cpu_percent: Annotated[float | None, "its CPU, % of one core"]
     rss: Annotated[int | None, "resident memory, MiB"]
     gpu_mem: NotRequired[Annotated[int | None, "its memory on its GPU, MiB (null: none "

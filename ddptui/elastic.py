@@ -1,0 +1,244 @@
+"""run.elastic() for your own script: rollback points of the state your functions return, a rank
+that leaves at an agreed step (s), the survivors' recovery after a peer died (k, a crash), and
+run.ddp(), the DistributedDataParallel model that is built again over each new world.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from trainer.elastic import world
+from trainer.elastic.control import Control
+from trainer.elastic.snapshot import Snapshots, WorldLost, agree
+from trainer.protocol.events import count
+
+if TYPE_CHECKING:
+    from ddptui.client import Run
+
+RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for ddptui's recover order
+POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
+
+
+class ElasticDDP(torch.nn.Module):
+    """What run.ddp(module, **kwargs) returns: DistributedDataParallel(module, **kwargs) over the
+    current world, built again when the world changes. Use it as the DDP model: `.module` is
+    your model, and its state_dict has DDP's keys."""
+
+    def __init__(self, module: torch.nn.Module, before_forward: Callable[[], None] = lambda: None,
+                 **kwargs):
+        super().__init__()
+        self.module = module
+        self.before_forward = before_forward
+        self._kwargs = kwargs
+        self.rebuild(in_sync=False)
+
+    def rebuild(self, in_sync: bool) -> None:
+        """DDP over the world that is current now. `in_sync`: every member holds the same state
+        already (DDP's own check and broadcast would be a second round trip)."""
+        # Kept out of the module tree: its parameters are `module`'s own.
+        object.__setattr__(self, "ddp", None)  # the old reducer goes before the new one comes
+        object.__setattr__(self, "ddp", DDP(self.module, init_sync=not in_sync, **self._kwargs))
+
+    def forward(self, *args, **kwargs):
+        self.before_forward()
+        return self.ddp(*args, **kwargs)
+
+    def no_sync(self):
+        return self.ddp.no_sync()
+
+    def train(self, mode: bool = True) -> ElasticDDP:
+        super().train(mode)
+        self.ddp.train(mode)
+        return self
+
+
+class Elastic:
+    """The elastic half of a Run: it holds the rollback points, and changes the run's world."""
+
+    def __init__(self, run: Run, state_fn: Callable[[], Any], load_fn: Callable[[Any], None],
+                 model: ElasticDDP, every: int = POINT_EVERY):
+        self.run, self.state_fn, self.load_fn, self.model = run, state_fn, load_fn, model
+        self.every = every
+        self.device = next(model.module.parameters()).device
+        self.cuda = self.device.type == "cuda"
+        self.points: Snapshots | None = None
+        self.order: dict | None = None  # a recover order, carried out at the next safe point
+        model.before_forward = self._before_forward
+        self._hook = register_optimizer_step_pre_hook(self._before_update)
+
+    # -- rollback points ------------------------------------------------------------------------
+    def take(self, step: int, host: dict, agreed: bool = False) -> None:
+        """A point after `step`: your state's tensors copied out (on a side stream on GPUs),
+        its other values and the run's position kept beside them."""
+        tensors, skeleton, buffers = self._read()
+        if self.points is None or not _alike(self.points.live, tensors):
+            self.points = Snapshots(tensors, self.cuda, buffers)  # e.g. the optimizer's first step
+        self.points.live = tensors
+        self.points.take(step, {**host, "yours": skeleton}, agreed)
+
+    def step_done(self, step: int) -> None:
+        if self.points is not None:
+            self.points.step_done(step)
+
+    def _before_forward(self) -> None:
+        """A point still being copied out: the forward waits for it on the device (the buffers
+        it writes), and any optimizer's step for the rest."""
+        if self.points is not None:
+            self.points.before_forward()
+
+    def _before_update(self, optimizer, args, kwargs) -> None:
+        if self.points is not None:
+            self.points.before_update()
+
+    def _read(self) -> tuple[list[torch.Tensor], Any, int]:
+        """state_fn()'s tensors (your model's buffers first: a forward writes them), its structure
+        with them taken out, and how many are buffers."""
+        tensors: list[torch.Tensor] = []
+        skeleton = _take_out(self.state_fn(), tensors)
+        written = {b.data_ptr() for b in self.model.module.buffers()}
+        first = [i for i, t in enumerate(tensors) if t.data_ptr() in written]
+        rest = [i for i, t in enumerate(tensors) if t.data_ptr() not in written]
+        where = {old: new for new, old in enumerate(first + rest)}
+        return ([tensors[i].detach() for i in first + rest], _renumber(skeleton, where),
+                len(first))
+
+    # -- world changes ---------------------------------------------------------------------------
+    def on_urgent(self, order: dict) -> None:
+        """On the mailbox thread, as soon as ddptui says a peer died."""
+        if order.get("op") == "recover":
+            if self.points is not None:
+                self.points.mark_lost()
+            if self.cuda:
+                world.abort(self._warn)
+
+    def await_recover(self, error: BaseException) -> dict | None:
+        """A step failed: ddptui's recover order when a peer died (kept for the next safe
+        point), None when the error is the script's own."""
+        if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
+            return None
+        order = self.run._mailbox.wait_urgent(RECOVER_WAIT_S)
+        if order is None or order.get("op") != "recover":
+            return None
+        self.order = order
+        return order
+
+    def check_lost(self) -> None:
+        """At a step's end: a peer died while this rank's step went through (raised, so that
+        the step is redone from the rollback point)."""
+        if self.run._mailbox.has_urgent:
+            raise WorldLost("a peer died")
+
+    def reform(self, order: dict) -> None:
+        """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
+        run = self.run
+        leftover = run._control.finish() if run._control is not None else []
+        run._control = None
+        world.dismantle(self._warn, collect=False)
+        if run.slot not in order["members"]:
+            run._leave(f"left the world at global step {run.global_step}")
+        group = self._enter(order)
+        self._settle(group, order, leftover)
+
+    def recover(self) -> None:
+        """After a peer died: re-form from the survivors and go back to the newest rollback
+        point they all hold; your load function gets that state."""
+        run, order = self.run, self.order
+        self.order = None
+        run._control = None
+        world.dismantle(self._warn, collect=True)
+        group = self._enter(order)
+        summaries: list = [None] * run.world_size
+        dist.all_gather_object(summaries, self.points.summary() if self.points else
+                               {"held": [], "confirmed": -1})
+        target = agree(summaries)
+        if target is None:
+            raise RuntimeError("a rank died and the survivors share no rollback point")
+        redone = run.global_step - target
+        host = self.points.restore(target)
+        self.load_fn(_put_back(host["yours"], self.points.live))
+        run._restore_position(host)
+        self._settle(group, order, [])
+        run._say(f"recovered on {count(run.world_size, 'rank')}: back to global step "
+                f"{run.global_step}, {redone} steps to redo", redone=redone,
+                global_step=run.global_step)
+
+    def _enter(self, order: dict):
+        members = order["members"]
+        self.run.rank, self.run.world_size = members.index(self.run.slot), len(members)
+        return world.form(self.run.rank, self.run.world_size, self.device, order["init"])
+
+    def _settle(self, group, order: dict, leftover: list[dict]) -> None:
+        """What follows a new world: DDP, the agreement group, the loaders' shards, a point."""
+        run = self.run
+        self.model.rebuild(in_sync=True)
+        run._control, run._alone = Control(run._mailbox, run.rank, group), False
+        for live in run._loaders:
+            live.set_world(run.rank, run.world_size)
+        run.reporter.emit("rank", state="running", world_rank=run.rank)
+        if run.rank == 0:
+            run._mailbox.requeue(leftover)
+            run.reporter.emit("world", size=run.world_size, ranks=order["members"],
+                              generation=order.get("gen"), epoch=run._epoch or 0,
+                              step=run.global_step - run._epoch_steps0,
+                              global_step=run.global_step)
+        self.take(run.global_step, run._position(), agreed=True)
+
+    def _warn(self, text: str) -> None:
+        self.run._say(text, "warning")
+
+    def close(self) -> None:
+        self._hook.remove()
+
+
+class _Slot:
+    """Where a tensor was in your state (an index into the points' tensors)."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def _take_out(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    """`obj` with each tensor replaced by its _Slot (appended to `tensors`); the rest copied."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _Slot(len(tensors) - 1)
+    if isinstance(obj, dict):
+        return type(obj)((k, _take_out(v, tensors)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_take_out(v, tensors) for v in obj)
+    return copy.deepcopy(obj)
+
+
+def _renumber(obj: Any, where: dict[int, int]) -> Any:
+    if isinstance(obj, _Slot):
+        return _Slot(where[obj.index])
+    if isinstance(obj, dict):
+        return type(obj)((k, _renumber(v, where)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_renumber(v, where) for v in obj)
+    return obj
+
+
+def _put_back(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    def fill(obj: Any) -> Any:
+        if isinstance(obj, _Slot):
+            return tensors[obj.index]
+        if isinstance(obj, dict):
+            return type(obj)((k, fill(v)) for k, v in obj.items())
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(fill(v) for v in obj)
+        return obj
+
+    return fill(skeleton)
+
+
+def _alike(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and
+                                    x.device == y.device for x, y in zip(a, b, strict=False))

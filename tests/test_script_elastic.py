@@ -1,0 +1,112 @@
+"""run.elastic() in your own script: a crashing rank is survived in place, s and k act on one
+rank from the dashboard, and run.loader()'s epoch is shared out so that no sample is lost or
+repeated when the world shrinks or goes back to a rollback point."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import TensorDataset
+
+from ddptui.loader import LiveLoader
+from ddptui.view.app import DashboardApp
+from ddptui.view.widgets.confirm import ConfirmRestart
+from tests.conftest import ROOT, assert_gone, ddptui, events, rank_pids, run_pids
+from tests.test_script_live import _row, _run, _until, script_env  # noqa: F401 (a fixture)
+
+ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
+
+
+@pytest.mark.timeout(120)
+def test_a_crashing_rank_is_survived_and_the_others_finish_every_epoch(env, tmp_path):
+    log = tmp_path / "crash.jsonl"
+    r = ddptui(["run", ELASTIC, "--cpus", "2", "--log", str(log), "--", "--epochs", "3",
+                "--samples", "256", "--image-size", "16", "--fail-at-epoch", "1"],
+               dict(env, OMP_NUM_THREADS="1"), tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (error,) = events(log, "error")
+    assert error["rank"] == 1 and error["text"] == "RuntimeError: rank 1 gave up at epoch 1"
+    (world,) = [e for e in events(log, "world") if e["rank"] != -1]
+    assert (world["rank"], world["size"], world["ranks"], world["generation"]) == (0, 1, [0], 1)
+    assert any(e["text"].startswith("recovered on 1 rank: back to global step")
+               for e in events(log, "message") if e["rank"] == 0)
+    states = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code")
+              is not None]
+    assert sorted(states) == [(0, "done"), (1, "crashed")]
+    # Epochs 1 and 2 on the one rank left: the whole epoch, every sample once.
+    rows = {e["epoch"]: e["samples"] for e in events(log, "epoch") if e["rank"] == 0}
+    assert rows == {0: 128, 1: 256, 2: 256}
+    assert r.stdout.splitlines()[-1] == "epoch 2 done on 1 ranks"
+    assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(150)
+async def test_s_and_k_act_on_one_rank_and_the_others_go_on(script_env, tmp_path):  # noqa: F811
+    log = tmp_path / "dash.jsonl"
+    run = _run([ELASTIC, "--cpus", "3", "--grace", "10", "--", "--epochs", "1000", "--samples",
+                "2048", "--image-size", "16"], log)
+    app = DashboardApp(run)
+    async with app.run_test(size=(160, 45)) as pilot:
+        await _until(pilot, lambda: run.elastic and all(
+            any(e["rank"] == r for e in events(log, "step")) for r in range(3)))
+        pids = rank_pids(log)
+        await pilot.press("down", "down", "s")  # rank 2 leaves; no whole-group restart asked
+        assert not isinstance(app.screen, ConfirmRestart)
+        await _until(pilot, lambda: _row(app, 2).get("state") == "stopped")
+        await _until(pilot, lambda: any(e.get("generation") == 1 for e in events(log, "world")))
+        await pilot.press("up", "k")  # rank 1 is killed: rank 0 recovers alone
+        await _until(pilot, lambda: any(e.get("generation") == 2 for e in events(log, "world")))
+        await _until(pilot, lambda: _row(app, 1).get("state") == "crashed (SIGKILL)" and
+                     _row(app, 1)["process"] == "exited")
+        steps_after = lambda: [e for e in events(log, "step") if e["rank"] == 0 and  # noqa: E731
+                               e["t"] > events(log, "world")[-1]["t"]]
+        await _until(pilot, lambda: len(steps_after()) >= 2)
+        await pilot.press("q")
+        await _until(pilot, run.done.is_set, 60)
+        await pilot.pause(0.3)
+    assert run.exit_code == 130
+    worlds = [(e["size"], e["ranks"]) for e in events(log, "world") if e["rank"] != -1]
+    assert worlds == [(2, [0, 1]), (1, [0])]
+    stopped = [e for e in events(log, "rank") if e["rank"] == 2 and e.get("exit_code") == 0]
+    assert stopped[-1]["state"] == "stopped" and "left the world" in stopped[-1]["reason"]
+    (error,) = events(log, "error")
+    assert error["rank"] == 1 and error["text"] == "killed with k"
+    assert any(e["text"].startswith("recovered on 1 rank") for e in events(log, "message"))
+    assert_gone(pids)
+
+
+def _loader(world: tuple[int, int]) -> LiveLoader:
+    live = LiveLoader(TensorDataset(torch.arange(48)), batch_size=4, shuffle=True, device="cpu")
+    live.set_world(*world)
+    return live
+
+
+def test_an_elastic_loader_loses_and_repeats_no_sample_across_a_leave_and_a_rollback():
+    """Two ranks take 3 steps; rank 1 leaves, rank 0 goes on alone and later goes back two
+    steps: the samples trained on, once the redone steps are counted once, are the epoch."""
+    ranks = [_loader((0, 2)), _loader((1, 2))]
+    its = [iter(live) for live in ranks]
+    seen: list[int] = []
+    for _ in range(3):
+        for live, it in zip(ranks, its, strict=True):
+            seen += next(it)[0].tolist()
+            live.step_done()
+    rank0, it = ranks[0], its[0]
+    rank0.set_world(0, 1)  # rank 1 left at the agreed step
+    steps = []
+    for _ in range(3):
+        steps.append(next(it)[0].tolist())
+        rank0.step_done()
+    point = rank0.consumed - 2 * 4  # a rollback point two steps back
+    rank0.restore(point)
+    redone = [next(it)[0].tolist(), None]
+    rank0.step_done()
+    redone[1] = next(it)[0].tolist()
+    rank0.step_done()
+    assert redone == steps[1:]  # the same batches again, in the same order
+    rest = [b[0].tolist() for b in it]
+    seen += sum(steps, []) + sum(rest, [])
+    assert sorted(seen) == list(range(48))
+    assert len(rank0) == 12  # batches in an epoch for a world of one
