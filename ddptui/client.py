@@ -8,6 +8,7 @@ Nothing here waits on the device: the loss is summed where it lives and read an 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
 import sys
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from ddptui.lagmeter import LagMeter
+from ddptui.figures import Figures
 from trainer.elastic.control import Control, Mailbox
 from trainer.protocol.channel import load_key, parse_address
 from trainer.telemetry.gpu import DeviceSampler, physical_index
@@ -30,10 +31,6 @@ if TYPE_CHECKING:
 
 STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
 CONTROLS = ["pause", "checkpoint", "stop"]  # what the dashboard may ask of a script that steps
-# run.log() names that fill the epochs table's columns (the rest show beside the row)
-ALIASES = {"val_loss": "val_loss", "eval_loss": "val_loss", "valid_loss": "val_loss",
-           "val_acc": "val_acc", "val_accuracy": "val_acc", "eval_accuracy": "val_acc",
-           "eval_acc": "val_acc"}
 
 
 class Run:
@@ -50,11 +47,9 @@ class Run:
         self.should_checkpoint = False  # c: save now (true for the step after the order)
         self.paused = False
         self.global_step = 0
-        self._interval = 1.0 / hz
         self._callbacks: list[Callable[[], None]] = []
         self._loaders: list = []  # run.loader()'s, whose settings the dashboard steers
         self._epoch: int | None = None
-        self._epoch_open = False
         self._done = False
         self._elastic: Elastic | None = None
         self._model = None  # run.ddp()'s
@@ -68,11 +63,9 @@ class Run:
         self.reporter.sinks.append(self.link)
         self._mailbox = Mailbox(self.link.inbox)
         self._control: Control | None = None
-        self._meter = LagMeter()
+        self.figures = Figures(self.reporter, 1.0 / hz)
         self._threads = [] if self._supervised else [DeviceSampler(
             self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
-        self._begin_interval()
-        self._begin_epoch_figures()
         self._announce()
         atexit.register(self._at_exit)
 
@@ -82,24 +75,20 @@ class Run:
         batch size on this rank."""
         if not self.active:
             return
-        if self._recovered():  # this step broke with the world: it is redone from the point
-            return
+        if self._elastic is not None and self._elastic.recover_pending():
+            return  # this step broke with the world: it is redone from the rollback point
         self.should_checkpoint = False
         self.global_step += 1
-        self._steps += 1
-        self._samples += samples
-        self._segment_samples += samples
-        if loss is not None:
-            self._meter.add(loss)
+        self.figures.counted(samples, loss)
         for live in self._loaders:
             live.step_done()
         if self._elastic is None:
-            self._apply(self._agreed())
-        elif not self._elastic_step():
+            self._take_orders()
+        elif not self._elastic.step_end():
             return
         now = time.perf_counter()
-        if now - self._start >= self._interval or self.global_step == 1:  # the first at once
-            self._send_step(now)
+        if self.figures.due(now, self.global_step):
+            self.figures.send_step(now, self.global_step, self._taken_wait())
 
     def epochs(self, n: int, sampler=None, start: int = 0) -> Iterator[int]:
         """for epoch in run.epochs(10, loader): calls set_epoch on a DistributedSampler (given,
@@ -119,16 +108,16 @@ class Run:
         if not self.active:
             return
         self._end_epoch()
-        self._epoch, self._epoch_open = e, True
-        self._begin_epoch_figures()
+        self._epoch = e
+        self.figures.begin_epoch(e, self.global_step)
 
     def log(self, **scalars) -> None:
         """Figures of the epoch (val_loss, val_acc, lr...): the epochs table shows them."""
         if not self.active:
             return
         for name, value in scalars.items():
-            value = float(value.item() if isinstance(value, torch.Tensor) else value)
-            self._figures[ALIASES.get(name, name)] = value
+            self.figures.log(name, float(value.item() if isinstance(value, torch.Tensor)
+                                         else value))
 
     def loader(self, dataset, batch_size: int = 1, sampler=None, **kwargs):
         """A DataLoader (same arguments) whose num_workers, pinned memory and side-stream
@@ -142,9 +131,8 @@ class Run:
         from ddptui.loader import LiveLoader
 
         live = LiveLoader(dataset, batch_size, sampler, **kwargs)
-        live.on_epoch, live.on_next = self._epoch_point, self._recovered
         if self._elastic is not None:
-            live.set_world(self.rank, self.world_size)
+            self._elastic.adopt(live)
         self._loaders.append(live)
         if len(self._loaders) == 1:  # the first one's settings are the run's
             live.on_applied = self._applied
@@ -181,13 +169,17 @@ class Run:
                                 every or POINT_EVERY)
         self._mailbox.on_urgent = self._elastic.on_urgent
         for live in self._loaders:
-            live.set_world(self.rank, self.world_size)
+            self._elastic.adopt(live)
         self.reporter.emit("rank", state="running", control=self._controls())
 
-    def guard(self) -> Guard:
+    def guard(self) -> contextlib.AbstractContextManager:
         """`with run.guard():` around a step (forward, backward, optimizer step, run.step): when
         a peer dies in it, the error is caught and the step redone after the recovery."""
-        return Guard(self)
+        if self._elastic is None:
+            return contextlib.nullcontext()
+        from ddptui.elastic import Guard
+
+        return Guard(self._elastic)
 
     def on_checkpoint(self, fn: Callable[[], None]) -> None:
         """Call `fn` on every rank at the same step when the dashboard asks for a checkpoint."""
@@ -198,7 +190,7 @@ class Run:
         if not self.active or self._done:
             return
         self._done = True
-        self._send_step(time.perf_counter())
+        self.figures.send_step(time.perf_counter(), self.global_step, self._taken_wait())
         self._end_epoch()
         self.reporter.emit("rank", state="done", pid=os.getpid())
         if self.rank == 0 and not self._supervised:
@@ -227,34 +219,16 @@ class Run:
         return [*CONTROLS, *(["settings"] if self._loaders else []),
                 *(["elastic"] if self._elastic else [])]
 
-    def _elastic_step(self) -> bool:
-        """A step's end under run.elastic: a lost peer noticed, orders agreed (a leave among
-        them), a rollback point taken. False when the world broke here."""
-        elastic = self._elastic
-        try:
-            elastic.check_lost()
-            elastic.step_done(self.global_step)
-            self._apply(self._agreed())
-        except Exception as e:
-            if elastic.await_recover(e) is None:
-                raise
-            return False
-        if self.global_step % elastic.every == 0:
-            elastic.take(self.global_step, self._position())
-        return True
+    def _take_orders(self) -> None:
+        """The dashboard's orders agreed at this step, carried out."""
+        self._apply(self._agreed())
 
-    def _recovered(self) -> bool:
-        """A recover order kept from a failed step is carried out here, outside the error's
-        handling (its traceback holds the broken world's sockets, which peers wait on)."""
-        if self._elastic is None or self._elastic.order is None:
-            return False
-        self._elastic.recover()
-        return True
-
-    def _epoch_point(self) -> None:
-        """run.loader() starts an epoch: a rollback point there, so none is ever behind it."""
-        if self._elastic is not None:
-            self._elastic.take(self.global_step, self._position())
+    def _enter_world(self, rank: int, world_size: int, group) -> None:
+        """run.elastic(): this rank's place in a new world, and the group orders are agreed in."""
+        self.rank, self.world_size = rank, world_size
+        self._control, self._alone = Control(self._mailbox, rank, group), False
+        for live in self._loaders:
+            live.set_world(rank, world_size)
 
     def _position(self) -> dict:
         return {"global_step": self.global_step, "epoch": self._epoch,
@@ -267,14 +241,12 @@ class Run:
         self.global_step = host["global_step"]
         for live, consumed in zip(self._loaders, host["consumed"], strict=True):
             live.restore(consumed)
-        self._epoch_steps0 = min(self._epoch_steps0, self.global_step)
-        self._segment_steps0 = min(self._segment_steps0, self.global_step)
-        self._begin_interval()
+        self.figures.rewind(self.global_step)
 
     def _leave(self, reason: str) -> NoReturn:
         """This rank leaves the world at an agreed step (s): it says so and exits with 0."""
         self._done = True
-        self._send_step(time.perf_counter())
+        self.figures.send_step(time.perf_counter(), self.global_step, self._taken_wait())
         self.reporter.emit("rank", state="stopped", reason=reason, pid=os.getpid())
         self._close()
         raise SystemExit(0)
@@ -297,60 +269,16 @@ class Run:
         if self.rank == 0 or level != "info":
             self.reporter.emit("message", level=level, text=text, **fields)
 
-    def _begin_interval(self) -> None:
-        self._start, self._steps, self._samples = time.perf_counter(), 0, 0
-
-    def _begin_epoch_figures(self) -> None:
-        self._epoch_steps0 = self.global_step
-        self._figures: dict[str, float] = {}
-        self._begin_segment()
-
-    def _begin_segment(self) -> None:
-        """An epoch row's span: the epoch, or the part of it since `a` put settings in force."""
-        self._segment_start, self._segment_steps0 = time.perf_counter(), self.global_step
-        self._segment_samples, self._segment_waited = 0, 0.0
-
-    def _send_step(self, now: float) -> None:
-        if not self._steps:
-            return
-        elapsed = max(now - self._start, 1e-9)
-        epoch_steps = self.global_step - self._epoch_steps0
-        waited = self._taken_wait()
-        self.reporter.emit("step", epoch=self._epoch or 0, step=epoch_steps,
-                           global_step=self.global_step, loss=self._meter.read(),
-                           steps=self._steps, samples_per_s=round(self._samples / elapsed, 2),
-                           step_ms=round(1000 * elapsed / self._steps, 3),
-                           data_wait=round(min(1.0, waited / elapsed), 4))
-        self._begin_interval()
-
     def _taken_wait(self) -> float:
-        """The time run.step waited for run.loader() since the last call, counted for the epoch."""
-        waited = self._loaders[0].take_wait() if self._loaders else 0.0
-        self._segment_waited += waited
-        return waited
+        """The time the loop waited for run.loader() since the last call."""
+        return self._loaders[0].take_wait() if self._loaders else 0.0
+
+    def _settings_now(self) -> dict:
+        return dict(self._loaders[0].settings) if self._loaders else {}
 
     def _end_epoch(self) -> None:
-        if self._epoch is None or not self._epoch_open:
-            return
-        self._epoch_open = False
-        figures = dict(self._figures)
-        self._end_segment(False, dict(self._loaders[0].settings) if self._loaders else {},
-                          val_loss=figures.pop("val_loss", None),
-                          val_acc=figures.pop("val_acc", None), metrics=figures)
-
-    def _end_segment(self, partial: bool, settings: dict, **extra) -> None:
-        """The `epoch` event for the steps since the segment began, as the built-in trainer's."""
-        seconds = max(time.perf_counter() - self._segment_start, 1e-9)
-        self._taken_wait()  # the steps since the last step event count too
-        samples = self._segment_samples
-        self.reporter.emit("epoch", epoch=self._epoch, steps=self.global_step - self._segment_steps0,
-                           start_step=self._segment_steps0 - self._epoch_steps0,
-                           end_step=self.global_step - self._epoch_steps0, partial=partial,
-                           samples=samples, seconds=round(seconds, 3),
-                           samples_per_s=round(samples / seconds, 2),
-                           data_wait=round(min(1.0, self._segment_waited / seconds), 4),
-                           settings=settings, train_loss=self._meter.epoch_mean(),
-                           world_size=self.world_size, **extra)
+        self.figures.end_epoch(self.global_step, self._settings_now(), self.world_size,
+                               self._taken_wait())
 
     def _agreed(self) -> list[dict]:
         """The dashboard's orders, the same on every rank at the same step."""
@@ -402,9 +330,10 @@ class Run:
     def _applied(self, settings: dict, before: dict | None) -> None:
         """The first loader put new settings in force: at an epoch's start, or mid-epoch with
         `a` (`before` in force until then), which ends the row's part there on every rank."""
-        if before is not None and self._epoch_open and self.global_step > self._segment_steps0:
-            self._end_segment(True, before)
-            self._begin_segment()
+        f = self.figures
+        if before is not None and f.open and self.global_step > f.segment_steps0:
+            f.end_segment(self.global_step, True, before, self.world_size, self._taken_wait())
+            f.begin_segment(self.global_step)
         if self.rank == 0:
             self.reporter.emit("settings", settings=settings, epoch=self._epoch or 0,
                                step=self._loaders[0].taken if before is not None else 0,
@@ -427,7 +356,7 @@ class Run:
             self._apply([c for c in cmds if c.get("op") not in ("pause", "resume")])
         if self.rank == 0 or self._alone:
             self.reporter.emit("run", status="resumed", global_step=self.global_step)
-        self._begin_interval()
+        self.figures.begin_interval()
 
     def _reform(self, cmd: dict) -> None:
         if self._elastic is not None:
@@ -435,25 +364,6 @@ class Run:
 
     _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,
                  "settings": _settings_asked, "apply": _apply_asked, "reform": _reform}
-
-
-class Guard:
-    """run.guard(): a step that a peer's death may break. The error is caught when ddptui says
-    a peer died; the survivors recover before the next batch and redo the steps since the
-    point they went back to. Any other error goes on up."""
-
-    def __init__(self, run: Run):
-        self.run = run
-
-    def __enter__(self) -> Guard:
-        self.run._recovered()
-        return self
-
-    def __exit__(self, kind, error, traceback) -> bool:
-        elastic = self.run._elastic
-        if elastic is None or not isinstance(error, Exception):
-            return False
-        return elastic.await_recover(error) is not None
 
 
 def _physical_gpu() -> int | None:

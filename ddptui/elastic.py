@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ddptui.figures import Figures
 from trainer.elastic import world
-from trainer.elastic.control import Control
+from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import Snapshots, WorldLost, agree
 from trainer.protocol.events import count
-
-if TYPE_CHECKING:
-    from ddptui.client import Run
+from trainer.telemetry.reporter import Reporter
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for ddptui's recover order
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
@@ -59,10 +58,36 @@ class ElasticDDP(torch.nn.Module):
         return self
 
 
+class ElasticRun(Protocol):
+    """What Elastic needs of the run it serves (ddptui.client.Run)."""
+
+    slot: int
+    rank: int
+    world_size: int
+    global_step: int
+    reporter: Reporter
+    figures: Figures
+    _mailbox: Mailbox
+    _control: Control | None
+    _epoch: int | None
+
+    def _take_orders(self) -> None: ...
+
+    def _enter_world(self, rank: int, world_size: int, group) -> None: ...
+
+    def _position(self) -> dict: ...
+
+    def _restore_position(self, host: dict) -> None: ...
+
+    def _leave(self, reason: str) -> NoReturn: ...
+
+    def _say(self, text: str, level: str = "info", **fields) -> None: ...
+
+
 class Elastic:
     """The elastic half of a Run: it holds the rollback points, and changes the run's world."""
 
-    def __init__(self, run: Run, state_fn: Callable[[], Any], load_fn: Callable[[Any], None],
+    def __init__(self, run: ElasticRun, state_fn: Callable[[], Any], load_fn: Callable[[Any], None],
                  model: ElasticDDP, every: int = POINT_EVERY):
         self.run, self.state_fn, self.load_fn, self.model = run, state_fn, load_fn, model
         self.every = every
@@ -83,9 +108,37 @@ class Elastic:
         self.points.live = tensors
         self.points.take(step, {**host, "yours": skeleton}, agreed)
 
-    def step_done(self, step: int) -> None:
-        if self.points is not None:
-            self.points.step_done(step)
+    def step_end(self) -> bool:
+        """After a step: a lost peer noticed, orders agreed (a leave among them), a rollback
+        point taken when one is due. False when the world broke here."""
+        run = self.run
+        try:
+            self.check_lost()
+            if self.points is not None:
+                self.points.step_done(run.global_step)
+            run._take_orders()
+        except Exception as e:
+            if self.await_recover(e) is None:
+                raise
+            return False
+        if run.global_step % self.every == 0:
+            self.take(run.global_step, run._position())
+        return True
+
+    def recover_pending(self) -> bool:
+        """A recover order kept from a failed step is carried out here, outside the error's
+        handling (its traceback holds the broken world's sockets, which peers wait on)."""
+        if self.order is None:
+            return False
+        self.recover()
+        return True
+
+    def adopt(self, live) -> None:
+        """A run.loader(): ddptui shards its epoch, takes a point where an epoch starts (none
+        is ever behind it), and recovers before handing out the next batch."""
+        live.set_world(self.run.rank, self.run.world_size)
+        live.on_epoch = lambda: self.take(self.run.global_step, self.run._position())
+        live.on_next = self.recover_pending
 
     def _before_forward(self) -> None:
         """A point still being copied out: the forward waits for it on the device (the buffers
@@ -143,8 +196,7 @@ class Elastic:
         world.dismantle(self._warn, collect=False)
         if run.slot not in order["members"]:
             run._leave(f"left the world at global step {run.global_step}")
-        group = self._enter(order)
-        self._settle(group, order, leftover)
+        self._settle(self._enter(order), order, leftover)
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback
@@ -153,8 +205,8 @@ class Elastic:
         self.order = None
         run._control = None
         world.dismantle(self._warn, collect=True)
-        group = self._enter(order)
-        summaries: list = [None] * run.world_size
+        entered = self._enter(order)
+        summaries: list = [None] * entered[1]
         dist.all_gather_object(summaries, self.points.summary() if self.points else
                                {"held": [], "confirmed": -1})
         target = agree(summaries)
@@ -164,29 +216,28 @@ class Elastic:
         host = self.points.restore(target)
         self.load_fn(_put_back(host["yours"], self.points.live))
         run._restore_position(host)
-        self._settle(group, order, [])
+        self._settle(entered, order, [])
         run._say(f"recovered on {count(run.world_size, 'rank')}: back to global step "
                 f"{run.global_step}, {redone} steps to redo", redone=redone,
                 global_step=run.global_step)
 
     def _enter(self, order: dict):
+        """Form the order's world; returns the gloo group that orders are agreed in."""
         members = order["members"]
-        self.run.rank, self.run.world_size = members.index(self.run.slot), len(members)
-        return world.form(self.run.rank, self.run.world_size, self.device, order["init"])
+        rank, size = members.index(self.run.slot), len(members)
+        return rank, size, world.form(rank, size, self.device, order["init"])
 
-    def _settle(self, group, order: dict, leftover: list[dict]) -> None:
+    def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:
         """What follows a new world: DDP, the agreement group, the loaders' shards, a point."""
         run = self.run
+        run._enter_world(*entered)
         self.model.rebuild(in_sync=True)
-        run._control, run._alone = Control(run._mailbox, run.rank, group), False
-        for live in run._loaders:
-            live.set_world(run.rank, run.world_size)
         run.reporter.emit("rank", state="running", world_rank=run.rank)
         if run.rank == 0:
             run._mailbox.requeue(leftover)
             run.reporter.emit("world", size=run.world_size, ranks=order["members"],
                               generation=order.get("gen"), epoch=run._epoch or 0,
-                              step=run.global_step - run._epoch_steps0,
+                              step=run.global_step - run.figures.epoch_steps0,
                               global_step=run.global_step)
         self.take(run.global_step, run._position(), agreed=True)
 
@@ -242,3 +293,21 @@ def _put_back(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
 def _alike(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and
                                     x.device == y.device for x, y in zip(a, b, strict=False))
+
+
+class Guard:
+    """run.guard(): a step that a peer's death may break. The error is caught when ddptui says
+    a peer died; the survivors recover before the next batch and redo the steps since the
+    point they went back to. Any other error goes on up."""
+
+    def __init__(self, elastic: Elastic):
+        self.elastic = elastic
+
+    def __enter__(self) -> Guard:
+        self.elastic.recover_pending()
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if not isinstance(error, Exception):
+            return False
+        return self.elastic.await_recover(error) is not None

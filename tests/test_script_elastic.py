@@ -49,7 +49,7 @@ async def test_s_and_k_act_on_one_rank_and_the_others_go_on(script_env, tmp_path
                 "2048", "--image-size", "16"], log)
     app = DashboardApp(run)
     async with app.run_test(size=(160, 45)) as pilot:
-        await _until(pilot, lambda: run.elastic and all(
+        await _until(pilot, lambda: run.world.elastic and all(
             any(e["rank"] == r for e in events(log, "step")) for r in range(3)))
         pids = rank_pids(log)
         await pilot.press("down", "down", "s")  # rank 2 leaves; no whole-group restart asked

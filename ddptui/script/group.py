@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from ddptui.run.outcome import EXIT_FAILED
 from ddptui.run.processes import ended_how
 from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
@@ -50,6 +51,14 @@ class ScriptRank:
 
     def death(self) -> str:
         return ended_how(self.popen.returncode)
+
+    @property
+    def exit_code(self) -> int:
+        """Its exit code as a shell reports it (a signal n is 128 + n)."""
+        code = self.popen.returncode
+        if code is None:
+            return EXIT_FAILED
+        return 128 - code if code < 0 else code
 
 
 class RankGroup:

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from ddptui.run.membership import Fail, Kill, Membership, Say, Tell
+from ddptui.run.membership import Fail, Kill, Say, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import free_port
@@ -23,6 +23,7 @@ from ddptui.script.group import RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
+from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, count, event, settings_request
@@ -49,10 +50,7 @@ class ScriptRun(OwnedRun):
         self.state = RunState(dict(self.meta))
         OwnedRun.__init__(self)
         self.controls: set[str] = set()  # what the ranks opted into (ddptui.init)
-        self._controls_of: dict[int, set[str]] = {}  # the same, rank by rank
-        self.world = Membership([], self._new_address)  # who is in the world (run.elastic)
-        self._killed: dict[int, str] = {}  # slot -> why ddptui killed it (k)
-        self._left: set[int] = set()  # slots that left the world (s)
+        self.world = ScriptWorld([])  # who is in it (run.elastic: s and k act on one rank)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
         self._key = secrets.token_hex(16)
         self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
@@ -94,17 +92,8 @@ class ScriptRun(OwnedRun):
         """run.elastic(): SIGKILL to the rank; the others recover from a rollback point."""
         self._commands.put({"op": "kill_rank", "slot": rank})
 
-    def restart_rank(self, rank: int) -> None:
-        self.restart_group()
-
-    @property
-    def elastic(self) -> bool:
-        """Every rank gave run.elastic(): s and k act on one rank, a crash is survived."""
-        return bool(self.group and self.group.ranks) and all(
-            "elastic" in self._controls_of.get(r.slot, ()) for r in self.group.ranks)
-
     def restarts_group(self, key: str) -> bool:
-        return key == "r" or not self.elastic
+        return key == "r" or not self.world.elastic
 
     def pause(self) -> None:
         self._command({"op": "pause"}, event("run", PARENT, status="pausing"))
@@ -180,8 +169,7 @@ class ScriptRun(OwnedRun):
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
         self.failure, self._ended, self._restart, self._deadlines = None, False, False, []
-        self.controls, self._controls_of, self._killed, self._left = set(), {}, {}, set()
-        self.world = Membership(list(range(self.config.world_size)), self._new_address)
+        self.controls, self.world = set(), ScriptWorld(list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
@@ -243,17 +231,9 @@ class ScriptRun(OwnedRun):
         self.watch.reported(item, now)
         if item["kind"] == "rank" and item.get("control"):
             self.controls |= set(item["control"])
-            self._controls_of[item["rank"]] = set(item["control"])
-        if item["kind"] == "rank" and item.get("state") == "running":
-            self.world.entered(item["rank"])
-        elif item["kind"] == "rank" and item.get("state") == "stopped" and \
-                item["rank"] in self.world.leaving:  # out of the world; its process ends next
-            self.world.left(item["rank"])
-            self._left.add(item["rank"])
         self._handle(item)
-        if item["kind"] == "world" and item["rank"] != PARENT and item.get("generation"):
-            self._link.leader = item["ranks"][0]
-            self._act(self.world.world_confirmed(item["generation"], now))
+        self._act(self.world.reported(item))
+        self._link.leader = self.world.leader
 
     def _sample(self, now: float) -> None:
         self.group.scan_children()
@@ -267,7 +247,7 @@ class ScriptRun(OwnedRun):
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
         self.watch.finished(r.slot, code == 0, r.pid)
-        if code == 0 and r.slot in self._left:
+        if code == 0 and r.slot in self.world.left:
             self._rank_state(r, "stopped", "left the world on request")
         elif code == 0:
             self._rank_state(r, "done", "")
@@ -277,27 +257,17 @@ class ScriptRun(OwnedRun):
             lines = r.traceback()
             text = lines[-1] if lines else r.death()
             self._rank_state(r, "crashed", text)
-            if r.slot in self._killed:
-                text = lines[-1] if lines and code != -9 else self._killed[r.slot]
+            if r.slot in self.world.killed:
+                text = lines[-1] if lines and code != -9 else self.world.killed[r.slot]
             self._handle(event("error", r.slot, text=text, traceback=lines,
-                               exit_code=_exit_code(code), pid=r.pid))
-            if self.elastic and self.failure is None:
-                self._survive(r, text)
-            elif self.failure is None:
-                self._failed(r, text)
+                               exit_code=r.exit_code, pid=r.pid))
+            if self.failure is None:
+                alive = {a.slot for a in self.group.alive()}
+                self._act(self.world.died(r.slot, alive, f"{r.death()}: {text}"), r, text)
 
-    def _survive(self, r: ScriptRank, text: str) -> None:
-        """run.elastic(): the world re-forms from the ranks still alive, which go back to their
-        newest common rollback point; with none alive, the run fails as any other."""
-        alive = {a.slot for a in self.group.alive()}
-        actions = self.world.died(r.slot, alive, True, f"{r.death()}: {text}", time.time())
-        if any(isinstance(a, Fail) for a in actions):
-            self._failed(r, text)
-            return
-        self._act(actions)
-
-    def _act(self, actions: list) -> None:
-        """Carry out what the membership decided (a script has no standbys: r restarts all)."""
+    def _act(self, actions: list, failed: ScriptRank | None = None, text: str = "") -> None:
+        """Carry out the world's decisions (a script has no standbys: r restarts all). Fail:
+        the others end, as torchrun ends them (a rank that was not elastic failed)."""
         for a in actions:
             if isinstance(a, Tell):
                 self._link.send(a.slot, a.order)
@@ -305,15 +275,14 @@ class ScriptRun(OwnedRun):
                 self.say(a.text, a.level)
             elif isinstance(a, Kill):
                 self._kill(a.slot, a.why)
+            elif isinstance(a, Fail) and failed is not None:
+                self._failed(failed, text)
 
     def _kill(self, slot: int, why: str) -> None:
         for r in self.group.alive():
             if r.slot == slot:
-                self._killed[slot] = why
+                self.world.killed[slot] = why
                 os.killpg(r.pid, signal.SIGKILL)
-
-    def _new_address(self) -> str:
-        return f"tcp://127.0.0.1:{free_port()}"
 
     @property
     def _ending(self) -> bool:
@@ -323,7 +292,7 @@ class ScriptRun(OwnedRun):
     def _failed(self, r: ScriptRank, text: str) -> None:
         """The first failure: the others are ended as torchrun ends them, and the group
         restarts while --max-restarts allows."""
-        self.failure = (_exit_code(r.popen.returncode), f"rank {r.slot} {r.death()}: {text}")
+        self.failure = (r.exit_code, f"rank {r.slot} {r.death()}: {text}")
         if self.failures < self.config.max_restarts:
             self.failures += 1
             self._restart = True
@@ -357,7 +326,7 @@ class ScriptRun(OwnedRun):
 
     def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
         self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
-                           exit_code=_exit_code(r.popen.returncode)))
+                           exit_code=r.exit_code))
 
     def _end_attempt(self) -> None:
         """The `run` event for the attempt that ended: done, failed or interrupted."""
@@ -400,11 +369,11 @@ class ScriptRun(OwnedRun):
         self._end_others(signal.SIGTERM)
 
     def _stop_rank(self, cmd: dict) -> None:
-        if self.elastic and self.stopping is None:
-            self._act(self.world.stop(cmd["slot"], time.time()))
+        if self.stopping is None:
+            self._act(self.world.stop(cmd["slot"]))
 
     def _kill_rank(self, cmd: dict) -> None:
-        if self.elastic and self.stopping is None and cmd["slot"] in self.world.members:
+        if self.world.elastic and self.stopping is None and self.world.is_member(cmd["slot"]):
             self._kill(cmd["slot"], "killed with k")
 
     def _stop(self, cmd: dict) -> None:
@@ -424,10 +393,3 @@ class ScriptRun(OwnedRun):
         self.say(f"stopping: {signal.Signals(sig).name} to every rank, SIGKILL after "
                  f"{self.config.grace:g} s")
         self._end_others(sig)
-
-
-def _exit_code(returncode: int | None) -> int:
-    """A rank's exit code as a shell reports it (a signal n is 128 + n)."""
-    if returncode is None:
-        return EXIT_FAILED
-    return 128 - returncode if returncode < 0 else returncode

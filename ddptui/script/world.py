@@ -1,0 +1,59 @@
+"""Who is in a script's world: which ranks opted into run.elastic(), which left (s) or were killed
+(k), and the membership's decisions (ddptui/run/membership.py) for a group without standbys.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ddptui.run.membership import Fail, Membership
+from ddptui.run.processes import free_port
+from trainer.protocol.events import PARENT
+
+
+class ScriptWorld:
+    """One per attempt. Feed it the ranks' events and deaths; it returns the membership's
+    actions (Tell, Say, Kill, Fail) for the run to carry out."""
+
+    def __init__(self, slots: list[int]):
+        self.slots = slots
+        self.membership = Membership(list(slots), lambda: f"tcp://127.0.0.1:{free_port()}")
+        self.controls: dict[int, set[str]] = {}  # what each rank opted into (ddptui.init)
+        self.killed: dict[int, str] = {}  # slot -> why ddptui killed it
+        self.left: set[int] = set()  # slots that left the world on request
+        self.leader = 0  # the world's rank 0: the run's orders go to it
+
+    @property
+    def elastic(self) -> bool:
+        """Every rank gave run.elastic(): s and k act on one rank, a crash is survived."""
+        return bool(self.slots) and all("elastic" in self.controls.get(s, ())
+                                        for s in self.slots)
+
+    def reported(self, ev: dict) -> list:
+        """A rank's event: what it takes, that it entered or left a world, a world it confirmed."""
+        slot, kind, state = ev["rank"], ev["kind"], ev.get("state")
+        if kind == "rank" and ev.get("control"):
+            self.controls[slot] = set(ev["control"])
+        if kind == "rank" and state == "running":
+            self.membership.entered(slot)
+        elif kind == "rank" and state == "stopped" and slot in self.membership.leaving:
+            self.membership.left(slot)  # out of the world; its process ends next
+            self.left.add(slot)
+        elif kind == "world" and slot != PARENT and ev.get("generation"):
+            self.leader = ev["ranks"][0]
+            return self.membership.world_confirmed(ev["generation"], time.time())
+        return []
+
+    def stop(self, slot: int) -> list:
+        return self.membership.stop(slot, time.time()) if self.elastic else []
+
+    def died(self, slot: int, alive: set[int], why: str) -> list:
+        """A rank ended with an error: the others re-form without it, or [Fail] when they
+        cannot (none is left, or not every rank is elastic)."""
+        if not self.elastic:
+            return [Fail(why)]
+        actions = self.membership.died(slot, alive, True, why, time.time())
+        return actions if not any(isinstance(a, Fail) for a in actions) else [Fail(why)]
+
+    def is_member(self, slot: int) -> bool:
+        return slot in self.membership.members
