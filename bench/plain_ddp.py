@@ -3,10 +3,12 @@
 torchrun --standalone --nproc-per-node 2 bench/plain_ddp.py --model resnet18 --steps 300
 Synthetic data on the device, bf16 autocast, channels_last, SGD (or fused AdamW); prints one JSON
 line (rank 0). --ddptui adds ddptui's three lines (ddptui.init(), run.step(loss, samples=n)), to
-measure what they cost (bench/script_overhead.py).
+measure what they cost (bench/script_overhead.py); --elastic adds run.elastic() on top (the model
+from run.ddp(), a rollback point every 50 steps, each step in run.guard()).
 """
 
 import argparse
+import contextlib
 import json
 import os
 import time
@@ -27,6 +29,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     ap.add_argument("--ddptui", action="store_true", help="with ddptui.init() and run.step()")
+    ap.add_argument("--elastic", action="store_true", help="with run.elastic() too")
     args = ap.parse_args()
     t_launch = float(os.environ.get("BENCH_T0", time.time()))
     local = int(os.environ["LOCAL_RANK"])
@@ -34,7 +37,13 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
     torch.backends.cudnn.benchmark = True
     model = torchvision.models.get_model(args.model, num_classes=1000).cuda()
-    model = DDP(model.to(memory_format=torch.channels_last), device_ids=[local])
+    run, guard = None, contextlib.nullcontext
+    if args.ddptui or args.elastic:
+        import ddptui
+
+        run = ddptui.init()
+    wrap = run.ddp if args.elastic else DDP
+    model = wrap(model.to(memory_format=torch.channels_last), device_ids=[local])
     if args.optimizer == "adamw":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     else:
@@ -42,22 +51,24 @@ def main() -> None:
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device="cuda")
     x = x.contiguous(memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (args.batch_size,), device="cuda")
+    if args.elastic:
+        run.elastic(lambda: {"model": model.module.state_dict(), "opt": opt.state_dict()},
+                    lambda state: (model.module.load_state_dict(state["model"]),
+                                   opt.load_state_dict(state["opt"])))
+        guard = run.guard
     first_step = None
-    if args.ddptui:
-        import ddptui
-
-        run = ddptui.init()
     for step in range(args.warmup + args.steps):
         if step == args.warmup:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if args.ddptui:
-            run.step(loss, samples=args.batch_size)
+        with guard():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if run is not None:
+                run.step(loss, samples=args.batch_size)
         if first_step is None:
             torch.cuda.synchronize()
             first_step = time.time() - t_launch

@@ -4,7 +4,8 @@ GPUs, alternating: the zero-code launch, and the script with ddptui's three line
 python bench/script_overhead.py --gpus 1 --rounds 3 --out results.json
 Variants per round: torchrun (bench/plain_ddp.py under torchrun --standalone), ddptui (the same
 file under `ddptui run SCRIPT --headless`), ddptui+3 (its --ddptui flag: ddptui.init() and
-run.step(loss, samples=n) every step, reporting to the parent). Prints a markdown table of the
+run.step(loss, samples=n) every step, reporting to the parent), ddptui+elastic (--elastic:
+run.elastic() on top, rollback points every 50 steps). Prints a markdown table of the
 img/s the script itself measured (rank 0, after its warm-up) and each variant's ratio to
 torchrun's mean.
 """
@@ -27,7 +28,7 @@ def launch(variant: str, gpus: int, script_args: list[str], tmp: str) -> list[st
     if variant == "torchrun":
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(gpus), SCRIPT, *script_args]
-    extra = ["--ddptui"] if variant == "ddptui+3" else []
+    extra = {"ddptui+3": ["--ddptui"], "ddptui+elastic": ["--elastic"]}.get(variant, [])
     return [sys.executable, "-m", "ddptui", "run", SCRIPT, "--gpus",
             ",".join(map(str, range(gpus))), "--headless", "--log",
             os.path.join(tmp, f"{variant}.jsonl"), "--", *script_args, *extra]
@@ -55,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     script_args = ["--model", args.model, "--steps", str(args.steps), "--warmup",
                    str(args.warmup)]
-    variants = ("torchrun", "ddptui", "ddptui+3")
+    variants = ("torchrun", "ddptui", "ddptui+3", "ddptui+elastic")
     rates: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]  # neither goes first every time
