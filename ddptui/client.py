@@ -13,6 +13,7 @@ import os
 import socket
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -53,6 +54,7 @@ class Run:
         self._done = False
         self._elastic: Elastic | None = None
         self._model = None  # run.ddp()'s
+        self._joining: dict | None = None  # r: the join order this standby was given
         if not self.active:
             return
         self._supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid())
@@ -66,8 +68,11 @@ class Run:
         self.figures = Figures(self.reporter, 1.0 / hz)
         self._threads = [] if self._supervised else [DeviceSampler(
             self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
+        self._resume: dict | None = None  # where a rank that joined a running world takes up
         self._announce()
         atexit.register(self._at_exit)
+        if os.environ.get("DDPTUI_STANDBY") == "1":
+            self._joining = await_join(self)
 
     # -- the calls a script makes ----------------------------------------------------------------
     def step(self, loss=None, samples: int = 0) -> None:
@@ -94,6 +99,8 @@ class Run:
         """for epoch in run.epochs(10, loader): calls set_epoch on a DistributedSampler (given,
         or the loader's) and marks each epoch's row."""
         sampler = getattr(sampler, "sampler", sampler)  # a DataLoader: its sampler
+        if self._resume is not None:  # joined a running world: its epoch
+            start = max(start, self._resume["epoch"] or 0)
         for e in range(start, n):
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(e)
@@ -110,6 +117,8 @@ class Run:
         self._end_epoch()
         self._epoch = e
         self.figures.begin_epoch(e, self.global_step)
+        if self._resume is not None and self._resume["epoch"] == e:  # joined in its middle
+            self.figures.epoch_steps0 -= self._resume["epoch_step"]
 
     def log(self, **scalars) -> None:
         """Figures of the epoch (val_loss, val_acc, lr...): the epochs table shows them."""
@@ -149,7 +158,7 @@ class Run:
 
         if not self.active:
             return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
-        self._model = ElasticDDP(module, **kwargs)
+        self._model = ElasticDDP(module, in_sync=self._joining is not None, **kwargs)
         return self._model
 
     def elastic(self, state_dict_fn: Callable[[], Any], load_state_dict_fn: Callable[[Any], None],
@@ -168,6 +177,8 @@ class Run:
         self._elastic = Elastic(self, state_dict_fn, load_state_dict_fn, self._model,
                                 every or POINT_EVERY)
         self._mailbox.on_urgent = self._elastic.on_urgent
+        if self._joining is not None:
+            self._elastic.join(self._joining)
         for live in self._loaders:
             self._elastic.adopt(live)
         self.reporter.emit("rank", state="running", control=self._controls())
@@ -232,7 +243,12 @@ class Run:
 
     def _position(self) -> dict:
         return {"global_step": self.global_step, "epoch": self._epoch,
+                "epoch_step": self.global_step - self.figures.epoch_steps0,
                 "consumed": [live.consumed for live in self._loaders]}
+
+    def _take_up(self, position: dict) -> None:
+        """A rank that joined: the world's position, for its epochs and run.loader()s."""
+        self._resume, self.global_step = position, position["global_step"]
 
     def _restore_position(self, host: dict) -> None:
         if host["epoch"] != self._epoch:
@@ -254,9 +270,11 @@ class Run:
     # -- inside --------------------------------------------------------------------------------
     def _announce(self) -> None:
         device = _device_name(self.local_rank)
-        self.reporter.emit("rank", state="running", pid=os.getpid(), device=device,
-                           gpu=_physical_gpu(), host=socket.gethostname(), control=CONTROLS,
-                           api="ddptui.init")
+        # A standby keeps the controls its slot had until run.elastic() says them again.
+        standby = {"state": "standby"} if os.environ.get("DDPTUI_STANDBY") == "1" else \
+            {"state": "running", "control": CONTROLS}
+        self.reporter.emit("rank", pid=os.getpid(), device=device, gpu=_physical_gpu(),
+                           host=socket.gethostname(), api="ddptui.init", **standby)
         if self.rank == 0 and not self._supervised:  # under torchrun: attach learns the job
             self.reporter.emit("run", status="started", model=os.path.basename(sys.argv[0]),
                                script=" ".join(sys.argv), data="", epochs=0,
@@ -364,6 +382,23 @@ class Run:
 
     _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,
                  "settings": _settings_asked, "apply": _apply_asked, "reform": _reform}
+
+
+def await_join(run: Run) -> dict:
+    """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
+    script forms its process group, for ddptui's order to join; the script then forms the
+    order's world from the environment set here. The run ended first: the script exits."""
+    order = run._mailbox.wait_urgent(None)
+    if order is None or order.get("op") != "join":
+        run._close()
+        raise SystemExit(0)
+    members = order["members"]
+    run.rank, run.world_size = members.index(run.slot), len(members)
+    url = urllib.parse.urlsplit(order["init"])
+    os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
+                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port))
+    run.reporter.emit("rank", state="restarting", pid=os.getpid())
+    return order
 
 
 def _physical_gpu() -> int | None:

@@ -30,13 +30,12 @@ class ElasticDDP(torch.nn.Module):
     current world, built again when the world changes. Use it as the DDP model: `.module` is
     your model, and its state_dict has DDP's keys."""
 
-    def __init__(self, module: torch.nn.Module, before_forward: Callable[[], None] = lambda: None,
-                 **kwargs):
+    def __init__(self, module: torch.nn.Module, in_sync: bool = False, **kwargs):
         super().__init__()
         self.module = module
-        self.before_forward = before_forward
+        self.before_forward: Callable[[], None] = lambda: None
         self._kwargs = kwargs
-        self.rebuild(in_sync=False)
+        self.rebuild(in_sync)  # a joining rank: its state comes from run.elastic()
 
     def rebuild(self, in_sync: bool) -> None:
         """DDP over the world that is current now. `in_sync`: every member holds the same state
@@ -70,12 +69,16 @@ class ElasticRun(Protocol):
     _mailbox: Mailbox
     _control: Control | None
     _epoch: int | None
+    _resume: dict | None
+    _loaders: list
 
     def _take_orders(self) -> None: ...
 
     def _enter_world(self, rank: int, world_size: int, group) -> None: ...
 
     def _position(self) -> dict: ...
+
+    def _take_up(self, position: dict) -> None: ...
 
     def _restore_position(self, host: dict) -> None: ...
 
@@ -135,8 +138,12 @@ class Elastic:
 
     def adopt(self, live) -> None:
         """A run.loader(): ddptui shards its epoch, takes a point where an epoch starts (none
-        is ever behind it), and recovers before handing out the next batch."""
+        is ever behind it), and recovers before handing out the next batch. A rank that joined
+        takes its epoch up where the world is."""
         live.set_world(self.run.rank, self.run.world_size)
+        resume = self.run._resume
+        if resume is not None and len(resume["consumed"]) > len(self.run._loaders):
+            live.resume_at = resume["consumed"][len(self.run._loaders)]
         live.on_epoch = lambda: self.take(self.run.global_step, self.run._position())
         live.on_next = self.recover_pending
 
@@ -196,7 +203,49 @@ class Elastic:
         world.dismantle(self._warn, collect=False)
         if run.slot not in order["members"]:
             run._leave(f"left the world at global step {run.global_step}")
-        self._settle(self._enter(order), order, leftover)
+        entered = self._enter(order)
+        if order.get("joiner") is not None:
+            self._share(order)
+        self._settle(entered, order, leftover)
+
+    def join(self, order: dict) -> None:
+        """A standby's script formed the order's world (ddptui.init() set its environment):
+        the group orders are agreed in, as form() makes it on the members, then the state."""
+        group = dist.new_group(backend="gloo")
+        self._share(order)
+        self._settle((self.run.rank, self.run.world_size, group), order, [])
+
+    def _share(self, order: dict) -> None:
+        """The first member that is not the joiner sends the joiner its state and position,
+        point to point: what state_fn() returns (the joiner's own has no optimizer state yet),
+        its device tensors one by one, the rest in one pickled message."""
+        members, run = order["members"], self.run
+        src = members.index(next(s for s in members if s != order["joiner"]))
+        dst = members.index(order["joiner"])
+        if run.rank not in (src, dst):
+            return
+        if run.rank == src:
+            tensors, skeleton, _ = self._read()
+            meta = {"skeleton": skeleton, "position": run._position(),
+                    "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
+                    "host": {i: t.clone() for i, t in enumerate(tensors) if not t.is_cuda}}
+            dist.send_object_list([meta], dst=dst)
+            for t in tensors:
+                if t.is_cuda:
+                    dist.send(t, dst=dst)
+            return
+        box: list = [None]
+        dist.recv_object_list(box, src=src)
+        meta = box[0]
+        tensors = []
+        for i, (shape, dtype, kind) in enumerate(meta["specs"]):
+            if kind == "cpu":
+                tensors.append(meta["host"][i])
+                continue
+            tensors.append(torch.empty(shape, dtype=dtype, device=self.device))
+            dist.recv(tensors[-1], src=src)
+        self.load_fn(_put_back(meta["skeleton"], tensors))
+        run._take_up(meta["position"])
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback

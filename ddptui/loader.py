@@ -56,6 +56,7 @@ class LiveLoader:
         self.world: tuple[int, int] | None = None
         self.consumed = 0  # samples of the epoch's order taken by completed steps (elastic)
         self.restart = False  # the world or the position changed: rebuild before the next batch
+        self.resume_at: int | None = None  # a rank that joined: where its first epoch is
         self.iterating = False
         self.on_epoch: Callable[[], None] = lambda: None  # an epoch's iteration begins
         self.on_next: Callable[[], object] = lambda: None  # the loop asks for the next batch
@@ -71,7 +72,8 @@ class LiveLoader:
 
     def __iter__(self) -> Iterator:
         self._apply()  # an epoch boundary: whatever is pending takes effect
-        self.epoch_order, self.taken, self.consumed = self._indices(), 0, 0
+        self.epoch_order, self.taken, self.consumed = self._indices(), 0, self.resume_at or 0
+        self.resume_at = None
         self._epochs += 1
         self.iterating = True
         self.on_epoch()

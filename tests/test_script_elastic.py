@@ -1,4 +1,4 @@
-"""run.elastic() in your own script: a crashing rank is survived in place, s and k act on one
+"""run.elastic() in your own script: a crashing rank is survived in place, s, k and r act on one
 rank from the dashboard, and run.loader()'s epoch is shared out so that no sample is lost or
 repeated when the world shrinks or goes back to a rollback point."""
 
@@ -43,7 +43,8 @@ def test_a_crashing_rank_is_survived_and_the_others_finish_every_epoch(env, tmp_
 
 
 @pytest.mark.timeout(150)
-async def test_s_and_k_act_on_one_rank_and_the_others_go_on(script_env, tmp_path):  # noqa: F811
+async def test_s_k_and_r_act_on_one_rank_and_the_others_go_on(script_env,  # noqa: F811
+                                                              tmp_path):
     log = tmp_path / "dash.jsonl"
     run = _run([ELASTIC, "--cpus", "3", "--grace", "10", "--", "--epochs", "1000", "--samples",
                 "2048", "--image-size", "16"], log)
@@ -60,20 +61,30 @@ async def test_s_and_k_act_on_one_rank_and_the_others_go_on(script_env, tmp_path
         await _until(pilot, lambda: any(e.get("generation") == 2 for e in events(log, "world")))
         await _until(pilot, lambda: _row(app, 1).get("state") == "crashed (SIGKILL)" and
                      _row(app, 1)["process"] == "exited")
-        steps_after = lambda: [e for e in events(log, "step") if e["rank"] == 0 and  # noqa: E731
-                               e["t"] > events(log, "world")[-1]["t"]]
-        await _until(pilot, lambda: len(steps_after()) >= 2)
+        await pilot.press("r")  # rank 1 joins the running world again, from a standby
+        assert not isinstance(app.screen, ConfirmRestart)
+        await _until(pilot, lambda: any(e.get("generation") == 3 for e in events(log, "world")))
+        await _until(pilot, lambda: _row(app, 1).get("state") == "running")
+        joined = events(log, "world")[-1]
+        await _until(pilot, lambda: sum(e["rank"] == 1 and e["t"] > joined["t"]
+                                        for e in events(log, "step")) >= 2)
+        pids |= rank_pids(log)
         await pilot.press("q")
         await _until(pilot, run.done.is_set, 60)
         await pilot.pause(0.3)
     assert run.exit_code == 130
     worlds = [(e["size"], e["ranks"]) for e in events(log, "world") if e["rank"] != -1]
-    assert worlds == [(2, [0, 1]), (1, [0])]
+    assert worlds == [(2, [0, 1]), (1, [0]), (2, [0, 1])]
+    # The joiner took the world's epoch and step up, and stepped on from there.
+    first = next(e for e in events(log, "step") if e["rank"] == 1 and e["t"] > joined["t"])
+    assert first["epoch"] == joined["epoch"] and first["global_step"] > joined["global_step"]
     stopped = [e for e in events(log, "rank") if e["rank"] == 2 and e.get("exit_code") == 0]
     assert stopped[-1]["state"] == "stopped" and "left the world" in stopped[-1]["reason"]
     (error,) = events(log, "error")
     assert error["rank"] == 1 and error["text"] == "killed with k"
     assert any(e["text"].startswith("recovered on 1 rank") for e in events(log, "message"))
+    assert [e["state"] for e in events(log, "rank") if e["rank"] in (0, 1) and
+            e.get("exit_code") == 0] == ["done", "done"]  # q: both ended their loop
     assert_gone(pids)
 
 

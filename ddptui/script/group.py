@@ -71,32 +71,38 @@ class RankGroup:
         self._reported: set[int] = set()
 
     def start(self, attempt: Attempt) -> None:
-        gpus = list(self.config.gpus) if self.config.gpus else [None] * self.config.world_size
+        self.ranks, self._reported = [], set()
+        for slot in range(self.config.world_size):
+            self.start_one(slot, attempt)
+
+    def start_one(self, slot: int, attempt: Attempt, standby: bool = False) -> ScriptRank:
+        """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
+        the slot's earlier processes stay listed, ended."""
+        gpu = self.config.gpus[slot] if self.config.gpus else None
+        stacks = f"{self.stem}.rank{slot}.stacks"
+        if os.path.exists(stacks):
+            os.remove(stacks)  # the rank creates it when it can answer
+        env = rank_env(self.config, attempt, slot, stacks, trace_prefix=trace_prefix(self.stem))
+        if standby:
+            env["DDPTUI_STANDBY"] = "1"
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            popen = subprocess.Popen(command(self.config), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=pipes[0][1], stderr=pipes[1][1],
+                                     start_new_session=True, close_fds=True)
+        finally:
+            os.close(pipes[0][1])
+            os.close(pipes[1][1])
         colours_only = self.echo and os.isatty(1)
-        self.ranks = []
-        for slot, gpu in enumerate(gpus):
-            stacks = f"{self.stem}.rank{slot}.stacks"
-            if os.path.exists(stacks):
-                os.remove(stacks)  # the rank creates it when it can answer
-            out = f"{self.stem}.rank{slot}.out"
-            pipes = [os.pipe(), os.pipe()]
-            try:
-                popen = subprocess.Popen(
-                    command(self.config), env=rank_env(self.config, attempt, slot, stacks,
-                                                       trace_prefix=trace_prefix(self.stem)),
-                    stdin=subprocess.DEVNULL, stdout=pipes[0][1], stderr=pipes[1][1],
-                    start_new_session=True, close_fds=True)
-            finally:
-                os.close(pipes[0][1])
-                os.close(pipes[1][1])
-            readers = [StreamReader(read, out, (1, 2)[i] if self.echo else None, colours_only,
-                                    lambda text, final, s=slot: self.on_line(s, text, final),
-                                    f"rank{slot}-{('stdout', 'stderr')[i]}")
-                       for i, (read, _write) in enumerate(pipes)]
-            for r in readers:
-                r.start()
-            self.ranks.append(ScriptRank(slot, gpu, popen, stacks, readers))
-        self._reported = set()
+        readers = [StreamReader(read, f"{self.stem}.rank{slot}.out",
+                                (1, 2)[i] if self.echo else None, colours_only,
+                                lambda text, final, s=slot: self.on_line(s, text, final),
+                                f"rank{slot}-{('stdout', 'stderr')[i]}")
+                   for i, (read, _write) in enumerate(pipes)]
+        for r in readers:
+            r.start()
+        self.ranks.append(ScriptRank(slot, gpu, popen, stacks, readers))
+        return self.ranks[-1]
 
     def alive(self) -> list[ScriptRank]:
         return [r for r in self.ranks if r.alive]
@@ -105,10 +111,10 @@ class RankGroup:
         """Ranks that exited since the last call, once their output has been read to the end."""
         done = []
         for r in self.ranks:
-            if r.slot not in self._reported and not r.alive:
+            if r.pid not in self._reported and not r.alive:
                 for reader in r.readers:
                     reader.join(2.0)  # the last lines (a traceback) before the verdict
-                self._reported.add(r.slot)
+                self._reported.add(r.pid)
                 done.append(r)
         return done
 

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 
-from ddptui.run.membership import Fail, Kill, Say, Tell
+from ddptui.run.membership import Fail, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import free_port
@@ -68,7 +68,8 @@ class ScriptRun(OwnedRun):
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
-                     "stop_rank": self._stop_rank, "kill_rank": self._kill_rank}
+                     "stop_rank": self._stop_rank, "kill_rank": self._kill_rank,
+                     "restart_rank": self._restart_rank}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
@@ -92,8 +93,12 @@ class ScriptRun(OwnedRun):
         """run.elastic(): SIGKILL to the rank; the others recover from a rollback point."""
         self._commands.put({"op": "kill_rank", "slot": rank})
 
+    def restart_rank(self, rank: int) -> None:
+        """run.elastic(): the rank joins the running world from a standby."""
+        self._commands.put({"op": "restart_rank", "slot": rank})
+
     def restarts_group(self, key: str) -> bool:
-        return key == "r" or not self.world.elastic
+        return not self.world.elastic
 
     def pause(self) -> None:
         self._command({"op": "pause"}, event("run", PARENT, status="pausing"))
@@ -177,6 +182,7 @@ class ScriptRun(OwnedRun):
         self.say(f"starting {count(n, 'rank')}: {' '.join(command(self.config)[2:])}"
                  + (f" (restart {attempt.restart})" if attempt.restart else ""))
         self.group.start(attempt)
+        self._attempt = attempt
         self.watch.attempt([r.slot for r in self.group.ranks], time.time())
         for r in self.group.ranks:
             self._handle(event("rank", r.slot, state="starting", pid=r.pid, gpu=r.gpu,
@@ -201,7 +207,12 @@ class ScriptRun(OwnedRun):
             self.watch.collect_stacks({r.slot: r for r in self.group.alive()}, now)
             self.watch.flush_lines(now)
             self._escalate()
-            if self.group.alive():
+            alive = self.group.alive()
+            if alive and all(r.slot in self.world.standing_by for r in alive):
+                for r in alive:  # nothing is left for them to join
+                    os.killpg(r.pid, signal.SIGKILL)
+                continue
+            if alive:
                 continue
             for r in self.group.ended():  # those that ended since the top of this turn
                 self._rank_ended(r)
@@ -231,9 +242,13 @@ class ScriptRun(OwnedRun):
         self.watch.reported(item, now)
         if item["kind"] == "rank" and item.get("control"):
             self.controls |= set(item["control"])
-        self._handle(item)
-        self._act(self.world.reported(item))
+        actions = self.world.reported(item)
         self._link.leader = self.world.leader
+        if item["kind"] == "rank" and item.get("state") == "standby":  # shown as why it is out
+            state, reason = self.world.out_state(item["rank"])
+            item = {**item, "state": state, "reason": reason, "standby": "ready"}
+        self._handle(item)
+        self._act(actions)
 
     def _sample(self, now: float) -> None:
         self.group.scan_children()
@@ -247,7 +262,12 @@ class ScriptRun(OwnedRun):
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
         self.watch.finished(r.slot, code == 0, r.pid)
-        if code == 0 and r.slot in self.world.left:
+        if r.slot in self.world.standing_by:  # a standby that never joined: the slot stays out
+            self.world.standing_by.discard(r.slot)
+            if not self._ending and code != -signal.SIGKILL:
+                self.say(f"the standby for rank {r.slot} {r.death()}; r starts another",
+                         "warning")
+        elif code == 0 and r.slot in self.world.left:
             self._rank_state(r, "stopped", "left the world on request")
         elif code == 0:
             self._rank_state(r, "done", "")
@@ -275,8 +295,20 @@ class ScriptRun(OwnedRun):
                 self.say(a.text, a.level)
             elif isinstance(a, Kill):
                 self._kill(a.slot, a.why)
+            elif isinstance(a, Standby) and self.world.wants_standby(a.slot):
+                self._start_standby(a.slot)
+            elif isinstance(a, Joining):
+                self.world.standing_by.discard(a.slot)
             elif isinstance(a, Fail) and failed is not None:
                 self._failed(failed, text)
+
+    def _start_standby(self, slot: int) -> None:
+        r = self.group.start_one(slot, self._attempt, standby=True)
+        self.world.standing_by.add(slot)
+        self.watch.attempt([slot], time.time())
+        state, reason = self.world.out_state(slot)
+        self._handle(event("rank", slot, state=state, reason=reason, pid=r.pid,
+                           standby="warming"))
 
     def _kill(self, slot: int, why: str) -> None:
         for r in self.group.alive():
@@ -367,6 +399,10 @@ class ScriptRun(OwnedRun):
             if r.slot == cmd.get("kill"):
                 os.killpg(r.pid, signal.SIGKILL)
         self._end_others(signal.SIGTERM)
+
+    def _restart_rank(self, cmd: dict) -> None:
+        if self.stopping is None:
+            self._act(self.world.restart(cmd["slot"]))
 
     def _stop_rank(self, cmd: dict) -> None:
         if self.stopping is None:

@@ -21,6 +21,7 @@ class ScriptWorld:
         self.controls: dict[int, set[str]] = {}  # what each rank opted into (ddptui.init)
         self.killed: dict[int, str] = {}  # slot -> why ddptui killed it
         self.left: set[int] = set()  # slots that left the world on request
+        self.standing_by: set[int] = set()  # slots whose process waits for a join order
         self.leader = 0  # the world's rank 0: the run's orders go to it
 
     @property
@@ -34,6 +35,8 @@ class ScriptWorld:
         slot, kind, state = ev["rank"], ev["kind"], ev.get("state")
         if kind == "rank" and ev.get("control"):
             self.controls[slot] = set(ev["control"])
+        if kind == "rank" and state == "standby" and slot in self.standing_by:
+            return self.membership.standby_ready(slot, time.time())
         if kind == "rank" and state == "running":
             self.membership.entered(slot)
         elif kind == "rank" and state == "stopped" and slot in self.membership.leaving:
@@ -46,6 +49,20 @@ class ScriptWorld:
 
     def stop(self, slot: int) -> list:
         return self.membership.stop(slot, time.time()) if self.elastic else []
+
+    def restart(self, slot: int) -> list:
+        """r: a stopped or crashed rank joins from a standby started now (a running one leaves
+        first)."""
+        return self.membership.restart(slot, slot in self.standing_by, time.time())
+
+    def wants_standby(self, slot: int) -> bool:
+        """A standby is started only for a rank that r asked back (a script's process runs the
+        script up to ddptui.init(): not kept warm for every rank that is out)."""
+        return slot in self.membership.wanted and slot not in self.standing_by
+
+    def out_state(self, slot: int) -> tuple[str, str]:
+        """How an out slot is shown while its standby waits: stopped or crashed, and why."""
+        return self.membership.out.get(slot, ("stopped", ""))
 
     def died(self, slot: int, alive: set[int], why: str) -> list:
         """A rank ended with an error: the others re-form without it, or [Fail] when they
