@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -72,6 +71,8 @@ class Run:
         self._announce()
         atexit.register(self._at_exit)
         if os.environ.get("DDPTUI_STANDBY") == "1":
+            from ddptui.elastic import await_join
+
             self._joining = await_join(self)
 
     # -- the calls a script makes ----------------------------------------------------------------
@@ -163,11 +164,9 @@ class Run:
 
     def elastic(self, state_dict_fn: Callable[[], Any], load_state_dict_fn: Callable[[Any], None],
                 every: int | None = None) -> None:
-        """Ranks may leave (s) or die (k, a crash) while the others go on: every `every` steps
-        and at each epoch's start the state state_dict_fn() returns is kept (its tensors copied
-        out, no device sync), and after a peer died the survivors re-form, give the newest point
-        they all hold to load_state_dict_fn, and redo the steps since. Needs the model from
-        run.ddp() and run.loader() for the training data; the step in `with run.guard():`."""
+        """A rank may leave (s), die (k, a crash) or join (r) while the others go on, from
+        rollback points of what state_dict_fn() returns (every `every` steps and at each epoch's
+        start). Needs run.ddp(), run.loader() and run.guard(): docs/your-script.md."""
         from ddptui.elastic import POINT_EVERY, Elastic
 
         if not self.active:
@@ -176,11 +175,7 @@ class Run:
             raise ValueError("run.elastic() needs the model wrapped first: model = run.ddp(model)")
         self._elastic = Elastic(self, state_dict_fn, load_state_dict_fn, self._model,
                                 every or POINT_EVERY)
-        self._mailbox.on_urgent = self._elastic.on_urgent
-        if self._joining is not None:
-            self._elastic.join(self._joining)
-        for live in self._loaders:
-            self._elastic.adopt(live)
+        self._elastic.start(self._joining)
         self.reporter.emit("rank", state="running", control=self._controls())
 
     def guard(self) -> contextlib.AbstractContextManager:
@@ -246,18 +241,6 @@ class Run:
                 "epoch_step": self.global_step - self.figures.epoch_steps0,
                 "consumed": [live.consumed for live in self._loaders]}
 
-    def _take_up(self, position: dict) -> None:
-        """A rank that joined: the world's position, for its epochs and run.loader()s."""
-        self._resume, self.global_step = position, position["global_step"]
-
-    def _restore_position(self, host: dict) -> None:
-        if host["epoch"] != self._epoch:
-            raise RuntimeError(f"the survivors' newest common rollback point is in epoch "
-                               f"{host['epoch']}, before this one")
-        self.global_step = host["global_step"]
-        for live, consumed in zip(self._loaders, host["consumed"], strict=True):
-            live.restore(consumed)
-        self.figures.rewind(self.global_step)
 
     def _leave(self, reason: str) -> NoReturn:
         """This rank leaves the world at an agreed step (s): it says so and exits with 0."""
@@ -382,23 +365,6 @@ class Run:
 
     _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,
                  "settings": _settings_asked, "apply": _apply_asked, "reform": _reform}
-
-
-def await_join(run: Run) -> dict:
-    """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
-    script forms its process group, for ddptui's order to join; the script then forms the
-    order's world from the environment set here. The run ended first: the script exits."""
-    order = run._mailbox.wait_urgent(None)
-    if order is None or order.get("op") != "join":
-        run._close()
-        raise SystemExit(0)
-    members = order["members"]
-    run.rank, run.world_size = members.index(run.slot), len(members)
-    url = urllib.parse.urlsplit(order["init"])
-    os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
-                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port))
-    run.reporter.emit("rank", state="restarting", pid=os.getpid())
-    return order
 
 
 def _physical_gpu() -> int | None:

@@ -6,6 +6,8 @@ run.ddp(), the DistributedDataParallel model that is built again over each new w
 from __future__ import annotations
 
 import copy
+import os
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
@@ -78,9 +80,7 @@ class ElasticRun(Protocol):
 
     def _position(self) -> dict: ...
 
-    def _take_up(self, position: dict) -> None: ...
-
-    def _restore_position(self, host: dict) -> None: ...
+    def _close(self) -> None: ...
 
     def _leave(self, reason: str) -> NoReturn: ...
 
@@ -110,6 +110,14 @@ class Elastic:
             self.points = Snapshots(tensors, self.cuda, buffers)  # e.g. the optimizer's first step
         self.points.live = tensors
         self.points.take(step, {**host, "yours": skeleton}, agreed)
+
+    def start(self, joining: dict | None) -> None:
+        """Orders that cannot wait reach on_urgent; a standby's script joins its world now."""
+        self.run._mailbox.on_urgent = self.on_urgent
+        if joining is not None:
+            self.join(joining)
+        for live in self.run._loaders:
+            self.adopt(live)
 
     def step_end(self) -> bool:
         """After a step: a lost peer noticed, orders agreed (a leave among them), a rollback
@@ -245,7 +253,8 @@ class Elastic:
             tensors.append(torch.empty(shape, dtype=dtype, device=self.device))
             dist.recv(tensors[-1], src=src)
         self.load_fn(_put_back(meta["skeleton"], tensors))
-        run._take_up(meta["position"])
+        run._resume = meta["position"]  # for its epochs and run.loader()s
+        run.global_step = meta["position"]["global_step"]
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback
@@ -264,11 +273,22 @@ class Elastic:
         redone = run.global_step - target
         host = self.points.restore(target)
         self.load_fn(_put_back(host["yours"], self.points.live))
-        run._restore_position(host)
+        self._go_back(host)
         self._settle(entered, order, [])
         run._say(f"recovered on {count(run.world_size, 'rank')}: back to global step "
                 f"{run.global_step}, {redone} steps to redo", redone=redone,
                 global_step=run.global_step)
+
+    def _go_back(self, host: dict) -> None:
+        """The run's position at the rollback point: its step and the loaders' places."""
+        run = self.run
+        if host["epoch"] != run._epoch:
+            raise RuntimeError(f"the survivors' newest common rollback point is in epoch "
+                               f"{host['epoch']}, before this one")
+        run.global_step = host["global_step"]
+        for live, consumed in zip(run._loaders, host["consumed"], strict=True):
+            live.restore(consumed)
+        run.figures.rewind(run.global_step)
 
     def _enter(self, order: dict):
         """Form the order's world; returns the gloo group that orders are agreed in."""
@@ -295,6 +315,23 @@ class Elastic:
 
     def close(self) -> None:
         self._hook.remove()
+
+
+def await_join(run: ElasticRun) -> dict:
+    """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
+    script forms its process group, for ddptui's order to join; the script then forms the
+    order's world from the environment set here. The run ended first: the script exits."""
+    order = run._mailbox.wait_urgent(None)
+    if order is None or order.get("op") != "join":
+        run._close()
+        raise SystemExit(0)
+    members = order["members"]
+    run.rank, run.world_size = members.index(run.slot), len(members)
+    url = urllib.parse.urlsplit(order["init"])
+    os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
+                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port))
+    run.reporter.emit("rank", state="restarting", pid=os.getpid())
+    return order
 
 
 class _Slot:

@@ -69,9 +69,11 @@ class RankGroup:
         self.config, self.stem, self.echo, self.on_line = config, stem, echo, on_line
         self.ranks: list[ScriptRank] = []
         self._reported: set[int] = set()
+        self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
+        self._grace = 0.0
 
     def start(self, attempt: Attempt) -> None:
-        self.ranks, self._reported = [], set()
+        self.ranks, self._reported, self._deadlines = [], set(), []
         for slot in range(self.config.world_size):
             self.start_one(slot, attempt)
 
@@ -122,6 +124,30 @@ class RankGroup:
         """Send `sig` to every live rank's process group (itself and its children)."""
         for r in self.alive():
             _killpg(r.pid, sig)
+
+    def end_within(self, sig: int | None, grace: float) -> None:
+        """As torchrun ends them: `sig` to every rank's group now (None: they were asked to stop
+        by a command, and SIGINT follows at half the grace period), SIGKILL to what is left at
+        its end (escalate() sends what is due)."""
+        if not self.alive():
+            return
+        now, self._grace = time.monotonic(), grace
+        if sig is None:
+            self._deadlines = [(now + grace / 2, signal.SIGINT), (now + grace, signal.SIGKILL)]
+        else:
+            self.signal(sig)
+            self._deadlines = [(now + grace, signal.SIGKILL)]
+
+    def escalate(self, say: Callable[..., None]) -> None:
+        while self._deadlines and time.monotonic() >= self._deadlines[0][0] and self.alive():
+            _, sig = self._deadlines.pop(0)
+            if sig == signal.SIGKILL:
+                say(f"ranks did not end within --grace {self._grace:g} s: killing them",
+                    "warning")
+                self.end(None, 0)
+            else:
+                say("ranks did not end their loop: SIGINT to every rank", "warning")
+                self.signal(sig)
 
     def scan_children(self) -> None:
         for r in self.alive():

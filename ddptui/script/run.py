@@ -1,6 +1,7 @@
 """A script's run: the thread that owns its ranks' processes (RankGroup), folds what they print
 and report into the run state and the log (ScriptWatch), ends them on q, Ctrl-C or SIGTERM the
-way torchrun does, and restarts the whole group after a failure or on request.
+way torchrun does, and restarts the whole group after a failure or on request; under
+run.elastic() one rank leaves, dies or joins while the others go on (ScriptWorld).
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, count, event, settings_request
 
 SAMPLE_EVERY_S = 0.5
-# What a script can take once it opted in through ddptui.init() (the ranks say which).
-NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
-         "apply": "settings"}
-NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init() and "
-              "run.step(loss) in its loop{loader} (README: Your own script)")
 
 
 class ScriptRun(OwnedRun):
@@ -49,7 +45,6 @@ class ScriptRun(OwnedRun):
                      "log": self.log_path}
         self.state = RunState(dict(self.meta))
         OwnedRun.__init__(self)
-        self.controls: set[str] = set()  # what the ranks opted into (ddptui.init)
         self.world = ScriptWorld([])  # who is in it (run.elastic: s and k act on one rank)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
         self._key = secrets.token_hex(16)
@@ -64,7 +59,6 @@ class ScriptRun(OwnedRun):
         self.failures = 0
         self.failure: tuple[int, str] | None = None  # exit code, reason
         self.stopping: tuple[str, int] | None = None  # status, exit code
-        self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
@@ -117,14 +111,12 @@ class ScriptRun(OwnedRun):
         self._command({"op": "apply"})
 
     def refuse(self, action: str) -> str | None:
-        """Why the script cannot take `action` now; None when it can."""
-        need = NEEDS.get(action)
-        if need and need not in self.controls:
-            return NO_CONTROL.format(what={"pause": "pause", "checkpoint": "checkpoint order",
-                                           "settings": "input-pipeline settings"}[need],
-                                     loader=", and make its DataLoader with run.loader()"
-                                     if need == "settings" else "")
-        return None
+        return self.world.refuse(action)
+
+    @property
+    def controls(self) -> set[str]:
+        """What the ranks opted into (ddptui.init, run.loader, run.elastic)."""
+        return self.world.opted
 
     def pids(self) -> set[int]:
         return self.group.pids() if self.group else set()
@@ -173,8 +165,8 @@ class ScriptRun(OwnedRun):
         attempt = Attempt(self.run_id, self.attempts, free_port(),
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
-        self.failure, self._ended, self._restart, self._deadlines = None, False, False, []
-        self.controls, self.world = set(), ScriptWorld(list(range(self.config.world_size)))
+        self.failure, self._ended, self._restart = None, False, False
+        self.world = ScriptWorld(list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
@@ -206,7 +198,7 @@ class ScriptRun(OwnedRun):
                 self._sample(now)
             self.watch.collect_stacks({r.slot: r for r in self.group.alive()}, now)
             self.watch.flush_lines(now)
-            self._escalate()
+            self.group.escalate(self.say)
             alive = self.group.alive()
             if alive and all(r.slot in self.world.standing_by for r in alive):
                 for r in alive:  # nothing is left for them to join
@@ -240,8 +232,6 @@ class ScriptRun(OwnedRun):
             self.watch.line(slot, text, final, now)
             return
         self.watch.reported(item, now)
-        if item["kind"] == "rank" and item.get("control"):
-            self.controls |= set(item["control"])
         actions = self.world.reported(item)
         self._link.leader = self.world.leader
         if item["kind"] == "rank" and item.get("state") == "standby":  # shown as why it is out
@@ -330,31 +320,7 @@ class ScriptRun(OwnedRun):
             self._restart = True
             self.say(f"{self.failure[1]}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
-        self._end_others(signal.SIGTERM)
-
-    def _end_others(self, sig: int | None) -> None:
-        """`sig` to every rank's group now (None: they were asked to stop by a command), SIGINT
-        at half the grace period in that case, SIGKILL to what is left at its end."""
-        if not self.group.alive():
-            return
-        now, grace = time.monotonic(), self.config.grace
-        if sig is None:
-            self._deadlines = [(now + grace / 2, signal.SIGINT), (now + grace, signal.SIGKILL)]
-        else:
-            self.group.signal(sig)
-            self._deadlines = [(now + grace, signal.SIGKILL)]
-
-    def _escalate(self) -> None:
-        while self._deadlines and time.monotonic() >= self._deadlines[0][0] and \
-                self.group.alive():
-            _, sig = self._deadlines.pop(0)
-            if sig == signal.SIGKILL:
-                self.say(f"ranks did not end within --grace {self.config.grace:g} s: killing "
-                         "them", "warning")
-                self.group.end(None, 0)
-            else:
-                self.say("ranks did not end their loop: SIGINT to every rank", "warning")
-                self.group.signal(sig)
+        self.group.end_within(signal.SIGTERM, self.config.grace)
 
     def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
         self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
@@ -398,7 +364,7 @@ class ScriptRun(OwnedRun):
         for r in self.group.alive():
             if r.slot == cmd.get("kill"):
                 os.killpg(r.pid, signal.SIGKILL)
-        self._end_others(signal.SIGTERM)
+        self.group.end_within(signal.SIGTERM, self.config.grace)
 
     def _restart_rank(self, cmd: dict) -> None:
         if self.stopping is None:
@@ -423,9 +389,9 @@ class ScriptRun(OwnedRun):
         if "stop" in self.controls and self._link.order({"op": "stop"}):
             self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
                      f"SIGKILL after {self.config.grace:g} s")
-            self._end_others(None)
+            self.group.end_within(None, self.config.grace)
             return
         sig = signal.SIGINT if code == EXIT_INTERRUPTED else signal.SIGTERM
         self.say(f"stopping: {signal.Signals(sig).name} to every rank, SIGKILL after "
                  f"{self.config.grace:g} s")
-        self._end_others(sig)
+        self.group.end_within(sig, self.config.grace)

@@ -1,5 +1,5 @@
-"""Who is in a script's world: which ranks opted into run.elastic(), which left (s) or were killed
-(k), and the membership's decisions (ddptui/run/membership.py) for a group without standbys.
+"""Who is in a script's world: what each rank opted into, which left (s), were killed (k) or wait
+to join (r, run.elastic()), and the membership's decisions (ddptui/run/membership.py) on them.
 """
 
 from __future__ import annotations
@@ -9,6 +9,12 @@ import time
 from ddptui.run.membership import Fail, Membership
 from ddptui.run.processes import free_port
 from trainer.protocol.events import PARENT
+
+# What a script can take once it opted in through ddptui.init() (the ranks say which).
+NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
+         "apply": "settings"}
+NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init() and "
+              "run.step(loss) in its loop{loader} (README: Your own script)")
 
 
 class ScriptWorld:
@@ -23,6 +29,20 @@ class ScriptWorld:
         self.left: set[int] = set()  # slots that left the world on request
         self.standing_by: set[int] = set()  # slots whose process waits for a join order
         self.leader = 0  # the world's rank 0: the run's orders go to it
+
+    @property
+    def opted(self) -> set[str]:
+        return set().union(*self.controls.values())
+
+    def refuse(self, action: str) -> str | None:
+        """Why the script cannot take `action` (pause, checkpoint, settings) now, or None."""
+        need = NEEDS.get(action)
+        if need and need not in self.opted:
+            return NO_CONTROL.format(what={"pause": "pause", "checkpoint": "checkpoint order",
+                                           "settings": "input-pipeline settings"}[need],
+                                     loader=", and make its DataLoader with run.loader()"
+                                     if need == "settings" else "")
+        return None
 
     @property
     def elastic(self) -> bool:

@@ -50,8 +50,8 @@ KEYS = (
 )
 SCRIPT_KEYS = ("(your own script)",
                "s, r, k offer to restart every rank (k kills the selected one at once), but with "
-               "`run.elastic()` s and k act on the selected rank and the others go on; r on a "
-               "failed run starts it again; space, c and a clean q need `ddptui.init()`; p, w/W, "
+               "`run.elastic()` they act on the selected rank as above; r on a failed run starts "
+               "it again; space, c and a clean q need `ddptui.init()`; p, w/W, "
                "b, a need `run.loader()`")
 
 

@@ -134,7 +134,7 @@ class RankEvent(Event):
     world_rank: NotRequired[Annotated[int, "its rank in the world it entered"]]
     api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init"]]
     control: NotRequired[Annotated[list, "the orders that script rank takes (pause, checkpoint, "
-                                         "stop, settings)"]]
+                                         "stop, settings, elastic)"]]
     alone: NotRequired[Annotated[bool, "that script rank has no process group: it takes the "
                                        "dashboard's orders itself, not agreed at one step"]]
     seconds: NotRequired[Annotated[float, "stalled or waiting: seconds since its last step"]]
@@ -318,9 +318,10 @@ class RestartCommand(Command):
 
 class WorldOrder(Command):
     """A change of the world, decided by the parent alone (ddptui/run/membership.py) and sent to
-    ranks' command pipes: `reform` to the world's rank 0, which offers it to every member at an
-    agreed step (a leave or a join); `join` to the joining standby; `recover` straight to every
-    survivor after a rank died (they roll back and re-form without it)."""
+    ranks' command pipes (a script's under run.elastic(): its report channel): `reform` to the
+    world's rank 0, which offers it to every member at an agreed step (a leave or a join); `join`
+    to the joining standby; `recover` straight to every survivor after a rank died (they roll
+    back and re-form without it)."""
 
     members: Annotated[list, "the slots of the new world, in world-rank order"]
     gen: Annotated[int, "the world's generation (how many times it has formed)"]
