@@ -66,8 +66,11 @@ async def test_s_k_and_r_act_on_one_rank_and_the_others_go_on(script_env,  # noq
         await _until(pilot, lambda: any(e.get("generation") == 3 for e in events(log, "world")))
         await _until(pilot, lambda: _row(app, 1).get("state") == "running")
         joined = events(log, "world")[-1]
-        await _until(pilot, lambda: sum(e["rank"] == 1 and e["t"] > joined["t"]
-                                        for e in events(log, "step")) >= 2)
+        # The joiner takes the world's epoch up at its step: that epoch's row starts there.
+        row = lambda: [e for e in events(log, "epoch") if e["rank"] == 1 and  # noqa: E731
+                       e["epoch"] == joined["epoch"] and e["t"] > joined["t"]]
+        await _until(pilot, lambda: row() and sum(e["rank"] == 1 and e["t"] > joined["t"]
+                                                  for e in events(log, "step")) >= 2)
         pids |= rank_pids(log)
         await pilot.press("q")
         await _until(pilot, run.done.is_set, 60)
@@ -75,9 +78,8 @@ async def test_s_k_and_r_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     assert run.exit_code == 130
     worlds = [(e["size"], e["ranks"]) for e in events(log, "world") if e["rank"] != -1]
     assert worlds == [(2, [0, 1]), (1, [0]), (2, [0, 1])]
-    # The joiner took the world's epoch and step up, and stepped on from there.
-    first = next(e for e in events(log, "step") if e["rank"] == 1 and e["t"] > joined["t"])
-    assert first["epoch"] == joined["epoch"] and first["global_step"] > joined["global_step"]
+    (part,) = row()
+    assert part["start_step"] == joined["step"] and part["end_step"] > joined["step"]
     stopped = [e for e in events(log, "rank") if e["rank"] == 2 and e.get("exit_code") == 0]
     assert stopped[-1]["state"] == "stopped" and "left the world" in stopped[-1]["reason"]
     (error,) = events(log, "error")
