@@ -54,6 +54,7 @@ class Run:
         self._elastic: Elastic | None = None
         self._model = None  # run.ddp()'s
         self._joining: dict | None = None  # r: the join order this standby was given
+        self._resume: dict | None = None  # where a rank that joined a running world takes up
         if not self.active:
             return
         self._supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid())
@@ -67,7 +68,6 @@ class Run:
         self.figures = Figures(self.reporter, 1.0 / hz)
         self._threads = [] if self._supervised else [DeviceSampler(
             self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
-        self._resume: dict | None = None  # where a rank that joined a running world takes up
         self._announce()
         atexit.register(self._at_exit)
         if os.environ.get("DDPTUI_STANDBY") == "1":
@@ -278,6 +278,8 @@ class Run:
         return dict(self._loaders[0].settings) if self._loaders else {}
 
     def _end_epoch(self) -> None:
+        if not self.active:  # run.epochs() without ddptui: nothing to report
+            return
         self.figures.end_epoch(self.global_step, self._settings_now(), self.world_size,
                                self._taken_wait())
 

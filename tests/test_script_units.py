@@ -290,3 +290,25 @@ def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
     assert verdicts == [(0, "waiting", [1])] and watch.flags == {0: "waiting", 1: "stalled"}
     assert "rank 1: NCCL: in no collective; the last, all_reduce #41, completed" in \
         [e.get("text") for e in said]
+
+
+def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():
+    """python train.py, or torchrun without DDPTUI_REPORT: the script works as if the lines
+    were not there (run.elastic and run.guard included)."""
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from ddptui.client import Run
+
+    run = Run(None)
+    loader = run.loader(TensorDataset(torch.arange(8)), batch_size=4)
+    assert type(loader) is DataLoader
+    run.elastic(lambda: {}, lambda state: None)
+    seen = []
+    for epoch in run.epochs(2, loader):
+        for (x,) in loader:
+            with run.guard():
+                run.step(x.sum(), samples=len(x))
+            seen.append((epoch, x.tolist()))
+    run.done()
+    assert seen == [(0, [0, 1, 2, 3]), (0, [4, 5, 6, 7]), (1, [0, 1, 2, 3]), (1, [4, 5, 6, 7])]
