@@ -67,8 +67,11 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
                        e["epoch"] == joined["epoch"] and e["t"] > joined["t"]]
         await _until(pilot, row)
         pids |= rank_pids(log)
+        await pilot.press("r")  # running: it leaves, and a new standby joins in its place
+        await _until(pilot, lambda: len(worlds()) == 4 and _row(app, 1)["state"] == "running")
+        pids |= rank_pids(log)
         await pilot.press("k")  # rank 1 is killed: rank 0 recovers alone
-        await _until(pilot, lambda: len(worlds()) == 3 and
+        await _until(pilot, lambda: len(worlds()) == 5 and
                      _row(app, 1).get("state") == "crashed (SIGKILL)")
         recovered = worlds()[-1]
         await _until(pilot, lambda: any(e["rank"] == 0 and e["t"] > recovered["t"]
@@ -77,11 +80,11 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
         await _until(pilot, run.done.is_set, 60)
         await pilot.pause(0.3)
     assert run.exit_code == 130
-    assert [(e["size"], e["ranks"]) for e in worlds()] == [(1, [0]), (2, [0, 1]), (1, [0])]
+    assert [(e["size"], e["ranks"]) for e in worlds()] == [(1, [0]), (2, [0, 1])] * 2 + [(1, [0])]
     (part,) = row()
     assert part["start_step"] == joined["step"] and part["end_step"] > joined["step"]
     ended = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
-    assert ended == [(1, "stopped"), (1, "crashed"), (0, "done")]
+    assert ended == [(1, "stopped"), (1, "stopped"), (1, "crashed"), (0, "done")]
     assert "left the world" in [e for e in events(log, "rank") if e["rank"] == 1 and
                                 e.get("exit_code") == 0][0]["reason"]
     (error,) = events(log, "error")

@@ -200,7 +200,7 @@ class ScriptRun(OwnedRun):
             self.watch.flush_lines(now)
             self.group.escalate(self.say)
             alive = self.group.alive()
-            if alive and all(r.slot in self.world.standing_by for r in alive):
+            if alive and all(self.world.is_standby(r.slot, r.pid) for r in alive):
                 for r in alive:  # nothing is left for them to join
                     os.killpg(r.pid, signal.SIGKILL)
                 continue
@@ -245,19 +245,21 @@ class ScriptRun(OwnedRun):
         alive = self.group.alive()
         self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
         self.state.set_host(self.sampler.host())
-        self.watch.sample(alive, self.sampler.util, self.sampler.gpu_memory, now,
+        # A standby waits for its join order on purpose: no stall verdict, no readings.
+        members = [r for r in alive if not self.world.is_standby(r.slot, r.pid)]
+        self.watch.sample(members, self.sampler.util, self.sampler.gpu_memory, now,
                           judge=not self._ending)
 
     # -- ranks ending, the outcome -------------------------------------------------------------
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
         self.watch.finished(r.slot, code == 0, r.pid)
-        if r.slot in self.world.standing_by:  # a standby that never joined: the slot stays out
-            self.world.standing_by.discard(r.slot)
+        if self.world.is_standby(r.slot, r.pid):  # it never joined: the slot stays out
+            del self.world.standing_by[r.slot]
             if not self._ending and code != -signal.SIGKILL:
                 self.say(f"the standby for rank {r.slot} {r.death()}; r starts another",
                          "warning")
-        elif code == 0 and r.slot in self.world.left:
+        elif code == 0 and r.pid in self.world.left:
             self._rank_state(r, "stopped", "left the world on request")
         elif code == 0:
             self._rank_state(r, "done", "")
@@ -288,13 +290,13 @@ class ScriptRun(OwnedRun):
             elif isinstance(a, Standby) and self.world.wants_standby(a.slot):
                 self._start_standby(a.slot)
             elif isinstance(a, Joining):
-                self.world.standing_by.discard(a.slot)
+                self.world.standing_by.pop(a.slot, None)
             elif isinstance(a, Fail) and failed is not None:
                 self._failed(failed, text)
 
     def _start_standby(self, slot: int) -> None:
         r = self.group.start_one(slot, self._attempt, standby=True)
-        self.world.standing_by.add(slot)
+        self.world.standing_by[slot] = r.pid
         self.watch.attempt([slot], time.time())
         state, reason = self.world.out_state(slot)
         self._handle(event("rank", slot, state=state, reason=reason, pid=r.pid,

@@ -26,8 +26,10 @@ class ScriptWorld:
         self.membership = Membership(list(slots), lambda: f"tcp://127.0.0.1:{free_port()}")
         self.controls: dict[int, set[str]] = {}  # what each rank opted into (ddptui.init)
         self.killed: dict[int, str] = {}  # slot -> why ddptui killed it
-        self.left: set[int] = set()  # slots that left the world on request
-        self.standing_by: set[int] = set()  # slots whose process waits for a join order
+        self.left: set[int] = set()  # pids of the processes that left the world on request
+        # slot -> pid of its process that waits for a join order (the slot's last process may
+        # still be ending beside it)
+        self.standing_by: dict[int, int] = {}
         self.leader = 0  # the world's rank 0: the run's orders go to it
 
     @property
@@ -55,13 +57,13 @@ class ScriptWorld:
         slot, kind, state = ev["rank"], ev["kind"], ev.get("state")
         if kind == "rank" and ev.get("control"):
             self.controls[slot] = set(ev["control"])
-        if kind == "rank" and state == "standby" and slot in self.standing_by:
+        if kind == "rank" and state == "standby" and self.is_standby(slot, ev.get("pid")):
             return self.membership.standby_ready(slot, time.time())
         if kind == "rank" and state == "running":
             self.membership.entered(slot)
         elif kind == "rank" and state == "stopped" and slot in self.membership.leaving:
-            self.membership.left(slot)  # out of the world; its process ends next
-            self.left.add(slot)
+            self.left.add(ev.get("pid"))  # out of the world; its process ends next
+            return self.membership.left(slot)  # a standby, if r asked for it back
         elif kind == "world" and slot != PARENT and ev.get("generation"):
             self.leader = ev["ranks"][0]
             return self.membership.world_confirmed(ev["generation"], time.time())
@@ -74,6 +76,9 @@ class ScriptWorld:
         """r: a stopped or crashed rank joins from a standby started now (a running one leaves
         first)."""
         return self.membership.restart(slot, slot in self.standing_by, time.time())
+
+    def is_standby(self, slot: int, pid: int | None) -> bool:
+        return pid is not None and self.standing_by.get(slot) == pid
 
     def wants_standby(self, slot: int) -> bool:
         """A standby is started only for a rank that r asked back (a script's process runs the
