@@ -5,7 +5,9 @@ python bench/script_overhead.py --gpus 1 --rounds 3 --out results.json
 Variants per round: torchrun (bench/plain_ddp.py under torchrun --standalone), ddptui (the same
 file under `ddptui run SCRIPT --headless`), ddptui+3 (its --ddptui flag: ddptui.init() and
 run.step(loss, samples=n) every step, reporting to the parent), ddptui+elastic (--elastic:
-run.elastic() on top, rollback points every 50 steps). Prints a markdown table of the
+run.elastic() on top, rollback points every 50 steps). --loader: every variant reads its batches
+from host memory through a DataLoader (torchrun, ddptui) or run.loader() (ddptui+3,
+ddptui+elastic). Prints a markdown table of the
 img/s the script itself measured (rank 0, after its warm-up) and each variant's ratio to
 torchrun's mean.
 """
@@ -52,11 +54,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--loader", action="store_true", help="batches through a DataLoader")
+    ap.add_argument("--variants", default="torchrun,ddptui,ddptui+3,ddptui+elastic",
+                    help="which to run, comma-separated (torchrun is the reference)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     script_args = ["--model", args.model, "--steps", str(args.steps), "--warmup",
-                   str(args.warmup)]
-    variants = ("torchrun", "ddptui", "ddptui+3", "ddptui+elastic")
+                   str(args.warmup), *(["--loader"] if args.loader else [])]
+    variants = tuple(args.variants.split(","))
     rates: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
         order = variants if r % 2 == 0 else variants[::-1]  # neither goes first every time
