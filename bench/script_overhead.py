@@ -55,12 +55,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--loader", action="store_true", help="batches through a DataLoader")
+    ap.add_argument("--workers", type=int, default=4, help="--loader: DataLoader workers")
     ap.add_argument("--variants", default="torchrun,ddptui,ddptui+3,ddptui+elastic",
                     help="which to run, comma-separated (torchrun is the reference)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     script_args = ["--model", args.model, "--steps", str(args.steps), "--warmup",
-                   str(args.warmup), *(["--loader"] if args.loader else [])]
+                   str(args.warmup),
+                   *(["--loader", "--workers", str(args.workers)] if args.loader else [])]
     variants = tuple(args.variants.split(","))
     rates: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
