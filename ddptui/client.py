@@ -155,10 +155,10 @@ class Run:
     def ddp(self, module: torch.nn.Module, **kwargs) -> torch.nn.Module:
         """DistributedDataParallel(module, **kwargs); for run.elastic(), one that ddptui builds
         again over each new world (use it as your DDP model)."""
-        from ddptui.elastic import ElasticDDP
-
         if not self.active:
             return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
+        from ddptui.elastic import ElasticDDP
+
         self._model = ElasticDDP(module, in_sync=self._joining is not None, **kwargs)
         return self._model
 
@@ -240,7 +240,6 @@ class Run:
         return {"global_step": self.global_step, "epoch": self._epoch,
                 "epoch_step": self.global_step - self.figures.epoch_steps0,
                 "consumed": [live.consumed for live in self._loaders]}
-
 
     def _leave(self, reason: str) -> NoReturn:
         """This rank leaves the world at an agreed step (s): it says so and exits with 0."""

@@ -236,7 +236,7 @@ class Elastic:
             tensors, skeleton, _ = self._read()
             meta = {"skeleton": skeleton, "position": run._position(),
                     "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
-                    "host": {i: t.clone() for i, t in enumerate(tensors) if not t.is_cuda}}
+                    "host": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
             dist.send_object_list([meta], dst=dst)
             for t in tensors:
                 if t.is_cuda:

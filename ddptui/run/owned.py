@@ -32,6 +32,24 @@ class OwnedRun(RunSource):
         self._writer = JsonlWriter(self.log_path)
         self._thread.start()
 
+    # -- rank by rank: queued for the run's thread (a script's: under run.elastic, or `t`) ------
+    def stop_rank(self, rank: int) -> None:
+        """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
+        self._commands.put({"op": "stop_rank", "slot": rank})
+
+    def restart_rank(self, rank: int) -> None:
+        """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
+        leaves and joins again."""
+        self._commands.put({"op": "restart_rank", "slot": rank})
+
+    def kill_rank(self, rank: int) -> None:
+        """SIGKILL the rank (a stalled one above all): crash recovery follows."""
+        self._commands.put({"op": "kill_rank", "slot": rank})
+
+    def stacks(self, rank: int) -> None:
+        """Ask the rank for every thread's Python stack."""
+        self._commands.put({"op": "stacks", "slot": rank})
+
     def _queued(self) -> Iterator[dict]:
         """The commands the steering calls queued, oldest first (the run's thread only)."""
         while True:

@@ -40,23 +40,6 @@ class Steering(OwnedRun):
         """Pending settings take effect at the next agreed step instead of the next epoch."""
         self._commands.put({"op": "apply"})
 
-    def stop_rank(self, rank: int) -> None:
-        """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
-        self._commands.put({"op": "stop_rank", "slot": rank})
-
-    def restart_rank(self, rank: int) -> None:
-        """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
-        leaves and joins again."""
-        self._commands.put({"op": "restart_rank", "slot": rank})
-
-    def kill_rank(self, rank: int) -> None:
-        """SIGKILL the rank (a stalled one above all): crash recovery follows."""
-        self._commands.put({"op": "kill_rank", "slot": rank})
-
-    def stacks(self, rank: int) -> None:
-        """Ask the rank for every thread's Python stack; they arrive as a message event."""
-        self._commands.put({"op": "stacks", "slot": rank})
-
     def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
              reason: str = "") -> None:
         """Orderly end: ranks agree on a step, checkpoint if a directory is set, and exit.

@@ -76,21 +76,6 @@ class ScriptRun(OwnedRun):
         """Every rank ends (SIGTERM, `kill` at once) and the group starts again."""
         self._commands.put({"op": "restart", "kill": kill})
 
-    def stacks(self, rank: int) -> None:
-        self._commands.put({"op": "stacks", "slot": rank})
-
-    def stop_rank(self, rank: int) -> None:
-        """run.elastic(): the rank leaves at the next agreed step, the others go on."""
-        self._commands.put({"op": "stop_rank", "slot": rank})
-
-    def kill_rank(self, rank: int) -> None:
-        """run.elastic(): SIGKILL to the rank; the others recover from a rollback point."""
-        self._commands.put({"op": "kill_rank", "slot": rank})
-
-    def restart_rank(self, rank: int) -> None:
-        """run.elastic(): the rank joins the running world from a standby."""
-        self._commands.put({"op": "restart_rank", "slot": rank})
-
     def restarts_group(self, key: str) -> bool:
         return not self.world.elastic
 
@@ -269,8 +254,8 @@ class ScriptRun(OwnedRun):
             lines = r.traceback()
             text = lines[-1] if lines else r.death()
             self._rank_state(r, "crashed", text)
-            if r.slot in self.world.killed:
-                text = lines[-1] if lines and code != -9 else self.world.killed[r.slot]
+            if r.pid in self.world.killed:
+                text = lines[-1] if lines and code != -signal.SIGKILL else self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
             if self.failure is None:
@@ -278,8 +263,8 @@ class ScriptRun(OwnedRun):
                 self._act(self.world.died(r.slot, alive, f"{r.death()}: {text}"), r, text)
 
     def _act(self, actions: list, failed: ScriptRank | None = None, text: str = "") -> None:
-        """Carry out the world's decisions (a script has no standbys: r restarts all). Fail:
-        the others end, as torchrun ends them (a rank that was not elastic failed)."""
+        """Carry out the world's decisions (a standby only for a rank r asked back). Fail: the
+        others end, as torchrun ends them (a rank that was not elastic failed)."""
         for a in actions:
             if isinstance(a, Tell):
                 self._link.send(a.slot, a.order)
@@ -305,7 +290,7 @@ class ScriptRun(OwnedRun):
     def _kill(self, slot: int, why: str) -> None:
         for r in self.group.alive():
             if r.slot == slot:
-                self.world.killed[slot] = why
+                self.world.killed[r.pid] = why
                 os.killpg(r.pid, signal.SIGKILL)
 
     @property

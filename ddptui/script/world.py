@@ -25,7 +25,7 @@ class ScriptWorld:
         self.slots = slots
         self.membership = Membership(list(slots), lambda: f"tcp://127.0.0.1:{free_port()}")
         self.controls: dict[int, set[str]] = {}  # what each rank opted into (ddptui.init)
-        self.killed: dict[int, str] = {}  # slot -> why ddptui killed it
+        self.killed: dict[int, str] = {}  # pid -> why ddptui killed that process
         self.left: set[int] = set()  # pids of the processes that left the world on request
         # slot -> pid of its process that waits for a join order (the slot's last process may
         # still be ending beside it)
@@ -75,6 +75,8 @@ class ScriptWorld:
     def restart(self, slot: int) -> list:
         """r: a stopped or crashed rank joins from a standby started now (a running one leaves
         first)."""
+        if not self.elastic:
+            return []
         return self.membership.restart(slot, slot in self.standing_by, time.time())
 
     def is_standby(self, slot: int, pid: int | None) -> bool:
