@@ -35,9 +35,12 @@ def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
     """Same output on stdout and the same exit code as torchrun --standalone; its loss lines
     become per-rank loss points and epoch rows."""
     env = _script_env(env)
-    torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                               "--nproc-per-node", "2", PLAIN, *SMALL], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=100)
+    for _ in range(3):  # the reference: torch's gloo may abort a rank at exit (see pyproject)
+        torchrun = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                   "--nproc-per-node", "2", PLAIN, *SMALL], env=env,
+                                  cwd=tmp_path, capture_output=True, text=True, timeout=100)
+        if "SIGABRT" not in torchrun.stderr:
+            break
     assert torchrun.returncode == 0, torchrun.stderr[-2000:]
     log = tmp_path / "run.jsonl"
     ours = ddptui(["run", PLAIN, "--cpus", "2", "--log", str(log), "--", *SMALL], env, tmp_path)
