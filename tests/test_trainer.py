@@ -31,10 +31,10 @@ def test_torchrun_trains_and_logs_both_ranks(env, tmp_path):
 
 def test_learns_on_the_builtin_shapes(env, tmp_path):
     log = tmp_path / "run.jsonl"
-    # Half of each epoch (16 of 31 steps): on 2 CPU cores the whole set took 36 s, and the loss
-    # falls just as clearly (3.58 -> 1.73, val_acc 0.30 when this was written).
+    # A third of each epoch (10 of 31 steps; the whole set took 36 s on 2 CPU cores): the loss
+    # still falls clearly (4.44 -> 1.77, val_acc 0.10 -> 0.37 when this was written).
     r = ddptui(["run", "resnet18", "--cpus", "2", "--epochs", "3", "--image-size", "32",
-                "--steps-per-epoch", "16", "--log", str(log)], env, tmp_path, timeout=240)
+                "--steps-per-epoch", "10", "--log", str(log)], env, tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
     assert len(rank0) == 3
@@ -135,25 +135,23 @@ def _final_state(directory):
 
 
 def test_resume_mid_epoch_equals_uninterrupted_training(env, tmp_path):
-    common = [*TINY, "--cpus", "2", "--epochs", "2", "--steps-per-epoch", "6", "--deterministic"]
-    a, b = tmp_path / "a", tmp_path / "b"
-    r = ddptui(["run", *common, "--checkpoint-dir", str(a)], env, ROOT)
+    common = [*TINY, "--cpus", "2", "--epochs", "2", "--steps-per-epoch", "6", "--deterministic",
+              "--checkpoint-dir", str(tmp_path)]
+    r = ddptui(["run", *common, "--checkpoint-every", "3"], env, ROOT)
     assert r.returncode == 0, r.stderr
-    r = ddptui(["run", *common, "--checkpoint-dir", str(b), "--checkpoint-every", "3"], env, ROOT)
-    assert r.returncode == 0, r.stderr
+    uninterrupted = _final_state(tmp_path)
     # Pretend the run died after epoch 1 step 3: only the checkpoints up to there exist.
-    for name in os.listdir(b):
+    for name in os.listdir(tmp_path):
         if name > "ckpt-e0001-s000003.pt":
-            os.unlink(b / name)
+            os.unlink(tmp_path / name)
     log = tmp_path / "resume.jsonl"
-    r = ddptui(["run", *common, "--checkpoint-dir", str(b), "--resume", "--log", str(log)],
-               env, ROOT)
+    r = ddptui(["run", *common, "--resume", "--log", str(log)], env, ROOT)
     assert r.returncode == 0, r.stderr
     assert any("resumed from" in e["text"] and "e0001-s000003" in e["text"]
                for e in events(log, "message"))
     steps = [e for e in events(log, "epoch") if e["rank"] == 0]
     assert [e["steps"] for e in steps] == [3]  # only the rest of epoch 1 was trained
-    sa, sb = _final_state(a), _final_state(b)
+    sa, sb = uninterrupted, _final_state(tmp_path)
     for key, tensor in sa["model"].items():
         assert torch.equal(tensor, sb["model"][key]), key
     for i, st in sa["optimizer"]["state"].items():

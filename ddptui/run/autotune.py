@@ -41,7 +41,7 @@ class Autotuner:
             return
         now = time.monotonic() if now is None else now
         view = self.sup.state.pulse()  # every supervisor tick: the cheap read
-        if view.status != "running" or view.paused or self.sup.world_changing():
+        if view.status != "running" or view.paused or not self.sup.world.idle():
             return
         if self.index < 0:
             if not self.phase_end:
@@ -76,7 +76,9 @@ class Autotuner:
         best, rate = max(self.results, key=lambda r: r[1])
         self._apply(best)
         self.done = True
-        self.sup.autotune_done(best, rate, self.results)
+        tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in self.results)
+        self.sup.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
+                     autotune=best)
 
     def _apply(self, settings: dict) -> None:
         current = self.sup.state.pulse().settings

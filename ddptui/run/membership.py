@@ -74,10 +74,29 @@ class Membership:
     ready: set[int] = field(default_factory=set)  # slots with a warm standby
     out: dict[int, tuple[str, str]] = field(default_factory=dict)  # (stopped|crashed, why)
     generation: int = 0
+    asked: dict[str, int] = field(default_factory=dict)  # settings request id -> its leader
 
     def __post_init__(self):
         self.members = sorted(self.members)
         self.confirmed = list(self.members)
+
+    def to_leader(self, cmd: dict) -> list[Tell]:
+        """A command for every rank goes to the world's rank 0, the authority that offers it to
+        each rank at an agreed step."""
+        if not self.members:
+            return []
+        if cmd.get("request"):
+            self.asked[cmd["request"]] = self.members[0]
+        return [Tell(self.members[0], cmd)]
+
+    def ask_again(self, unanswered: dict[str, dict]) -> list[Tell]:
+        """Settings requests still unanswered by a leader that has left the world (stopped, or
+        died with them in its pipe) go to the new leader; rank 0's answer names each."""
+        self.asked = {rid: slot for rid, slot in self.asked.items() if rid in unanswered}
+        again = [{"op": "settings", "settings": settings, "request": rid}
+                 for rid, settings in unanswered.items()
+                 if self.members and self.asked.get(rid, self.members[0]) not in self.members]
+        return [tell for cmd in again for tell in self.to_leader(cmd)]
 
     # -- requests --------------------------------------------------------------------------
     def stop(self, slot: int, now: float) -> list:

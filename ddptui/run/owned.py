@@ -1,6 +1,7 @@
 """What a run that ddptui owns has in common, whether it runs the built-in trainer (Supervisor)
-or your script (ScriptRun): one thread drives it, its log is written as it goes, and the
-dashboard and signal handlers wait on `done` and read `exit_code`.
+or your script (ScriptRun): one thread drives it, its log is written as it goes, the steering
+calls return at once (key and signal handlers make them), and the dashboard and signal handlers
+wait on `done` and read `exit_code`.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import queue
 import threading
 from collections.abc import Iterator
 
+from ddptui.run.outcome import EXIT_INTERRUPTED
 from ddptui.source import RunSource
-from trainer.protocol.events import JsonlWriter
+from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 
 class OwnedRun(RunSource):
-    """Subclasses set `log_path`, `_thread` (their main loop), and `sampler` once it exists."""
+    """Subclasses set `log_path`, `state`, `_thread` (their main loop), `sampler` once it exists,
+    and `_handle` (every event: state, then log); `_order` sends what the ranks carry out."""
 
     def __init__(self):
         self.done = threading.Event()
@@ -32,7 +35,39 @@ class OwnedRun(RunSource):
         self._writer = JsonlWriter(self.log_path)
         self._thread.start()
 
-    # -- rank by rank: queued for the run's thread (a script's: under run.elastic, or `t`) ------
+    # -- what every rank carries out at an agreed step --------------------------------------
+    def pause(self) -> None:
+        self._order({"op": "pause"}, event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        self._order({"op": "resume"}, event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._order({"op": "checkpoint"})
+
+    def change_settings(self, **settings) -> None:
+        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
+        requested, cmd = settings_request(settings)
+        self._order(cmd, requested)
+
+    def apply_now(self) -> None:
+        """Pending settings take effect at the next agreed step instead of the next epoch."""
+        self._order({"op": "apply"})
+
+    def _order(self, cmd: dict, note: dict | None = None) -> None:
+        """Send `cmd` on to the ranks; `note` (what was asked) goes on screen once it is sent."""
+        if note is not None:
+            self.state.apply(note)
+        self._commands.put(cmd)
+
+    # -- the run's own: queued for its thread -------------------------------------------------
+    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
+             reason: str = "") -> None:
+        """Orderly end, as the run knows how (ranks agree on a step, or get the signal torchrun
+        would send); a second call ends every process at once."""
+        self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
+
+    # -- rank by rank (a script's: under run.elastic, or `t`) ---------------------------------
     def stop_rank(self, rank: int) -> None:
         """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
         self._commands.put({"op": "stop_rank", "slot": rank})
@@ -49,6 +84,10 @@ class OwnedRun(RunSource):
     def stacks(self, rank: int) -> None:
         """Ask the rank for every thread's Python stack."""
         self._commands.put({"op": "stacks", "slot": rank})
+
+    def say(self, text: str, level: str = "info", **fields) -> None:
+        """A message of ddptui's own, in the log and the event pane (the run's thread only)."""
+        self._handle(event("message", PARENT, level=level, text=text, **fields))
 
     def _queued(self) -> Iterator[dict]:
         """The commands the steering calls queued, oldest first (the run's thread only)."""

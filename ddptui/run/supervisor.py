@@ -15,10 +15,10 @@ from multiprocessing.connection import wait as wait_any
 
 from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
+from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy
 from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.run.readings import RunSampler
-from ddptui.run.steering import Steering
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.view.runstate import RunState
 from trainer.config import RunConfig
@@ -33,9 +33,10 @@ def default_log_path() -> str:
     return os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S") + ".jsonl")
 
 
-class Supervisor(Steering):
-    """Start with start(); steer with the Steering calls; wait() returns the exit code. Only
-    this class (through its ProcessPool) starts or kills processes."""
+class Supervisor(OwnedRun):
+    """Start with start(); steer with the OwnedRun calls, which queue a command for its thread;
+    wait() returns the exit code. Only this class (through its ProcessPool) starts or kills
+    processes."""
 
     def __init__(self, config: RunConfig, log_path: str | None = None,
                  policy: RunPolicy | None = None):
@@ -51,7 +52,7 @@ class Supervisor(Steering):
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
         self._restarts = 0
         self._autotuner = None
-        Steering.__init__(self)
+        OwnedRun.__init__(self)
         self.outcome = Outcome()
         self._stop_deadline: float | None = None
         self.watchdog = Watchdog(self.policy.stall_after, self.policy.on_stall == "recover",
@@ -62,6 +63,25 @@ class Supervisor(Steering):
         self._own = {"stop": self._begin_stop, "stop_rank": self._change_world,
                      "restart_rank": self._change_world, "kill_rank": self._kill_asked,
                      "stacks": self._ask_stacks}
+
+    @property
+    def slots(self) -> dict[int, RankProcess]:
+        """Each rank slot's current process."""
+        return self.pool.slots
+
+    @property
+    def members(self) -> list[int]:
+        """The slots in the world (the one being formed, while a change is unconfirmed)."""
+        return self.world.members
+
+    def pids(self) -> set[int]:
+        """Every process of the run seen so far: ranks and their workers."""
+        return self.pool.pids()
+
+    def refuse(self, action: str) -> str | None:
+        if action == "checkpoint" and not self.config.checkpoint.dir:
+            return "no --checkpoint-dir was given"
+        return None
 
     # -- events --------------------------------------------------------------------------------
     def _emit(self, kind: str, **fields) -> None:
@@ -83,7 +103,7 @@ class Supervisor(Steering):
             if not self.world.idle() and ev["generation"] == self.world.change["gen"]:
                 self.watchdog.restart_clock(self.members, ev["t"])
             self._act(self.world.world_confirmed(ev["generation"], time.time()))
-            self._ask_again()
+            self._act(self.world.ask_again(self.state.unanswered()))
         elif kind == "run" and ev.get("status") == "resumed" or \
                 kind == "settings" and ev.get("status") == "applied":
             self.watchdog.restart_clock(self.members, ev["t"], first_step=kind == "settings")
@@ -148,7 +168,7 @@ class Supervisor(Steering):
         finally:
             try:
                 self._end_all()
-                self._drain_telemetry()
+                self.pool.drain(self._from_rank)
             finally:
                 self.exit_code = code if self.exit_code is None else self.exit_code
                 self.pool.close()
@@ -186,7 +206,7 @@ class Supervisor(Steering):
             readers = [r.telemetry for r in self.pool.procs if not r.telemetry.closed]
             sentinels = [r.process.sentinel for r in self.pool.procs if r.alive]
             wait_any(readers + sentinels, timeout=0.1)
-            self._drain_telemetry()
+            self.pool.drain(self._from_rank)
             self._reap()
             self._run_commands()
             now = time.monotonic()
@@ -218,15 +238,12 @@ class Supervisor(Steering):
         """Training goes on while a process of the world lives (standbys alone do not count)."""
         return any(self.slots[s].alive for s in set(self.members) | set(self.world.confirmed))
 
-    def _drain_telemetry(self) -> None:
-        self.pool.drain(self._from_rank)
-
     def _reap(self) -> None:
         for r in self.pool.procs:
             code = r.process.exitcode
             if code is None or r.state.is_final:
                 continue
-            self._drain_telemetry()
+            self.pool.drain(self._from_rank)
             current = self.slots[r.slot] is r
             if code == 0 and r.slot in self.world.leaving and r.slot not in self.members:
                 self._set_state(r, RankState.STOPPED, None)  # the rank said where it left
@@ -304,6 +321,9 @@ class Supervisor(Steering):
     def _run_commands(self) -> None:
         for cmd in self._queued():
             self._own.get(cmd["op"], self._send)(cmd)
+
+    def _send(self, cmd: dict) -> None:
+        self._act(self.world.to_leader(cmd))
 
     def _change_world(self, cmd: dict) -> None:
         slot, now = cmd["slot"], time.time()

@@ -27,7 +27,7 @@ from ddptui.script.watch import ScriptWatch
 from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.view.runstate import RunState
-from trainer.protocol.events import PARENT, count, event, settings_request
+from trainer.protocol.events import PARENT, count, event
 
 SAMPLE_EVERY_S = 0.5
 
@@ -66,34 +66,12 @@ class ScriptRun(OwnedRun):
                      "restart_rank": self._restart_rank}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
-    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
-             reason: str = "") -> None:
-        """Ctrl-C, q (130) or SIGTERM (143) to every rank; SIGKILL after --grace; a second
-        call kills at once."""
-        self._commands.put({"op": "stop", "status": status, "code": code})
-
     def restart_group(self, kill: int | None = None) -> None:
         """Every rank ends (SIGTERM, `kill` at once) and the group starts again."""
         self._commands.put({"op": "restart", "kill": kill})
 
     def restarts_group(self, key: str) -> bool:
         return not self.world.elastic
-
-    def pause(self) -> None:
-        self._command({"op": "pause"}, event("run", PARENT, status="pausing"))
-
-    def resume(self) -> None:
-        self._command({"op": "resume"}, event("run", PARENT, status="resuming"))
-
-    def checkpoint(self) -> None:
-        self._command({"op": "checkpoint"})
-
-    def change_settings(self, **settings) -> None:
-        requested, cmd = settings_request(settings)
-        self._command(cmd, requested)
-
-    def apply_now(self) -> None:
-        self._command({"op": "apply"})
 
     def refuse(self, action: str) -> str | None:
         return self.world.refuse(action)
@@ -106,10 +84,9 @@ class ScriptRun(OwnedRun):
     def pids(self) -> set[int]:
         return self.group.pids() if self.group else set()
 
-    def say(self, text: str, level: str = "info", **fields) -> None:
-        self._handle(event("message", PARENT, level=level, text=text, **fields))
-
-    def _command(self, cmd: dict, note: dict | None = None) -> None:
+    def _order(self, cmd: dict, note: dict | None = None) -> None:
+        # Straight to the ranks' leader (the link is thread-safe); with no rank that opted in to
+        # the control, nothing was asked.
         if self._link.order(cmd) and note is not None:
             self.state.apply(note)
 

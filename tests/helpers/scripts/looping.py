@@ -2,7 +2,8 @@
 progress line in between, until told otherwise.
 
     --stuck-rank N   rank N stops printing and sleeps in stuck_here() (a hang in Python)
-    --fail-first     rank 1 fails at once on the first attempt (TORCHELASTIC_RESTART_COUNT 0)
+    --fail-first     rank 1 fails at once on the first attempt (TORCHELASTIC_RESTART_COUNT 0);
+                     the others of that attempt run until ended, as a peer waiting on it would
     --steps N        end after N lines (default: never)
 """
 
@@ -23,8 +24,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=None)
     args = p.parse_args()
     rank = int(os.environ["RANK"])
-    if args.fail_first and rank == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-        raise ValueError("the first attempt of rank 1 fails")
+    if args.fail_first and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        if rank == 1:
+            raise ValueError("the first attempt of rank 1 fails")
+        args.steps = None
     step = 0
     while args.steps is None or step < args.steps:
         if rank == args.stuck_rank and step == 5:
