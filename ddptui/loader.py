@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from trainer.pipeline.prefetch import prefetched_batches, to_device
+from trainer.pipeline.prefetch import prefetched_batches, side_stream, to_device
 
 
 class _Order(Sampler):
@@ -46,6 +46,7 @@ class LiveLoader:
         cuda = torch.cuda.is_available()
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.stream = None  # the prefetcher's side stream, once `p` asks for it: one a run
         self.settings = {"prefetch": False, "workers": num_workers,
                          "cudnn_benchmark": bool(torch.backends.cudnn.benchmark)}
         self.pending: dict = {}
@@ -177,5 +178,7 @@ class LiveLoader:
     def _batches(self, indices: list[int]) -> Iterator:
         loader = self._loader(indices)
         if self.settings["prefetch"] and self.device.type == "cuda":
-            return prefetched_batches(loader, self.device, lambda b: to_device(b, self.device))
+            self.stream = self.stream or side_stream(self.device)
+            return prefetched_batches(loader, self.device, lambda b: to_device(b, self.device),
+                                      self.stream)
         return (batch for batch in loader)

@@ -8,7 +8,14 @@ from trainer.config import RunConfig
 from trainer.pipeline.badsamples import BadSamples, skip
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
 from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
-from trainer.pipeline.prefetch import Normalize, ToDevice, plain_batches, prefetched_batches, threaded_batches
+from trainer.pipeline.prefetch import (
+    Normalize,
+    ToDevice,
+    plain_batches,
+    prefetched_batches,
+    side_stream,
+    threaded_batches,
+)
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
 
@@ -30,6 +37,7 @@ class Loaders:
         self.train = self.val = None
         self.val_ahead = None  # the validation batches arm_val set loading, until validation
         self.workers = None
+        self.stream = side_stream(me.device)  # prefetching's, for the whole run
         self.apply(settings)
 
     def bad_in(self, epoch: int) -> int:
@@ -87,9 +95,9 @@ class Loaders:
                                          self.config.data.resolved_image_size, self.bundle.num_classes,
                                          self.me.device, self.config.model.channels_last))
         if prefetch and self.config.data.decode == "gpu":
-            return threaded_batches(self.train, self.me.device, self.prepare)
+            return threaded_batches(self.train, self.me.device, self.prepare, self.stream)
         if prefetch and self.me.device.type == "cuda":
-            return prefetched_batches(self.train, self.me.device, self.prepare)
+            return prefetched_batches(self.train, self.me.device, self.prepare, self.stream)
         return plain_batches(self.train, self.prepare)
 
     def close(self, train: bool = True) -> None:
