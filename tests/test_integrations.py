@@ -5,6 +5,7 @@ dashboard's c and q reaching every rank at one step (the framework's own checkpo
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
 import pytest
@@ -90,3 +91,37 @@ def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, t
         run.stop()
         raise
     assert_stops_cleanly(run, log)  # q: control.should_training_stop
+
+
+@pytest.mark.timeout(150)
+def test_keras_fit_becomes_data_parallel_reports_every_rank_and_takes_c_and_q(script_env,
+                                                                              tmp_path):
+    if importlib.util.find_spec("keras") is None:  # importing it here would pick TensorFlow
+        pytest.skip("keras is not installed")
+    log = tmp_path / "keras.jsonl"
+    config = parse_script_args([os.path.join(ROOT, "examples", "keras_fit.py"), "--cpus", "2",
+                                "--grace", "30", "--log", str(log), "--", "--epochs", "1000"],
+                               resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=False))
+    run.start()
+    try:
+        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+        # fit()'s val_loss and val_accuracy; each rank trained its half of the 2,048 samples
+        assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
+        for rank in (0, 1):
+            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
+        last = {e["rank"]: e["loss"] for e in events(log, "step")}
+        assert last[0] != last[1]  # each rank's own loss
+        run.checkpoint()  # model.save on rank 0, at the step every rank agreed
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and
+                       any((tmp_path / "checkpoints").glob("ddptui-epoch=*.keras")), 60)
+    except BaseException:
+        run.stop()
+        run.stop()
+        raise
+    assert_stops_cleanly(run, log)  # q: model.stop_training on every rank at one step
+    # One training, not two: the gradients were averaged, so both ranks end with rank 0's
+    # weights moved by the same steps.
+    sums = {(tmp_path / f"keras.rank{r}.out").read_text().split("weights checksum ")[1].split()[0]
+            for r in (0, 1)}
+    assert len(sums) == 1, sums

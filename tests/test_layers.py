@@ -32,9 +32,10 @@ def test_the_dashboard_and_supervisor_start_without_torch():
 
 def test_import_ddptui_in_a_users_script_is_light():
     """`import ddptui` in a training script brings neither Textual nor Rich (nor torch, which the
-    script imports itself); ddptui.init() imports its client only when called."""
+    script imports itself, nor a framework); ddptui.init() imports its client only when called."""
     loaded = _imported_after("import ddptui")
-    assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch")}
+    assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch", "lightning",
+                                                         "transformers", "keras")}
     assert "ddptui.client" not in loaded
 
 
