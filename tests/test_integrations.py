@@ -4,6 +4,7 @@ dashboard's c and q reaching every rank at one step (the framework's own checkpo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
@@ -26,24 +27,53 @@ def script_env(env, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # where the framework writes its checkpoints
 
 
+def _start_example(name: str, log, *script_args: str) -> ScriptRun:
+    """examples/NAME on 2 CPU ranks under `ddptui run` (the dashboard's source, no screen)."""
+    config = parse_script_args([os.path.join(ROOT, "examples", name), "--cpus", "2", "--grace",
+                                "30", "--log", str(log), "--", "--epochs", "1000", *script_args],
+                               resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=False))
+    run.start()
+    return run
+
+
+def _first_epoch_and_own_losses(log) -> dict:
+    """Rank 1's first epoch row, once both ranks reported steps, each with its own loss (the
+    two ranks' figures differ: not an average)."""
+    first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+    for rank in (0, 1):
+        wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
+    last = {e["rank"]: e["loss"] for e in events(log, "step")}
+    assert last[0] != last[1]
+    return first
+
+
+@contextlib.contextmanager
+def _ended_on_failure(run: ScriptRun):
+    """A failing check stops the run at once (a second stop kills), so nothing outlives it."""
+    try:
+        yield
+    except BaseException:
+        run.stop()
+        run.stop()
+        raise
+
+
+def _c_saves(run: ScriptRun, log, saved) -> None:
+    """c: the framework's own checkpoint file appears (`saved()` lists them) and training
+    goes on to another epoch row."""
+    run.checkpoint()
+    wait_for_event(log, lambda e: e["kind"] == "epoch" and any(saved()), 60)
+
+
 @pytest.mark.timeout(150)
 def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
     log = tmp_path / "lightning.jsonl"
-    config = parse_script_args([os.path.join(ROOT, "examples", "lightning_ddp.py"), "--cpus",
-                                "2", "--grace", "30", "--log", str(log), "--", "--epochs",
-                                "1000"], resolve_devices)
-    run = ScriptRun(dataclasses.replace(config, headless=False))
-    run.start()
-    try:
-        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+    run = _start_example("lightning_ddp.py", log)
+    with _ended_on_failure(run):
+        first = _first_epoch_and_own_losses(log)
         assert 0 < first["val_acc"] <= 1 and first["val_loss"] > 0 and first["samples"] == 1024
-        for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
-        steps = events(log, "step")
-        assert all(e.get("source") is None for e in steps)
-        # Each rank's own loss, not an average: the two ranks' figures differ.
-        last = {e["rank"]: e["loss"] for e in steps}
-        assert last[0] != last[1]
+        assert all(e.get("source") is None for e in events(log, "step"))
         run.checkpoint()
         saved = wait_for_event(log, lambda e: "checkpoint asked for" in e.get("text", ""), 60)
         assert saved["rank"] == 0
@@ -58,10 +88,6 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
                                  e.get("status") == "applied" and e["settings"]["workers"] == 1, 60)
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] > applied["epoch"], 60)
         assert set(epoch_samples(log).values()) == {1024}  # none lost or repeated
-    except BaseException:
-        run.stop()
-        run.stop()
-        raise
     assert_stops_cleanly(run, log)  # q: trainer.should_stop on every rank at the same step
 
 
@@ -69,27 +95,13 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
 def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
     pytest.importorskip("transformers")
     log = tmp_path / "hf.jsonl"
-    config = parse_script_args([os.path.join(ROOT, "examples", "hf_trainer.py"), "--cpus", "2",
-                                "--grace", "30", "--log", str(log), "--", "--epochs", "1000",
-                                "--output-dir", str(tmp_path / "out")], resolve_devices)
-    run = ScriptRun(dataclasses.replace(config, headless=False))
-    run.start()
-    try:
-        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+    run = _start_example("hf_trainer.py", log, "--output-dir", str(tmp_path / "out"))
+    with _ended_on_failure(run):
+        first = _first_epoch_and_own_losses(log)  # each rank's, before the Trainer gathers it
         # eval_loss and eval_accuracy, as the Trainer's evaluation named them
         assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
-        for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
-        steps = events(log, "step")
-        last = {e["rank"]: e["loss"] for e in steps}
-        assert last[0] != last[1]  # each rank's own loss, before the Trainer gathers it
-        run.checkpoint()  # control.should_save on every rank at the same step
-        wait_for_event(log, lambda e: e["kind"] == "epoch" and
-                       any((tmp_path / "out").glob("checkpoint-*")), 60)
-    except BaseException:
-        run.stop()
-        run.stop()
-        raise
+        # control.should_save on every rank at the same step
+        _c_saves(run, log, lambda: (tmp_path / "out").glob("checkpoint-*"))
     assert_stops_cleanly(run, log)  # q: control.should_training_stop
 
 
@@ -99,26 +111,13 @@ def test_keras_fit_becomes_data_parallel_reports_every_rank_and_takes_c_and_q(sc
     if importlib.util.find_spec("keras") is None:  # importing it here would pick TensorFlow
         pytest.skip("keras is not installed")
     log = tmp_path / "keras.jsonl"
-    config = parse_script_args([os.path.join(ROOT, "examples", "keras_fit.py"), "--cpus", "2",
-                                "--grace", "30", "--log", str(log), "--", "--epochs", "1000"],
-                               resolve_devices)
-    run = ScriptRun(dataclasses.replace(config, headless=False))
-    run.start()
-    try:
-        first = wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 120)
+    run = _start_example("keras_fit.py", log)
+    with _ended_on_failure(run):
+        first = _first_epoch_and_own_losses(log)
         # fit()'s val_loss and val_accuracy; each rank trained its half of the 2,048 samples
         assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
-        for rank in (0, 1):
-            wait_for_event(log, lambda e, r=rank: e["kind"] == "step" and e["rank"] == r, 30)
-        last = {e["rank"]: e["loss"] for e in events(log, "step")}
-        assert last[0] != last[1]  # each rank's own loss
-        run.checkpoint()  # model.save on rank 0, at the step every rank agreed
-        wait_for_event(log, lambda e: e["kind"] == "epoch" and
-                       any((tmp_path / "checkpoints").glob("ddptui-epoch=*.keras")), 60)
-    except BaseException:
-        run.stop()
-        run.stop()
-        raise
+        # model.save on rank 0, at the step every rank agreed
+        _c_saves(run, log, lambda: (tmp_path / "checkpoints").glob("ddptui-epoch=*.keras"))
     assert_stops_cleanly(run, log)  # q: model.stop_training on every rank at one step
     # One training, not two: the gradients were averaged, so both ranks end with rank 0's
     # weights moved by the same steps.
