@@ -178,7 +178,8 @@ class LiveLoader:
     def _batches(self, indices: list[int]) -> Iterator:
         loader = self._loader(indices)
         if self.settings["prefetch"] and self.device.type == "cuda":
-            self.stream = self.stream or side_stream(self.device)
+            if self.stream is None:
+                self.stream = side_stream(self.device)
             return prefetched_batches(loader, self.device, lambda b: to_device(b, self.device),
                                       self.stream)
         return (batch for batch in loader)
