@@ -14,7 +14,15 @@ import pytest
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
-from tests.conftest import ROOT, assert_stops_cleanly, epoch_samples, events, wait_for_event
+from tests.conftest import (
+    ROOT,
+    assert_gone,
+    assert_stops_cleanly,
+    epoch_samples,
+    events,
+    rank_pids,
+    wait_for_event,
+)
 
 pytest.importorskip("lightning")
 
@@ -89,6 +97,27 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] > applied["epoch"], 60)
         assert set(epoch_samples(log).values()) == {1024}  # none lost or repeated
     assert_stops_cleanly(run, log)  # q: trainer.should_stop on every rank at the same step
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_hung_inside_lightnings_fit_is_flagged_with_its_stacks(script_env, tmp_path):
+    """Rank 1 hangs in a training step: it is flagged stalled and its stacks name the function
+    (inside trainer.fit, under the callback); q then ends everything within the grace."""
+    log = tmp_path / "hang.jsonl"
+    config = parse_script_args([os.path.join(ROOT, "tests", "helpers", "scripts",
+                                             "lightning_hang.py"), "--cpus", "2",
+                                "--stall-after", "3", "--grace", "3", "--log", str(log), "--",
+                                "--epochs", "1000"], resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=False))
+    run.start()
+    with _ended_on_failure(run):
+        stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 90)
+        assert "hang_here" in stacks["text"] and "training_step" in stacks["text"]
+        assert any(e["rank"] == 1 and e.get("state") == "stalled" for e in events(log, "rank"))
+        pids = rank_pids(log)
+        run.stop()
+        assert run.wait(60) == 130
+    assert_gone(pids)
 
 
 @pytest.mark.timeout(150)
