@@ -3,6 +3,7 @@ the ranks' step events after `--warmup` steps, within epochs), data-wait, and wh
 
 python bench/pipeline.py /data/jpeg --gpus 0,1 -- --decode gpu --workers 6
 python bench/pipeline.py synthetic --gpus 0 -- --steps-per-epoch 300   (the same model, no input)
+--model resnet50: another of the built-in models (resnet18 by default).
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ def main() -> None:
     ap.add_argument("--gpus", default="0,1")
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--model", default="resnet18")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = ap.parse_args(argv[:cut]), argv[cut + 1:]
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "run.jsonl")
-        run = subprocess.run([sys.executable, "-m", "ddptui", "run", "resnet18", "--headless",
+        run = subprocess.run([sys.executable, "-m", "ddptui", "run", args.model, "--headless",
                               "--gpus", args.gpus, "--data", "synthetic" if args.root == "synthetic"
                               else f"imagefolder:{args.root}",
                               "--amp", "bf16", "--channels-last", "--batch-size",
