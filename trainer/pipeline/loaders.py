@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from trainer.config import RunConfig
 from trainer.pipeline.badsamples import BadSamples, skip
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
@@ -26,7 +28,10 @@ class Loaders:
     def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
                  sampler: ShardedBatchSampler, settings: dict):
         self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
-        normalize = Normalize(bundle.in_channels, me.device, config.model.channels_last)
+        stored = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.model.amp) \
+            if me.device.type == "cuda" else None
+        normalize = Normalize(bundle.in_channels, me.device, config.model.channels_last,
+                              stored or torch.float32)
         self.bad = BadSamples(config.data.bad_sample_limit(bundle.num_train))
         self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
                                TorchvisionCodec(me.device), self._undecodable) \

@@ -19,15 +19,19 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 class Normalize:
-    """uint8 NCHW -> float, scaled and standardised, optionally channels_last; floats pass."""
+    """uint8 NCHW -> float, scaled and standardised, optionally channels_last; floats pass.
+    `dtype`: what the batch is stored as, the autocast dtype under --amp (the model's first
+    layer would cast it so anyway: the batches waiting in the queue take half the memory)."""
 
-    def __init__(self, channels: int, device: torch.device, channels_last: bool):
+    def __init__(self, channels: int, device: torch.device, channels_last: bool,
+                 dtype: torch.dtype = torch.float32):
         mean, std = (IMAGENET_MEAN, IMAGENET_STD) if channels == 3 else ((0.5,) * channels,
                                                                          (0.25,) * channels)
         mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255
         std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
         self.scale, self.shift = 1 / std, -mean / std  # (x - mean) / std = x * scale + shift
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.dtype = dtype
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8:
@@ -37,8 +41,8 @@ class Normalize:
     def standardize(self, x: torch.Tensor) -> torch.Tensor:
         """A float batch on the 0-255 scale, standardised in the model's layout: one pass over
         the batch, not three (subtract, divide, change layout)."""
-        out = torch.empty_like(x, memory_format=self.memory_format)
-        return torch.addcmul(self.shift, x, self.scale, out=out)
+        out = torch.empty_like(x, memory_format=self.memory_format, dtype=self.dtype)
+        return torch.addcmul(self.shift, x, self.scale, out=out)  # in float, then stored
 
 
 class ToDevice:
