@@ -19,14 +19,14 @@ def _preparing() -> list[threading.Thread]:
 
 def test_batches_come_in_order_and_the_thread_ends_with_the_epoch():
     loader = [(torch.full((2,), i), torch.tensor([i])) for i in range(7)]
-    got = [labels.item() for _, labels in threaded_batches(loader, CPU, lambda b: b)]
+    got = [labels.item() for _, labels in threaded_batches(loader, CPU, lambda b: b, None)]
     assert got == list(range(7))
     assert not _preparing()
 
 
 def test_closing_early_ends_the_thread_even_while_it_waits_to_hand_over():
     loader = [(torch.zeros(2), torch.tensor([i])) for i in range(50)]
-    batches = threaded_batches(loader, CPU, lambda b: b, depth=2)
+    batches = threaded_batches(loader, CPU, lambda b: b, None, depth=2)
     assert next(batches)[1].item() == 0
     assert _preparing()  # it has filled the queue and waits
     batches.close()  # what a stop or a world change does mid-epoch
@@ -38,7 +38,7 @@ def test_an_error_on_the_thread_is_raised_to_the_training_loop():
         yield torch.zeros(2), torch.tensor([0])
         raise DataError("corrupt or unreadable sample x.jpg")
 
-    batches = threaded_batches(loader(), CPU, lambda b: b)
+    batches = threaded_batches(loader(), CPU, lambda b: b, None)
     assert next(batches)[1].item() == 0
     with pytest.raises(DataError, match="x.jpg"):
         next(batches)

@@ -51,7 +51,8 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
         resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
     p = Parts(config=config, me=me, model=model, optimizer=optimizer, scheduler=scheduler,
               scaler=scaler, sampler=sampler,
-              loaders=Loaders(config, me, bundle, sampler, state.settings),
+              loaders=Loaders(config, me, bundle, sampler, state.settings,
+                              amp_dtype(config) if me.device.type == "cuda" else None),
               meter=StepMeter(me.reporter, config.telemetry.hz, config.train.batch_size, me.device,
                               sampler.progress),
               autocast=build_autocast(config, me.device), state=state)
@@ -136,9 +137,14 @@ def build_optimizer(config: RunConfig, model: torch.nn.Module, world_size: int,
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def amp_dtype(config: RunConfig) -> torch.dtype | None:
+    """--amp's dtype; None with --amp off."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.model.amp)
+
+
 def build_autocast(config: RunConfig, device: torch.device):
     """A context factory: autocast to --amp's dtype, or a no-op with --amp off."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.model.amp)
+    dtype = amp_dtype(config)
     return lambda: torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 

@@ -46,7 +46,7 @@ class DdptuiCallback(keras.callbacks.Callback):
                                "(KERAS_BACKEND=torch)")
         self.run = self.run or ddptui.init()
         self._watch_steps()
-        if self.data_parallel and dist.is_initialized() and dist.get_world_size() > 1:
+        if self._parallel:
             self._average_gradients()
 
     def on_epoch_begin(self, epoch: int, logs=None) -> None:
@@ -61,7 +61,7 @@ class DdptuiCallback(keras.callbacks.Callback):
             self.model.stop_training = True
 
     def on_test_begin(self, logs=None) -> None:
-        if self.data_parallel and dist.is_initialized() and dist.get_world_size() > 1:
+        if self._parallel:
             for v in self.model.non_trainable_variables:
                 dist.broadcast(v.value.data, src=0)
 
@@ -73,6 +73,11 @@ class DdptuiCallback(keras.callbacks.Callback):
             undo()
         self._undo.clear()
         self.run.done()
+
+    @property
+    def _parallel(self) -> bool:
+        """fit() is made data-parallel: asked for, and a process group of more than one rank."""
+        return self.data_parallel and dist.is_initialized() and dist.get_world_size() > 1
 
     def _watch_steps(self) -> None:
         """The loss fit() computes, kept as the tensor it is; the samples from the model's
@@ -86,8 +91,8 @@ class DdptuiCallback(keras.callbacks.Callback):
             return loss
 
         def count(module, inputs, output) -> None:
-            found = tensors_of(list(inputs))
             if module.training:
+                found = tensors_of(list(inputs))
                 self._samples = len(found[0]) if found and found[0].dim() else 0
 
         model.compute_loss = keep_loss

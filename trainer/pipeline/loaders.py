@@ -26,12 +26,13 @@ class Loaders:
     """The DataLoaders for the settings in force; rebuilt when the worker count changes."""
 
     def __init__(self, config: RunConfig, me: Rank, bundle: DataBundle,
-                 sampler: ShardedBatchSampler, settings: dict):
+                 sampler: ShardedBatchSampler, settings: dict,
+                 batch_dtype: torch.dtype | None = None):
+        """`batch_dtype`: what prepared batches are stored as (--amp's dtype on GPUs; float32
+        by default)."""
         self.config, self.me, self.bundle, self.sampler = config, me, bundle, sampler
-        stored = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(config.model.amp) \
-            if me.device.type == "cuda" else None
         normalize = Normalize(bundle.in_channels, me.device, config.model.channels_last,
-                              stored or torch.float32)
+                              batch_dtype or torch.float32)
         self.bad = BadSamples(config.data.bad_sample_limit(bundle.num_train))
         self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
                                TorchvisionCodec(me.device), self._undecodable) \

@@ -126,12 +126,11 @@ def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
-def threaded_batches(loader: Iterable, device: torch.device, prepare,
-                     stream: torch.cuda.Stream | None = None,
+def threaded_batches(loader: Iterable, device: torch.device, prepare, stream: torch.cuda.Stream | None,
                      depth: int = 2) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """A thread takes batches from the loader and prepares them (on `stream`, the side stream,
-    on CUDA) up to `depth` ahead of the step. For --decode gpu: decode_jpeg on the device
-    returns only once the batch is decoded (about 8 ms for 128 images), time the training
+    """A thread takes batches from the loader and prepares them (on `stream`, side_stream's, on
+    CUDA; None off it) up to `depth` ahead of the step. For --decode gpu: decode_jpeg on the
+    device returns only once the batch is decoded (about 8 ms for 128 images), time the training
     thread would otherwise spend not launching the step's kernels. The thread has ended when
     this generator is closed."""
     # Workers start here, on this thread: forked from one that ends, they would get the
