@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -61,11 +62,38 @@ def cache_dir(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("cache"))
 
 
-@pytest.fixture
-def env(cache_dir) -> dict:
+def run_env(cache_dir: str) -> dict:
+    """The environment of a ddptui started by a test: this checkout, the shared data cache."""
     e = dict(os.environ, DDPTUI_CACHE=cache_dir, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
     e.pop("CUDA_VISIBLE_DEVICES", None)
     return e
+
+
+@pytest.fixture
+def env(cache_dir) -> dict:
+    return run_env(cache_dir)
+
+
+@pytest.fixture
+def cli_main(tmp_path, cache_dir, monkeypatch, capsys) -> Callable[[list[str]], tuple[int, list[str]]]:
+    """ddptui's main() in this process, in tmp_path: (exit code, stderr lines). For checks that
+    end before any process starts (a process each cost a second of the suite)."""
+    from ddptui import bytecode
+    from ddptui.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(bytecode, "enable", lambda: None)  # no cache prefix for pytest itself
+
+    def call(args: list[str]) -> tuple[int, list[str]]:
+        try:
+            code = main(args)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    return call
 
 
 def ddptui(args: list[str], env: dict, cwd, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from ddptui import bytecode
-from ddptui.cli import main, resolve_devices
+from ddptui.cli import resolve_devices
 from tests.conftest import ROOT, ddptui
 from trainer.errors import UsageError
 
@@ -26,6 +25,7 @@ from trainer.errors import UsageError
     (["run", "resnet18", "--checkpoint-dir", "/etc/passwd/ckpt"], "--checkpoint-dir is not writable"),
     (["run", "resnet18", "--resume"], "--resume needs --checkpoint-dir"),
     (["run", "resnet18", "--resume", "/no/ckpt.pt"], "checkpoint not found"),
+    (["run", "resnet18", "--resume", "half.pt"], "cannot resume from half.pt: unreadable (truncated"),
     (["run", "nosuchpkg.models:net"], "model module not found: nosuchpkg.models"),
     (["run", "resnet18", "--amp", "fp8"], "invalid choice: 'fp8'"),
     (["replay", "/no/such.jsonl"], "no such log"),
@@ -37,21 +37,13 @@ from trainer.errors import UsageError
     (["run", "resnet18", "--on-stall", "kill"], "invalid choice: 'kill'"),
     (["run", "resnet18", "--max-bad-samples", "-1"], "--max-bad-samples: must be 0 or more"),
 ])
-def test_bad_input_is_one_line_and_exit_2(args, says, tmp_path, cache_dir, monkeypatch, capsys):
+def test_bad_input_is_one_line_and_exit_2(args, says, tmp_path, cli_main):
     """In this process (the validation is what is tested; a process each cost a second)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(bytecode, "enable", lambda: None)  # no cache prefix for pytest itself
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse's own errors
-        code = e.code
-    err = capsys.readouterr().err
+    (tmp_path / "half.pt").write_bytes(b"PK\x03\x04" + bytes(996))  # a zip cut before its directory
+    code, err = cli_main(args)
     assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert says in lines[0]
+    assert len(err) == 1, err
+    assert says in err[0]
     assert not (tmp_path / "runs").exists()  # nothing started, no log written
 
 

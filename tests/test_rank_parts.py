@@ -5,6 +5,7 @@ publishing an urgent order only once its abort is over, and a rank's wait for th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import socket
@@ -135,6 +136,10 @@ def test_the_writer_announces_a_durable_file_and_reports_a_failed_write(tmp_path
     assert torch.equal(load_checkpoint(path, "m", "adamw")["model"]["w"], torch.ones(2))
     with pytest.raises(ValueError, match="made with --optimizer adamw, not sgd"):
         load_checkpoint(path, "m", "sgd")
+    half = tmp_path / "half.pt"
+    half.write_bytes(open(path, "rb").read()[:1000])
+    with pytest.raises(ValueError, match=r"unreadable \(truncated or not a checkpoint\)"):
+        load_checkpoint(str(half), "m", "adamw")
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     failing = Writer(str(blocked), lambda path, state: announced.append(path))
@@ -228,3 +233,42 @@ def test_cpu_ranks_fork_their_dataloader_workers():
 
     assert worker_context(False).get_start_method() == "fork"
     assert worker_context(True).get_start_method() == "forkserver"
+
+
+def test_changing_the_worker_count_ends_the_old_workers_at_once():
+    """Persistent DataLoader workers end when the settings change or the rank closes its
+    loaders, not when the interpreter exits (each one holds a copy of the dataset)."""
+    import psutil
+
+    from tests.conftest import TINY
+    from tests.test_control import _config
+    from trainer.pipeline.datasets import build_datasets
+    from trainer.pipeline.loaders import Loaders
+    from trainer.rank import Rank
+
+    config = _config(*TINY)
+    bundle = build_datasets(config, progress=lambda text: None)
+    sampler = ShardedBatchSampler(bundle.num_train, 16, 0, 1, max_steps=2)
+    me = Rank(slot=0, rank=0, world_size=1, device=torch.device("cpu"), physical_gpu=None,
+              reporter=None, echo=False)
+    loaders = Loaders(config, me, bundle, sampler, {"workers": 1})
+
+    def workers() -> set[int]:
+        return {c.pid for c in psutil.Process().children(recursive=True)}
+
+    with contextlib.closing(loaders.train_batches(prefetch=False)) as batches:
+        next(batches)
+    loaders.arm_val()
+    first = workers()
+    assert len(first) == 2  # one for training, one for validation
+    loaders.apply({"workers": 0})
+    psutil.wait_procs([psutil.Process(pid) for pid in first if psutil.pid_exists(pid)], timeout=30)
+    assert not workers()
+    assert sum(len(labels) for _, labels in loaders.train_batches(prefetch=False)) == 2 * 16
+
+    loaders.apply({"workers": 1})
+    next(iter(loaders.train_batches(prefetch=False)))
+    assert len(workers()) == 1
+    loaders.close()
+    psutil.wait_procs([psutil.Process(pid) for pid in workers()], timeout=30)
+    assert not workers()

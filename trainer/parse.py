@@ -10,6 +10,7 @@ import importlib.util
 import os
 import sys
 import tempfile
+import zipfile
 from typing import Any
 
 from trainer.config import (
@@ -63,8 +64,14 @@ def validate(config: RunConfig) -> None:
     ckpt, tele = config.checkpoint, config.telemetry
     if ckpt.resume == "auto" and not ckpt.dir:
         raise UsageError("--resume needs --checkpoint-dir (or a checkpoint FILE)")
-    if ckpt.resume and ckpt.resume != "auto" and not os.path.isfile(ckpt.resume):
-        raise UsageError(f"checkpoint not found: {ckpt.resume}")
+    if ckpt.resume and ckpt.resume != "auto":
+        if not os.path.isfile(ckpt.resume):
+            raise UsageError(f"checkpoint not found: {ckpt.resume}")
+        # torch.save writes a zip archive whose directory is its last record: a truncated
+        # file has none, and is refused here rather than after the ranks have imported torch.
+        if not zipfile.is_zipfile(ckpt.resume):
+            raise UsageError(f"cannot resume from {ckpt.resume}: unreadable (truncated or not "
+                             "a checkpoint)")
     if ckpt.dir:
         check_writable_dir(ckpt.dir, "--checkpoint-dir")
     if tele.log:

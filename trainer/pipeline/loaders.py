@@ -107,10 +107,9 @@ class Loaders:
         return plain_batches(self.train, self.prepare)
 
     def close(self, train: bool = True) -> None:
-        for loader in (self.train, self.val) if train else (self.val,):
-            it = getattr(loader, "_iterator", None)
-            if it is not None and hasattr(it, "_shutdown_workers"):
-                it._shutdown_workers()  # persistent workers end now, not at interpreter exit
+        """Persistent workers end with the last reference to their loader, so dropping the
+        loaders ends them now rather than at interpreter exit (the epoch's batch iterator is
+        closed by then)."""
         if train:
             self.train = None
         self.val = self.val_ahead = None
