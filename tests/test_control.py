@@ -79,7 +79,13 @@ def test_pause_holds_every_rank_and_checkpoint_now_writes_mid_epoch(tmp_path):
     assert_gone(sup.pids())
 
 
-def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_path):
+def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_path, monkeypatch):
+    from ddptui.run import autotune
+
+    # Shorter phases than a real run's: what is tested is the order of trials and the choice
+    # (the ranks train flat out meanwhile, 13 s of both cores at the real lengths).
+    for name, seconds in (("WARMUP_S", 1.0), ("SETTLE_S", 1.0), ("MEASURE_S", 1.0)):
+        monkeypatch.setattr(autotune, name, seconds)
     log = tmp_path / "x.jsonl"
     sup = Supervisor(_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64"), str(log),
                      RunPolicy(autotune=True))
