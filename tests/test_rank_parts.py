@@ -251,24 +251,32 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
     sampler = ShardedBatchSampler(bundle.num_train, 16, 0, 1, max_steps=2)
     me = Rank(slot=0, rank=0, world_size=1, device=torch.device("cpu"), physical_gpu=None,
               reporter=None, echo=False)
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+
+    def workers() -> set[int]:  # this test's: the worker running it may have other children
+        return {c.pid for c in psutil.Process().children(recursive=True)} - before
+
+    def wait_gone(pids: set[int]) -> None:
+        psutil.wait_procs([psutil.Process(pid) for pid in pids if psutil.pid_exists(pid)],
+                          timeout=30)
+
     loaders = Loaders(config, me, bundle, sampler, {"workers": 1})
+    try:
+        with contextlib.closing(loaders.train_batches(prefetch=False)) as batches:
+            next(batches)
+        loaders.arm_val()
+        first = workers()
+        assert len(first) == 2  # one for training, one for validation
+        loaders.apply({"workers": 0})
+        wait_gone(first)
+        assert not workers()
+        assert sum(len(labels) for _, labels in loaders.train_batches(prefetch=False)) == 2 * 16
 
-    def workers() -> set[int]:
-        return {c.pid for c in psutil.Process().children(recursive=True)}
-
-    with contextlib.closing(loaders.train_batches(prefetch=False)) as batches:
-        next(batches)
-    loaders.arm_val()
-    first = workers()
-    assert len(first) == 2  # one for training, one for validation
-    loaders.apply({"workers": 0})
-    psutil.wait_procs([psutil.Process(pid) for pid in first if psutil.pid_exists(pid)], timeout=30)
-    assert not workers()
-    assert sum(len(labels) for _, labels in loaders.train_batches(prefetch=False)) == 2 * 16
-
-    loaders.apply({"workers": 1})
-    next(iter(loaders.train_batches(prefetch=False)))
-    assert len(workers()) == 1
-    loaders.close()
-    psutil.wait_procs([psutil.Process(pid) for pid in workers()], timeout=30)
+        loaders.apply({"workers": 1})
+        next(iter(loaders.train_batches(prefetch=False)))
+        assert len(workers()) == 1
+    finally:
+        left = workers()
+        loaders.close()
+    wait_gone(left)
     assert not workers()

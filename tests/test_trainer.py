@@ -200,6 +200,7 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
     from trainer.config import DataOptions, RunConfig
+    from trainer.pipeline import gpudecode
     from trainer.pipeline.datasets import build_datasets
     from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
     from trainer.pipeline.prefetch import Normalize
@@ -214,7 +215,9 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     assert labels.tolist() == [cpu.val[i][1] for i in range(16)]
     assert images.shape == ref.shape == (16, 3, 64, 64)
     assert (images - ref).abs().mean() < 0.02  # in standard deviations: resampling differences
-    # Training crops: the crop the worker drew, flipped where its coin said so.
+    # Training crops: the crop the worker drew, flipped where its coin said so; resized 5 at a
+    # time, so that each chunk's crops land in their places of the batch.
+    monkeypatch.setattr(gpudecode, "CHUNK", 5)
     batch = collate([gpu.train[(0, i)] for i in range(16)])
     crops, _ = decode(batch)
     whole = [TorchvisionCodec(cpu_dev).decode(*batch[:3])[i].float()

@@ -38,10 +38,11 @@ class Normalize:
             x = self.standardize(x.float())
         return x.contiguous(memory_format=self.memory_format)
 
-    def standardize(self, x: torch.Tensor) -> torch.Tensor:
+    def standardize(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """A float batch on the 0-255 scale, standardised in the model's layout: one pass over
         the batch, not three (subtract, divide, change layout)."""
-        out = torch.empty_like(x, memory_format=self.memory_format, dtype=self.dtype)
+        if out is None:
+            out = torch.empty_like(x, memory_format=self.memory_format, dtype=self.dtype)
         return torch.addcmul(self.shift, x, self.scale, out=out)  # in float, then stored
 
 
