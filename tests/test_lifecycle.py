@@ -59,8 +59,7 @@ def test_signal_stops_in_order_with_a_checkpoint(sig, code, env, tmp_path, orpha
 
 def test_parent_killed_takes_every_rank_and_worker_with_it(env, tmp_path):
     log = tmp_path / "x.jsonl"
-    args = ["run", "resnet18", "--cpus", "2", "--epochs", "50", *FAST, "--workers", "1",
-            "--log", str(log)]
+    args = ["run", *LONG, "--workers", "1", "--log", str(log)]
     p = start_ddptui(args, env, tmp_path)
     wait_for_event(log, lambda e: e["kind"] == "step", timeout=90)
     time.sleep(1.5)  # let the supervisor see the DataLoader workers too
