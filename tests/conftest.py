@@ -58,8 +58,14 @@ TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory) -> str:
-    return str(tmp_path_factory.mktemp("cache"))
+def cache_dir(tmp_path_factory, worker_id) -> str:
+    """The data cache of this test run, shared by xdist's workers: the shapes set is generated
+    once per run, not once per worker (3 CPU-s each; generation renames a finished folder into
+    place, so workers may race for it)."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base if worker_id == "master" else base.parent) / "cache"
+    path.mkdir(exist_ok=True)
+    return str(path)
 
 
 def run_env(cache_dir: str) -> dict:

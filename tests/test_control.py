@@ -1,5 +1,6 @@
-"""Live control through the supervisor API, without a terminal: settings land on every rank at
-the same epoch, pause holds every rank at the same step, a checkpoint can be asked for."""
+"""Live control through the supervisor API, without a terminal: pause holds every rank at the
+same step, a checkpoint can be asked for, settings land on every rank at the same epoch, autotune
+keeps the fastest setting."""
 
 from __future__ import annotations
 
@@ -29,11 +30,30 @@ def _steps(sup: Supervisor) -> dict[int, int]:
     return {r.rank: r.global_step for r in sup.state.view().ranks}
 
 
-def test_settings_change_applies_on_every_rank_at_the_same_epoch(tmp_path):
-    log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "12"), str(log))
+def test_pause_checkpoint_and_settings_land_on_every_rank_at_one_step_and_epoch(tmp_path):
+    """One run (a run costs the suite two ranks' start-up): pause holds every rank at the same
+    step, a checkpoint asked for while paused is written there; then settings land on every rank
+    at the same epoch."""
+    log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
+    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "12",
+                             "--checkpoint-dir", str(ck)), str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
+    sup.pause()
+    _wait(lambda: len([e for e in events(log, "run") if e["status"] == "paused"]) == 2, "pause")
+    held = {e["rank"]: e["global_step"] for e in events(log, "run") if e["status"] == "paused"}
+    assert len(set(held.values())) == 1  # every rank stopped at the same step
+    step = held[0]
+    time.sleep(1.5)
+    assert not [e for e in events(log, "step") if e["global_step"] > step], "stepped while paused"
+    assert _steps(sup) == held
+    sup.checkpoint()  # honoured while paused too
+    # (epoch ends write checkpoints too; the one asked for is at the paused step)
+    _wait(lambda: [e for e in events(log, "checkpoint") if e["global_step"] == step],
+          "checkpoint at the paused step")
+    sup.resume()
+    _wait(lambda: min(_steps(sup).values()) > step + 4, "steps after resume")
+
     sup.change_settings(workers=1, cudnn_benchmark=False)
     assert sup.state.view().pending == {"workers": 1, "cudnn_benchmark": False}
     _wait(lambda: not sup.state.view().pending, "settings applied")
@@ -52,30 +72,6 @@ def test_settings_change_applies_on_every_rank_at_the_same_epoch(tmp_path):
     (applied,) = [e for e in events(log, "settings") if e.get("status") == "applied"
                   and e["settings"]["workers"] == 1]
     assert applied["epoch"] == first_new[0]
-    assert_gone(sup.pids())
-
-
-def test_pause_holds_every_rank_and_checkpoint_now_writes_mid_epoch(tmp_path):
-    log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--checkpoint-dir", str(ck)), str(log))
-    sup.start()
-    _wait(lambda: sup.state.first_step_t, "first step")
-    sup.pause()
-    _wait(lambda: len([e for e in events(log, "run") if e["status"] == "paused"]) == 2, "pause")
-    held = {e["rank"]: e["global_step"] for e in events(log, "run") if e["status"] == "paused"}
-    assert len(set(held.values())) == 1  # every rank stopped at the same step
-    step = held[0]
-    time.sleep(1.5)
-    assert not [e for e in events(log, "step") if e["global_step"] > step], "stepped while paused"
-    assert _steps(sup) == held
-    sup.checkpoint()  # honoured while paused too
-    # (epoch ends write checkpoints too; the one asked for is at the paused step)
-    _wait(lambda: [e for e in events(log, "checkpoint") if e["global_step"] == step],
-          "checkpoint at the paused step")
-    sup.resume()
-    _wait(lambda: min(_steps(sup).values()) > step + 4, "steps after resume")
-    sup.stop()
-    assert sup.wait(60) == 130
     assert_gone(sup.pids())
 
 
