@@ -1,5 +1,6 @@
-"""Every exit path ends every process: a normal end, SIGTERM, Ctrl-C, the parent SIGKILLed, a
-rank SIGKILLed. Exit codes and the JSONL log say what happened."""
+"""Every exit path ends every process: a normal end (which also shows resnet18 learning on
+the built-in data), SIGTERM, Ctrl-C, the parent SIGKILLed, a rank SIGKILLed. Exit codes and the
+JSONL log say what happened."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import time
 import pytest
 
 from tests.conftest import (
-    FAST,
     ROOT,
     TINY,
     assert_gone,
@@ -26,19 +26,27 @@ from tests.conftest import (
 LONG = [*TINY, "--cpus", "2", "--epochs", "50"]
 
 
-def test_headless_run_logs_every_event_kind_from_both_ranks(env, tmp_path, orphans):
+def test_a_normal_end_learns_logs_every_event_kind_and_leaves_nothing(env, tmp_path, orphans):
+    """`make run`'s job, shortened: resnet18 on the built-in shapes, headless, a DataLoader worker
+    per rank. A third of each epoch (10 of 31 steps; the whole set took 36 s on 2 CPU cores):
+    the loss still falls clearly (4.44 -> 1.77, val_acc 0.10 -> 0.37 when this was written)."""
     log = tmp_path / "x.jsonl"
-    r = ddptui(["run", "resnet18", "--cpus", "2", "--headless", "--epochs", "1",
-                "--steps-per-epoch", "10", *FAST, "--log", str(log)], env, tmp_path, timeout=150)
+    r = ddptui(["run", "resnet18", "--cpus", "2", "--headless", "--epochs", "3", "--image-size",
+                "32", "--steps-per-epoch", "10", "--workers", "1", "--log", str(log)], env,
+               tmp_path, timeout=240)
     assert r.returncode == 0, r.stderr
     for kind in ("step", "gpu", "epoch"):
         assert {e["rank"] for e in events(log, kind)} == {0, 1}, kind
     assert {e["state"] for e in events(log, "rank")} >= {"starting", "running", "done"}
     assert [e["status"] for e in events(log, "run")] == ["started", "done"]
     assert events(log, "world")[0]["size"] == 2
-    assert "first step" in r.stdout and "done in" in r.stdout
+    assert "first step" in r.stdout and "done in" in r.stdout and "best val_acc" in r.stdout
     assert orphans() == []  # not even multiprocessing's resource tracker, at the moment of exit
     assert_gone(run_pids(log))
+    rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
+    assert len(rank0) == 3
+    assert rank0[-1]["train_loss"] < 0.8 * rank0[0]["train_loss"]
+    assert rank0[-1]["val_acc"] > 0.2  # ten classes: chance is 0.1
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

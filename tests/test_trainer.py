@@ -22,24 +22,10 @@ def test_torchrun_trains_and_logs_both_ranks(env, tmp_path):
     r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "epoch 1:" in r.stdout and r.stdout.count("training done") == 1  # rank 0 prints
-    for kind in ("step", "epoch"):  # (device figures: test_lifecycle's headless run)
+    for kind in ("step", "epoch"):  # (device figures: test_lifecycle's normal end)
         assert {e["rank"] for e in events(log, kind)} == {0, 1}, kind
     losses = [e["train_loss"] for e in events(log, "epoch") if e["rank"] == 0]
     assert losses[1] < losses[0]
-
-
-def test_learns_on_the_builtin_shapes(env, tmp_path):
-    log = tmp_path / "run.jsonl"
-    # A third of each epoch (10 of 31 steps; the whole set took 36 s on 2 CPU cores): the loss
-    # still falls clearly (4.44 -> 1.77, val_acc 0.10 -> 0.37 when this was written).
-    r = ddptui(["run", "resnet18", "--cpus", "2", "--epochs", "3", "--image-size", "32",
-                "--steps-per-epoch", "10", "--log", str(log)], env, tmp_path, timeout=240)
-    assert r.returncode == 0, r.stderr
-    rank0 = [e for e in events(log, "epoch") if e["rank"] == 0]
-    assert len(rank0) == 3
-    assert rank0[-1]["train_loss"] < 0.8 * rank0[0]["train_loss"]
-    assert rank0[-1]["val_acc"] > 0.2  # ten classes: chance is 0.1
-    assert "best val_acc" in r.stdout
 
 
 def _write_mnist(root, n_train=64, n_test=32):
