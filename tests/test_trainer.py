@@ -15,15 +15,20 @@ from PIL import Image
 from tests.conftest import ROOT, TINY, ddptui, events, run_env
 
 
-def test_torchrun_trains_and_logs_both_ranks(env, tmp_path):
+def test_torchrun_trains_on_synthetic_data_and_logs_both_ranks(env, tmp_path):
+    """Under torchrun, without ddptui; --data synthetic: one batch made on the device, served
+    every step (compute only), which the model learns."""
     log = tmp_path / "run.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainer", "--", *TINY, "--epochs", "2", "--log", str(log)]
+           "-m", "trainer", "--", "tests.helpers.userpkg:tiny_cnn", "--data", "synthetic",
+           "--image-size", "16", "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "6",
+           "--log", str(log)]
     r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "epoch 1:" in r.stdout and r.stdout.count("training done") == 1  # rank 0 prints
     for kind in ("step", "epoch"):  # (device figures: test_lifecycle's normal end)
         assert {e["rank"] for e in events(log, kind)} == {0, 1}, kind
+    assert [(e["rank"], e["steps"]) for e in events(log, "epoch")].count((1, 6)) == 2
     losses = [e["train_loss"] for e in events(log, "epoch") if e["rank"] == 0]
     assert losses[1] < losses[0]
 
@@ -79,15 +84,6 @@ def test_tensorboard_gets_every_rank_s_scalars(tiny_run):
     scalars = set(run.Tags()["scalars"])
     assert {"loss/rank0", "loss/rank1", "img_per_s/rank1", "val_acc", "train_loss"} <= scalars
     assert [round(s.step) for s in run.Scalars("val_acc")] == [0, 1, 2]  # one point per epoch
-
-
-def test_synthetic_data_runs_compute_only(env, tmp_path):
-    log = tmp_path / "run.jsonl"
-    r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--data", "synthetic", "--cpus", "2",
-                "--image-size", "16", "--epochs", "1", "--steps-per-epoch", "3",
-                "--log", str(log)], env, ROOT)
-    assert r.returncode == 0, r.stderr
-    assert [e["steps"] for e in events(log, "epoch")] == [3, 3]
 
 
 def _jpeg_folder(root, per_class: int = 8) -> None:
