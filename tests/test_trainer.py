@@ -95,8 +95,8 @@ def _jpeg_folder(root, per_class: int = 8) -> None:
 
 def test_corrupt_image_is_exit_2_naming_the_file(env, tmp_path):
     """With --decode gpu the sample is read on the prefetching thread: its error still ends
-    the run as bad input (--max-bad-samples 0: the first one does). (--decode cpu's exit 2:
-    test_stalls' too-many-corrupt-samples run.)"""
+    the run as bad input (--max-bad-samples 0: the first one does). --decode cpu raises the same
+    worker error on the training thread itself, the simpler path, so it has no run of its own."""
     _jpeg_folder(tmp_path / "imgs")
     bad = tmp_path / "imgs" / "a" / "3.jpg"
     bad.write_bytes(b"\xff\xd8 this is not a jpeg")
