@@ -68,6 +68,16 @@ def cache_dir(tmp_path_factory, worker_id) -> str:
     return str(path)
 
 
+def run_config(*args: str, cpus: int = 2):
+    """The RunConfig `ddptui run ARGS --cpus N` would give an in-process Supervisor."""
+    from trainer.options import Parser
+    from trainer.parse import add_training_options, config_from_args
+
+    parser = Parser()
+    add_training_options(parser)
+    return config_from_args(parser.parse_args(list(args)), cpus=cpus)
+
+
 def run_env(cache_dir: str) -> dict:
     """The environment of a ddptui started by a test: this checkout, the shared data cache."""
     e = dict(os.environ, DDPTUI_CACHE=cache_dir, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")

@@ -19,10 +19,8 @@ from ddptui.sources.replay import Replay
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
-from tests.conftest import TINY, assert_gone, events, fixed_hash, settle
+from tests.conftest import TINY, assert_gone, events, fixed_hash, run_config, settle
 from tests.helpers.runlogs import gpu_run
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 RECORDED = os.path.join(DATA, "run-2cpu.jsonl")
@@ -138,14 +136,9 @@ async def test_keys_are_served_while_8_ranks_send_20_events_per_second():
     assert app.return_code == 0
 
 
-def _config(*args: str):
-    parser = Parser()
-    add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2)
-
 
 async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
-    config = _config(*TINY, "--epochs", "200")
+    config = run_config(*TINY, "--epochs", "200")
     sup = Supervisor(config, str(tmp_path / "live.jsonl"))
     app = DashboardApp(sup)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -196,7 +189,7 @@ def _screen(app: DashboardApp) -> str:
 async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
     # TINY on 128-step epochs in a world of 2 (the later --data wins): `a` below has room to
     # land inside one.
-    sup = Supervisor(_config(*TINY, "--data", "tests.helpers.userpkg:many_blobs", "--epochs", "500"),
+    sup = Supervisor(run_config(*TINY, "--data", "tests.helpers.userpkg:many_blobs", "--epochs", "500"),
                      str(tmp_path / "live.jsonl"))
     app = DashboardApp(sup)
 
@@ -301,7 +294,7 @@ async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp
                                                                              monkeypatch):
     from ddptui.cli import _end_after_dashboard
 
-    sup = Supervisor(_config(*TINY, "--epochs", "500"), str(tmp_path / "live.jsonl"))
+    sup = Supervisor(run_config(*TINY, "--epochs", "500"), str(tmp_path / "live.jsonl"))
     app = DashboardApp(sup)
 
     def broken_show(view, selected, refit=False):

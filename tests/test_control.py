@@ -8,15 +8,7 @@ import time
 
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
-from tests.conftest import TINY, assert_gone, events
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
-
-
-def _config(*args: str):
-    parser = Parser()
-    add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2)
+from tests.conftest import TINY, assert_gone, events, run_config
 
 
 def _wait(predicate, what: str, timeout: float = 60) -> None:
@@ -35,7 +27,7 @@ def test_pause_checkpoint_and_settings_land_on_every_rank_at_one_step_and_epoch(
     step, a checkpoint asked for while paused is written there; then settings land on every rank
     at the same epoch."""
     log, ck = tmp_path / "x.jsonl", tmp_path / "ck"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "12",
+    sup = Supervisor(run_config(*TINY, "--epochs", "500", "--steps-per-epoch", "12",
                              "--checkpoint-dir", str(ck)), str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
@@ -83,7 +75,7 @@ def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_p
     for name, seconds in (("WARMUP_S", 1.0), ("SETTLE_S", 1.0), ("MEASURE_S", 1.0)):
         monkeypatch.setattr(autotune, name, seconds)
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64"), str(log),
+    sup = Supervisor(run_config(*TINY, "--epochs", "5000", "--steps-per-epoch", "64"), str(log),
                      RunPolicy(autotune=True))
     sup.start()
     _wait(lambda: [e for e in events(log, "message") if e.get("autotune")], "the verdict", 90)

@@ -14,15 +14,7 @@ import torch
 
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
-from tests.conftest import TINY, assert_gone, ddptui, events
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
-
-
-def _config(*args: str, cpus: int = 3):
-    parser = Parser()
-    add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=cpus)
+from tests.conftest import TINY, assert_gone, ddptui, events, run_config
 
 
 def _wait(predicate, what: str, timeout: float = 90) -> None:
@@ -50,9 +42,9 @@ def test_every_sample_once_across_stop_restart_apply_and_crash(tmp_path, monkeyp
     monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.004")
     log = tmp_path / "x.jsonl"
     bs = 4
-    sup = Supervisor(_config("tests.helpers.userpkg:tiny_cnn", "--data",
-                             "tests.helpers.userpkg:recorded", "--batch-size", str(bs),
-                             "--workers", "0", "--epochs", "1"), str(log))
+    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
+                                "tests.helpers.userpkg:recorded", "--batch-size", str(bs),
+                                "--workers", "0", "--epochs", "1", cpus=3), str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
 
@@ -136,7 +128,7 @@ def test_crash_rolls_back_to_exactly_the_uninterrupted_state(tmp_path, env):
 @pytest.mark.timeout(180)
 def test_stop_rank_0_then_the_last_rank_is_refused(tmp_path):
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--lr-scaling", "linear", cpus=2),
+    sup = Supervisor(run_config(*TINY, "--epochs", "500", "--lr-scaling", "linear"),
                      str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
@@ -160,7 +152,7 @@ def test_stop_rank_0_then_the_last_rank_is_refused(tmp_path):
 @pytest.mark.timeout(180)
 def test_max_restarts_brings_a_killed_rank_back(tmp_path):
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", cpus=2), str(log), RunPolicy(max_restarts=1))
+    sup = Supervisor(run_config(*TINY, "--epochs", "500"), str(log), RunPolicy(max_restarts=1))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
     first = sup.slots[1].process.pid
@@ -180,7 +172,7 @@ def test_a_settings_request_lost_with_a_dead_leader_is_asked_again_of_the_next(t
     """Rank 0, stopped, holds a request unread in its pipe when it is killed. The survivor,
     now the leader, is asked again and applies it; the view does not keep it pending for ever."""
     log = tmp_path / "x.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "8", cpus=2), str(log))
+    sup = Supervisor(run_config(*TINY, "--epochs", "500", "--steps-per-epoch", "8"), str(log))
     sup.start()
     _wait(lambda: sup.state.first_step_t, "first step")
     os.kill(sup.slots[0].process.pid, signal.SIGSTOP)

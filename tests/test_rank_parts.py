@@ -240,13 +240,12 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
     loaders, not when the interpreter exits (each one holds a copy of the dataset)."""
     import psutil
 
-    from tests.conftest import TINY
-    from tests.test_control import _config
+    from tests.conftest import TINY, run_config
     from trainer.pipeline.datasets import build_datasets
     from trainer.pipeline.loaders import Loaders
     from trainer.rank import Rank
 
-    config = _config(*TINY)
+    config = run_config(*TINY)
     bundle = build_datasets(config, progress=lambda text: None)
     sampler = ShardedBatchSampler(bundle.num_train, 16, 0, 1, max_steps=2)
     me = Rank(slot=0, rank=0, world_size=1, device=torch.device("cpu"), physical_gpu=None,

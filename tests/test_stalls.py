@@ -15,9 +15,17 @@ from PIL import Image
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from ddptui.view.app import DashboardApp
-from tests.conftest import ROOT, TINY, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
+from tests.conftest import (
+    ROOT,
+    TINY,
+    assert_gone,
+    ddptui,
+    events,
+    run_config,
+    run_pids,
+    start_ddptui,
+    wait_for_event,
+)
 
 HANG = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:hang_once",
         "--batch-size", "8", "--workers", "0", "--cpus", "2"]
@@ -31,11 +39,6 @@ def _worlds(log) -> list[int]:
     return [e["size"] for e in events(log, "world") if e["rank"] >= 0]
 
 
-def _config(*args: str):
-    parser = Parser()
-    add_training_options(parser)
-    return config_from_args(parser.parse_args(list(args)), cpus=2)
-
 
 async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
@@ -47,7 +50,7 @@ async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
 @pytest.mark.timeout(240)
 async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without_it(tmp_path):
     log = tmp_path / "live.jsonl"
-    sup = Supervisor(_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64"), str(log),
+    sup = Supervisor(run_config(*TINY, "--epochs", "500", "--steps-per-epoch", "64"), str(log),
                      RunPolicy(stall_after=2.0))
     app = DashboardApp(sup)
 
