@@ -183,13 +183,15 @@ class Elastic:
         if order.get("op") == "recover":
             if self.points is not None:
                 self.points.mark_lost()
-            if self.cuda:
+            if self.cuda:  # NCCL's collectives waiting on the dead peer return
                 world.abort(self._warn)
 
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
         point), None when the error is the script's own."""
-        if not isinstance(error, RuntimeError) or isinstance(error, torch.OutOfMemoryError):
+        # Collective failures are RuntimeErrors; once the world is aborted, any error may be.
+        if isinstance(error, torch.OutOfMemoryError) or not (
+                isinstance(error, RuntimeError) or self.run._mailbox.has_urgent):
             return None
         order = self.run._mailbox.wait_urgent(RECOVER_WAIT_S)
         if order is None or order.get("op") != "recover":
@@ -294,7 +296,8 @@ class Elastic:
         """Form the order's world; returns the gloo group that orders are agreed in."""
         members = order["members"]
         rank, size = members.index(self.run.slot), len(members)
-        return rank, size, world.form(rank, size, self.device, order["init"])
+        group, self.run._mailbox.world_sockets = world.form(rank, size, self.device, order["init"])
+        return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:
         """What follows a new world: DDP, the agreement group, the loaders' shards, a point."""

@@ -187,3 +187,47 @@ def test_a_settings_request_lost_with_a_dead_leader_is_asked_again_of_the_next(t
     sup.stop()
     assert sup.wait(60) == 130
     assert_gone(sup.pids())
+
+
+@pytest.mark.timeout(300)
+def test_a_rank_killed_at_any_moment_of_a_world_change_is_survived(tmp_path, monkeypatch):
+    """kill -9 mid-step and 0 to 1 s after a new world formed (DDP's first steps in a world
+    broadcast outside backward: a survivor waited there for ever for one that had gone on to
+    the next world), the leader too: each time the others form the smaller world and train on,
+    and the killed rank joins again from its standby."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(tmp_path / "served.txt"))
+    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
+    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.01")  # a step of 4 samples: 0.04 s or more
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
+                                "tests.helpers.userpkg:recorded", "--batch-size", "4",
+                                "--workers", "0", "--epochs", "500", cpus=3), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+
+    def kill(slot: int) -> None:
+        seen = len(_worlds(log))
+        os.kill(sup.slots[slot].process.pid, signal.SIGKILL)
+        _wait(lambda: any(slot not in w["ranks"] for w in _worlds(log)[seen:]),
+              f"the world without rank {slot}", timeout=120)
+
+    def rejoin(slot: int) -> None:
+        _wait(lambda: _standby(sup, slot), f"rank {slot}'s standby", timeout=120)
+        seen = len(_worlds(log))
+        sup.restart_rank(slot)
+        _wait(lambda: any(w["size"] == 3 for w in _worlds(log)[seen:]), "the world of 3",
+              timeout=120)
+
+    kill(2)  # mid-step
+    for delay, joiner, victim in [(0.0, 2, 1), (0.3, 1, 0), (1.0, 0, 2)]:
+        rejoin(joiner)
+        time.sleep(delay)
+        kill(victim)
+    worlds = [(w["size"], w["ranks"]) for w in _worlds(log)]
+    assert worlds == [(2, [0, 1]), (3, [0, 1, 2]), (2, [0, 2]), (3, [0, 1, 2]), (2, [1, 2]),
+                      (3, [0, 1, 2]), (2, [0, 1])]
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -179,6 +180,38 @@ def test_a_sigstopped_rank_is_flagged_stopped_and_sigterm_kills_it_after_the_gra
     finally:
         p.kill()
     assert p.returncode == 143, err
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(90)
+def test_a_hung_rank_stays_flagged_through_torchs_own_log_and_q_kills_it_in_3_s(env, tmp_path):
+    """Rank 1 hangs deaf to SIGINT and SIGTERM, as one blocked in NCCL is, while torch's C++
+    log goes on (the NCCL watchdog's lines when asked for a dump): it is never shown running
+    again, and a stop with --grace 600 does not wait for it (SIGKILL after 3 s)."""
+    log = tmp_path / "deaf.jsonl"
+    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--stall-after", "2", "--grace", "600",
+                      "--log", str(log), "--", "--stuck-rank", "1", "--deaf", "--noise"],
+                     env, tmp_path)
+    try:
+        wait_for_event(log, lambda e: e.get("state") == "stalled" and e["rank"] == 1, 40)
+        wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 15)
+        out = tmp_path / "deaf.rank1.out"
+        noise = open(out).read().count("ProcessGroupNCCL")
+        # Four more of the watchdog's lines after the stacks came (each would have been taken
+        # for progress): sampled eight times meanwhile, rank 1 is still flagged.
+        while open(out).read().count("ProcessGroupNCCL") < noise + 4:
+            time.sleep(0.2)
+        pids = run_pids(log)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        p.kill()
+    assert p.returncode == 130, err[-2000:]
+    states = [e["state"] for e in events(log, "rank") if e["rank"] == 1]
+    assert "running" not in states[states.index("stalled"):]
+    (last,) = [e for e in events(log, "rank") if e["rank"] == 1][-1:]
+    assert last["exit_code"] == 128 + signal.SIGKILL and "killed by SIGKILL" in last["reason"]
+    assert any("1 hung rank (1) killed after 3 s" in e["text"] for e in events(log, "message"))
     assert_gone(pids)
 
 

@@ -312,3 +312,52 @@ def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():
             seen.append((epoch, x.tolist()))
     run.done()
     assert seen == [(0, [0, 1, 2, 3]), (0, [4, 5, 6, 7]), (1, [0, 1, 2, 3]), (1, [4, 5, 6, 7])]
+
+
+def test_a_loss_line_per_step_becomes_at_most_20_step_events_a_second_none_lost():
+    """600 loss lines a second for 10 s: about 20 step events a second, whose losses, weighted
+    by the lines each covers, are every line's."""
+    sent = []
+    now = [0.0]
+    reader = MetricReader(0, PATTERNS, lambda kind, **f: sent.append(f), clock=lambda: now[0])
+    losses = [1 / (i + 1) for i in range(6000)]
+    for i, loss in enumerate(losses):
+        now[0] = i / 600
+        reader.line(f"step {i} loss: {loss}", True)
+    reader.finish_epoch()
+    assert 190 <= len(sent) <= 202
+    assert sum(s["steps"] for s in sent) == 6000
+    total = sum(s["loss"] * s["steps"] for s in sent)
+    assert abs(total - sum(losses)) < 1e-6
+    assert sent[-1]["step"] == 5999
+
+
+def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
+    from ddptui.run.processes import crash_cause
+
+    warning = ["/x/lightning.py:12: FutureWarning: `foo` is deprecated"]
+    assert crash_cause(-9, warning) == "killed by SIGKILL"
+    assert crash_cause(-15, ["ConnectionResetError: [Errno 104] Connection reset by peer"]) \
+        == "killed by SIGTERM"
+    asserts = ["/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: "
+               "[0,0,0], thread: [0,0,0] Assertion `-sizes[i] <= index && index < sizes[i] && "
+               "\"index out of bounds\"` failed."] * 3
+    tail = ["terminate called after throwing an instance of 'c10::AcceleratorError'",
+            "  what():  CUDA error: device-side assert triggered"]
+    cause = crash_cause(-6, asserts + tail)
+    assert cause.startswith("killed by SIGABRT: IndexKernel.cu:111") and "index out of bounds" in cause
+    assert crash_cause(-11, ["CUDA error: an illegal memory access was encountered"]) == \
+        "killed by SIGSEGV: CUDA error: an illegal memory access was encountered"
+    assert crash_cause(-6, ["nothing said"]) == "killed by SIGABRT"
+    assert crash_cause(1, ["ValueError: bad"]) == "ValueError: bad"
+
+
+def test_torchs_and_ncclss_own_log_lines_are_told_from_the_scripts_output():
+    from ddptui.script.output import library_log
+
+    assert library_log("[rank0]:[E1126 12:34:56.789012345 ProcessGroupNCCL.cpp:632] [Rank 0] "
+                       "Watchdog caught collective operation timeout")
+    assert library_log("[W1126 10:00:00.123456 socket.cpp:200] [c10d] connect failed")
+    assert library_log("gpu-node1:12345:12400 [0] NCCL INFO comm 0x5 rank 0 nranks 2")
+    assert not library_log("epoch 1 step 20 loss: 0.2")
+    assert not library_log("[rank0]: Traceback (most recent call last):")

@@ -27,7 +27,7 @@ def on_urgent(order: dict, p: Parts) -> None:
     if order.get("op") == "recover":
         if p.snapshots is not None:
             p.snapshots.mark_lost()
-        if p.me.device.type == "cuda":
+        if p.me.device.type == "cuda":  # NCCL's collectives waiting on the dead peer return
             world.abort(lambda text: p.me.say(text, "warning"))
 
 

@@ -47,16 +47,16 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     watchers = _watchers(config, me, supervised) if config.telemetry.hz > 0 else []
     code = 1
     try:
-        control_group = None
+        control_group = sockets = None
         if not standby:
-            control_group = forming.result() if forming is not None else \
+            control_group, sockets = forming.result() if forming is not None else \
                 world.form(rank, world_size, me.device, init_method)
             if not supervised:
                 inbox = _agree_on_control(me, inbox, control_group)
             _announce_world(config, me, link)
         for thread in watchers:
             thread.start()
-        train(config, me, inbox, control_group, supervised)
+        train(config, me, inbox, control_group, sockets, supervised)
         code = 0
     except (UsageError, DataError) as e:
         text = _one_line(e)
@@ -154,7 +154,7 @@ def _one_line(e: Exception) -> str:
     return last
 
 
-def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -> None:
+def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised: bool) -> None:
     """Build everything, enter the world (a standby waits to join), then run epochs."""
     p = build_parts(config, me, inbox, supervised, on_urgent)
     try:
@@ -168,6 +168,7 @@ def train(config: RunConfig, me: Rank, inbox, control_group, supervised: bool) -
         else:
             p.ddp = world.wrap(p.model, me, p.config.devices.strategy)
             p.control = Control(p.mailbox, me.rank, control_group)
+            p.mailbox.world_sockets = sockets
             describe_start(p)
         if run_epochs(p):
             me.say("training done")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import time
@@ -31,6 +32,7 @@ class RankProcess:
     telemetry: object  # read end of this rank's telemetry pipe
     inbox: object  # write end of its command pipe (the world's rank 0 relays commands to all)
     stacks_path: str  # where it writes its Python stacks when sent SIGUSR1
+    out_path: str  # its stdout and stderr
     standby: bool = False
     state: RankState = RankState.STARTING
     children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
@@ -47,7 +49,10 @@ class RankProcess:
                 pass
 
     def death(self) -> str:
-        return ended_how(self.process.exitcode)
+        code = self.process.exitcode
+        if code is not None and code < 0 and -code in SELF_INFLICTED:  # a device assert, say
+            return crash_cause(code, tail_lines(self.out_path))
+        return ended_how(code)
 
 
 class ProcessPool:
@@ -69,9 +74,9 @@ class ProcessPool:
     def start(self, slot: int, gpu: int | None, init: str, standby: bool) -> RankProcess:
         from trainer.bootstrap import RankSpec, run_rank
 
-        stacks = f"{self.stem}.rank{slot}.stacks"
+        stacks, out = f"{self.stem}.rank{slot}.stacks", f"{self.stem}.rank{slot}.out"
         spec = RankSpec(self.config, slot, slot, self.config.devices.world_size, init, gpu, os.getpid(),
-                        f"{self.stem}.rank{slot}.out", stacks, standby=standby)
+                        out, stacks, standby=standby)
         telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
         inbox_end, inbox = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
@@ -79,7 +84,7 @@ class ProcessPool:
         p.start()
         telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
         inbox_end.close()
-        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, standby=standby)
+        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby)
         self.procs.append(rp)
         self.slots[slot] = rp
         return rp
@@ -166,6 +171,40 @@ def ended_how(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exited with code {code}"
+
+
+# Signals a process raises on itself when it crashes (an abort, a bad address), as opposed to
+# those another process sends (SIGKILL, SIGTERM): only then does its output say why.
+SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+_DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
+                           r"illegal (?:memory access|address|instruction)|NCCL error", re.I)
+
+
+def crash_cause(code: int | None, lines: list[str]) -> str:
+    """Why a process died, for the user: its signal when one ended it (what it printed last
+    is then no cause: a warning, a worker's broken pipe), with the CUDA error or device assert
+    it printed where it crashed itself; else its exception's line."""
+    if code is None or code >= 0:
+        return lines[-1] if lines else ended_how(code)
+    how = ended_how(code)
+    if -code not in SELF_INFLICTED:
+        return how
+    found = [line.strip() for line in lines if _DEVICE_ERROR.search(line)]
+    asserts = [line for line in found if "Assertion" in line]
+    cause = (asserts or found or [None])[0]  # the first assert: 1,000 identical ones follow
+    if cause is None:
+        return how
+    return f"{how}: {os.path.basename(cause)[:240] if cause.startswith('/') else cause[:240]}"
+
+
+def tail_lines(path: str, size: int = 1 << 16) -> list[str]:
+    """The last lines of a file (its last `size` bytes), none if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
 
 
 def _join_all(processes, seconds: float) -> None:

@@ -20,6 +20,9 @@ from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback
+from trainer.protocol.events import count
+
+HUNG_GRACE_S = 3.0  # a stalled rank, or one blocked on it, gets no longer to end on a stop
 
 
 @dataclass
@@ -69,7 +72,8 @@ class RankGroup:
         self.config, self.stem, self.echo, self.on_line = config, stem, echo, on_line
         self.ranks: list[ScriptRank] = []
         self._reported: set[int] = set()
-        self._deadlines: list[tuple[float, int]] = []  # (when, signal) for what is left
+        # (when, signal, the slots it is for: None for all) for what is left
+        self._deadlines: list[tuple[float, int, frozenset[int] | None]] = []
         self._grace = 0.0
 
     def start(self, attempt: Attempt) -> None:
@@ -125,23 +129,36 @@ class RankGroup:
         for r in self.alive():
             _killpg(r.pid, sig)
 
-    def end_within(self, sig: int | None, grace: float) -> None:
+    def end_within(self, sig: int | None, grace: float, hung: set[int] = frozenset()) -> None:
         """As torchrun ends them: `sig` to every rank's group now (None: they were asked to stop
         by a command, and SIGINT follows at half the grace period), SIGKILL to what is left at
-        its end (escalate() sends what is due)."""
+        its end (escalate() sends what is due). The `hung` slots (stalled, or waiting on one)
+        cannot end by themselves: SIGKILL after HUNG_GRACE_S at most."""
         if not self.alive():
             return
         now, self._grace = time.monotonic(), grace
         if sig is None:
-            self._deadlines = [(now + grace / 2, signal.SIGINT), (now + grace, signal.SIGKILL)]
+            self._deadlines = [(now + grace / 2, signal.SIGINT, None),
+                               (now + grace, signal.SIGKILL, None)]
         else:
             self.signal(sig)
-            self._deadlines = [(now + grace, signal.SIGKILL)]
+            self._deadlines = [(now + grace, signal.SIGKILL, None)]
+        if hung and grace > HUNG_GRACE_S:
+            self._deadlines.append((now + HUNG_GRACE_S, signal.SIGKILL, frozenset(hung)))
+            self._deadlines.sort(key=lambda d: d[0])
 
     def escalate(self, say: Callable[..., None]) -> None:
         while self._deadlines and time.monotonic() >= self._deadlines[0][0] and self.alive():
-            _, sig = self._deadlines.pop(0)
-            if sig == signal.SIGKILL:
+            _, sig, slots = self._deadlines.pop(0)
+            if slots is not None:
+                left = [r for r in self.alive() if r.slot in slots]
+                if left:
+                    say(f"{count(len(left), 'hung rank')} ({', '.join(str(r.slot) for r in left)})"
+                        f" killed after {HUNG_GRACE_S:g} s: a stalled rank cannot end by itself",
+                        "warning")
+                for r in left:
+                    _killpg(r.pid, signal.SIGKILL)
+            elif sig == signal.SIGKILL:
                 say(f"ranks did not end within --grace {self._grace:g} s: killing them",
                     "warning")
                 self.end(None, 0)

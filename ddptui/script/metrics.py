@@ -24,7 +24,9 @@ BUILT_IN = {
 _EPOCH = re.compile(r"(?<![\w.])['\"]?epoch['\"]?\s*[:=]?\s*['\"]?\[?\s*(\d+(?:\.\d+)?)", re.I)
 _STEP = re.compile(r"(?<![\w.])['\"]?(?:step|iter|iteration|batch)['\"]?\s*[:=]?\s*\[?\s*(\d+)",
                    re.I)
-STEP_EVERY_S = 0.25  # a progress bar redraws ~10 times a second: 4 loss points are plenty
+# At most this often a step event (as the built-in loop sends): the losses read in between are
+# summed into it, so a script printing a loss line per step cannot flood the log.
+STEP_EVERY_S = 0.05
 
 
 def compile_metrics(extra: tuple[tuple[str, str | None], ...] = ()) -> dict[str, re.Pattern]:
@@ -62,8 +64,9 @@ def _float(text: str) -> float | None:
 
 
 class MetricReader:
-    """One rank's figures from its output: step events with the loss (at most every
-    STEP_EVERY_S), and an epoch event each time the epoch it prints moves on."""
+    """One rank's figures from its output: step events with the mean loss of the lines read
+    since the last (at most every STEP_EVERY_S; flush() sends what waits), and an epoch event
+    each time the epoch it prints moves on."""
 
     def __init__(self, rank: int, patterns: dict[str, re.Pattern],
                  emit: Callable[..., None], clock: Callable[[], float] = time.time):
@@ -71,6 +74,7 @@ class MetricReader:
         self.epoch: int | None = None
         self.points = 0  # loss readings so far: the step count when the script prints none
         self._sent_t = 0.0
+        self._unsent: list[float] = []  # losses read since the last step event
         self._latest: dict[str, float] = {}
         self._epoch_start = clock()
         self._epoch_losses: list[float] = []
@@ -84,22 +88,26 @@ class MetricReader:
         if "loss" in values and math.isfinite(values["loss"]):
             self.points += 1
             self._epoch_losses.append(values["loss"])
+            self._unsent.append(values["loss"])
         if not moved:  # the figures of a line that moved the epoch on went to the last one
             self._epoch_figures.update({k: v for k, v in values.items()
                                         if k not in ("loss", "epoch", "step")})
         self._latest.update(values)
-        now = self.clock()
-        if "loss" in values and (final or now - self._sent_t >= STEP_EVERY_S):
-            self._sent_t = now
-            self._send_step()
+        if "loss" in values:
+            self.flush()
 
-    def _send_step(self) -> None:
-        v = self._latest
+    def flush(self, force: bool = False) -> None:
+        """A step event for the losses read since the last one, if it is time (`force`: now)."""
+        now = self.clock()
+        if not self._unsent or not force and now - self._sent_t < STEP_EVERY_S:
+            return
+        self._sent_t = now
+        v, losses, self._unsent = self._latest, self._unsent, []
         step = int(v.get("step", self.points))
         extra = {k: x for k, x in v.items() if k not in ("loss", "epoch", "step")}
         self.emit("step", epoch=self.epoch or 0, step=step, global_step=step,
-                  loss=v.get("loss"), steps=1, source="output", **({"metrics": extra}
-                                                                  if extra else {}))
+                  loss=sum(losses) / len(losses), steps=len(losses), source="output",
+                  **({"metrics": extra} if extra else {}))
 
     def _epoch_moves(self, epoch: int, values: dict[str, float]) -> bool:
         """True when this line moved the epoch on (and ended the last one's row)."""
@@ -118,6 +126,7 @@ class MetricReader:
 
     def finish_epoch(self, partial: bool = False) -> None:
         """An epoch event for the epoch read so far (at the next epoch, or at the rank's end)."""
+        self.flush(force=True)  # the epoch's last losses belong to its chart, before its row
         if self.epoch is None or not self._epoch_losses and not self._epoch_figures:
             return
         now = self.clock()

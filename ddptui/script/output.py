@@ -17,6 +17,17 @@ from ddptui.view.text import keep_colours, plain
 CHUNK = 1 << 16
 TAIL_LINES = 60  # kept per stream: the last lines of a traceback
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+# What torch's C++ logging (c10: `[rank0]:[E1126 10:00:00.123 ProcessGroupNCCL.cpp:...]`) and
+# NCCL's own (`host:pid:tid [0] NCCL WARN ...`) print: the NCCL watchdog and the flight
+# recorder write such lines when ddptui asks a hung rank for its dump, so they are no sign
+# that the script moves.
+_LIBRARY_LOG = re.compile(r"^(?:\[rank\d+\]: ?)?(?:\[[IWEF]\d{4} \d\d:\d\d:\d\d"
+                          r"|\S+:\d+:\d+ \[\d+\] NCCL (?:INFO|WARN|TRACE))")
+
+
+def library_log(line: str) -> bool:
+    """Whether a line is torch's or NCCL's own logging rather than the script's output."""
+    return _LIBRARY_LOG.match(line) is not None
 
 
 class Lines:

@@ -16,11 +16,11 @@ import time
 from ddptui.run.membership import Fail, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.run.owned import OwnedRun
-from ddptui.run.processes import free_port
+from ddptui.run.processes import crash_cause, free_port
 from ddptui.run.readings import RunSampler
 from ddptui.run.supervisor import default_log_path
 from ddptui.script.flight import trace_prefix
-from ddptui.script.group import RankGroup, ScriptRank
+from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, command, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
@@ -229,15 +229,15 @@ class ScriptRun(OwnedRun):
             self._rank_state(r, "stopped", f"ended by ddptui ({r.death()})")
         else:
             lines = r.traceback()
-            text = lines[-1] if lines else r.death()
+            text = crash_cause(code, lines)
             self._rank_state(r, "crashed", text)
-            if r.pid in self.world.killed:
-                text = lines[-1] if lines and code != -signal.SIGKILL else self.world.killed[r.pid]
+            if r.pid in self.world.killed:  # killed by ddptui: k, or a world that broke
+                text = self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
             if self.failure is None:
                 alive = {a.slot for a in self.group.alive()}
-                self._act(self.world.died(r.slot, alive, f"{r.death()}: {text}"), r, text)
+                self._act(self.world.died(r.slot, alive, _with_death(r, text)), r, text)
 
     def _act(self, actions: list, failed: ScriptRank | None = None, text: str = "") -> None:
         """Carry out the world's decisions (a standby only for a rank r asked back). Fail: the
@@ -278,13 +278,13 @@ class ScriptRun(OwnedRun):
     def _failed(self, r: ScriptRank, text: str) -> None:
         """The first failure: the others are ended as torchrun ends them, and the group
         restarts while --max-restarts allows."""
-        self.failure = (r.exit_code, f"rank {r.slot} {r.death()}: {text}")
+        self.failure = (r.exit_code, f"rank {r.slot} {_with_death(r, text)}")
         if self.failures < self.config.max_restarts:
             self.failures += 1
             self._restart = True
             self.say(f"{self.failure[1]}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
-        self.group.end_within(signal.SIGTERM, self.config.grace)
+        self.group.end_within(signal.SIGTERM, self.config.grace, set(self.watch.flags))
 
     def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
         self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
@@ -328,7 +328,7 @@ class ScriptRun(OwnedRun):
         for r in self.group.alive():
             if r.slot == cmd.get("kill"):
                 os.killpg(r.pid, signal.SIGKILL)
-        self.group.end_within(signal.SIGTERM, self.config.grace)
+        self.group.end_within(signal.SIGTERM, self.config.grace, set(self.watch.flags))
 
     def _restart_rank(self, cmd: dict) -> None:
         if self.stopping is None:
@@ -350,12 +350,21 @@ class ScriptRun(OwnedRun):
         self.stopping = (status, code)
         if not self.group.alive():
             return
+        hung = set(self.watch.flags)
+        then = f"SIGKILL after {self.config.grace:g} s" + (
+            f" ({count(len(hung), 'hung rank')} after {min(HUNG_GRACE_S, self.config.grace):g} s)"
+            if hung else "")
         if "stop" in self.controls and self._link.order({"op": "stop"}):
             self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
-                     f"SIGKILL after {self.config.grace:g} s")
-            self.group.end_within(None, self.config.grace)
+                     + then)
+            self.group.end_within(None, self.config.grace, hung)
             return
         sig = signal.SIGINT if code == EXIT_INTERRUPTED else signal.SIGTERM
-        self.say(f"stopping: {signal.Signals(sig).name} to every rank, SIGKILL after "
-                 f"{self.config.grace:g} s")
-        self.group.end_within(sig, self.config.grace)
+        self.say(f"stopping: {signal.Signals(sig).name} to every rank, {then}")
+        self.group.end_within(sig, self.config.grace, hung)
+
+
+def _with_death(r: ScriptRank, text: str) -> str:
+    """How the rank ended, then why (once: a signal's cause already starts with it)."""
+    death = r.death()
+    return text if text.startswith(death) else f"{death}: {text}"

@@ -13,6 +13,7 @@ from ddptui.script.flight import FlightDumps, behind, summary
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
+from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
@@ -50,6 +51,7 @@ class ScriptWatch:
         self.readers: dict[int, MetricReader] = {}
         self.silence: dict[int, Silence] = {}
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting
+        self.flagged_at: dict[int, float] = {}  # a flagged slot -> when the verdict came
         self.evidence: dict[int, str] = {}  # a flagged slot -> its stacks since the verdict
         self.traces: dict[int, dict] = {}  # a flagged slot -> its NCCL dump since the verdict
         self.frozen: set[int] = set()  # flagged slots whose process is stopped
@@ -72,7 +74,8 @@ class ScriptWatch:
 
     # -- what the ranks say --------------------------------------------------------------
     def line(self, slot: int, text: str, final: bool, now: float) -> None:
-        self._heard(slot, now)
+        if not library_log(text):  # torch's and NCCL's logs say nothing of the script's pace
+            self._heard(slot, now)
         if slot not in self.reporting:
             self.readers[slot].line(text, final)
         self._line[slot] = (text, final)
@@ -92,7 +95,11 @@ class ScriptWatch:
         silence.heard(now)
 
     def flush_lines(self, now: float, force: bool = False) -> None:
-        """Each rank's latest line as an `output` event, at most every LINE_EVERY_S."""
+        """Each rank's latest line as an `output` event, at most every LINE_EVERY_S, and the
+        losses read but not yet sent as a step event."""
+        for slot, reader in self.readers.items():
+            if slot not in self.reporting:
+                reader.flush(force)
         for slot, (text, final) in list(self._line.items()):
             if force or now - self._line_t.get(slot, 0.0) >= LINE_EVERY_S:
                 self.handle(event("output", slot, text=text, final=final))
@@ -113,6 +120,7 @@ class ScriptWatch:
     def _forget(self, slot: int) -> None:
         """A verdict on `slot` and its evidence are over."""
         self.flags.pop(slot, None)
+        self.flagged_at.pop(slot, None)
         self.evidence.pop(slot, None)
         self.traces.pop(slot, None)
         self.frozen.discard(slot)
@@ -143,16 +151,19 @@ class ScriptWatch:
         self.tree.forget({pid for r in ranks for pid in {r.pid} | r.children})
 
     def _update(self, r: ScriptRank, verdict, now: float) -> None:
-        old = self.flags.get(r.slot)
-        if verdict is None:
-            if old is not None:
+        if r.slot in self.flags:  # stalled, or found waiting in a collective
+            # Only the rank's own progress ends a verdict: a step, or a line of its own since.
+            # Its CPU or output while it answers ddptui's requests (stacks, NCCL dumps) is none.
+            heard = self.silence[r.slot].last
+            if heard is not None and heard > self.flagged_at[r.slot]:
                 self._forget(r.slot)
                 self._rank(r, "running", "making progress again")
             return
-        if old is not None:
-            return  # flagged already (stalled, or found waiting in a collective)
+        if verdict is None:
+            return
         reason, fields = verdict
         self.flags[r.slot] = "stalled"
+        self.flagged_at[r.slot] = now
         if fields.get("cause") == "stopped":
             self.frozen.add(r.slot)
             self._blame({x.slot: x for x in self._ranks})

@@ -14,6 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from trainer.elastic.sockets import Sockets, sever
+
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
 URGENT = ("recover", "join")
@@ -31,6 +33,8 @@ class Mailbox:
         self.commands: queue.Queue = queue.Queue()
         self.urgent: queue.Queue = queue.Queue()
         self.has_urgent = False  # read every step: a plain attribute, no lock
+        # The connections of the world this rank is in, cut as soon as a peer is known dead.
+        self.world_sockets: Sockets = Sockets()
         threading.Thread(target=self._read, name="mailbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -41,13 +45,16 @@ class Mailbox:
                 self.urgent.put(None)
                 return
             if msg.get("op") in URGENT:
-                # on_urgent (the abort of a broken world) first, then the order: the main
-                # thread, seeing it at a step boundary, would otherwise re-form the world while
-                # this thread still aborts the old one (the abort's reset of torch's group
-                # registry broke the new world: "group name has already been created", 2 of
-                # 5 runs on 2 x H200).
-                self.on_urgent(msg)
+                # The flag first: whatever the abort makes the main thread's collective raise,
+                # it is then taken for the broken world it is. Then on_urgent (the abort), then
+                # the order: the main thread, taking it at a step boundary, would otherwise
+                # re-form the world while this thread still aborts the old one (the abort's
+                # reset of torch's group registry breaks the new world: "group name has
+                # already been created").
                 self.has_urgent = True
+                if msg["op"] == "recover":
+                    sever(self.world_sockets)
+                self.on_urgent(msg)
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.elastic.control import Control
+from trainer.elastic.sockets import Sockets, open_sockets
 from trainer.elastic.snapshot import agree, state_tensors
 
 if TYPE_CHECKING:
@@ -28,16 +29,19 @@ if TYPE_CHECKING:
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
-    on CPUs; returns the small gloo group that carries live commands."""
+    on CPUs; returns the small gloo group that carries live commands, and on CPUs the
+    connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py)."""
     kw = dict(init_method=init_method, rank=rank, world_size=world_size)
     if rank != 0:
         await_store(init_method)
+    before = open_sockets()
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device, **kw)
     else:
         dist.init_process_group("gloo", **kw)
-    return dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo")
+    return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
 def await_store(init_method: str, patience: float = 60.0) -> None:
@@ -70,7 +74,7 @@ def preload_nccl(device: torch.device) -> None:
 class Forming:
     """form() on a thread, started as soon as torch is imported: the CUDA context, the
     rendezvous and NCCL's set-up (0.8 s on H200) overlap the import of torchvision and the
-    trainer (3.5 s). result() returns the control group or raises form()'s error."""
+    trainer (3.5 s). result() returns what form() does or raises its error."""
 
     def __init__(self, rank: int, world_size: int, device: torch.device, init_method: str):
         self._group, self._error = None, None
@@ -114,9 +118,9 @@ def abort(warn: Callable[[str], None]) -> None:
 
 def dismantle(warn: Callable[[str], None], collect: bool) -> None:
     """Drop the current process group; after an abort it is already gone. Its connections close
-    once nothing refers to it: after a peer died, collect=True makes that happen now (gloo has no
-    abort: that close is what frees peers blocked on us). An agreed change leaves nobody blocked,
-    and a full collection costs it 0.1-0.3 s."""
+    once nothing refers to it: after a peer died, collect=True makes that happen now (the
+    mailbox has cut a gloo world's connections already: trainer/elastic/sockets.py). An agreed
+    change leaves nobody blocked, and a full collection costs it 0.1-0.3 s."""
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -187,7 +191,8 @@ def enter(p: Parts, order: dict):
     """Take this rank's place in the order's world and form it; returns the control group."""
     members = order["members"]
     p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    return form(p.me.rank, p.me.world_size, p.me.device, order["init"])
+    group, p.mailbox.world_sockets = form(p.me.rank, p.me.world_size, p.me.device, order["init"])
+    return group
 
 
 def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:

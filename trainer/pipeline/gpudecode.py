@@ -173,16 +173,36 @@ class Decoder:
 class TorchvisionCodec:
     """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs. The one
     codec: nvJPEG's hardware decoder called directly, nvImageCodec and a share decoded by the
-    DataLoader workers trained no faster on one H200 or two (docs/input-pipeline.md)."""
+    DataLoader workers trained no faster on one H200 or two (docs/input-pipeline.md).
+
+    torchvision allocates the images on the caller's current stream but writes them on a
+    stream of its own that waits for nothing: memory the caller's stream freed a moment ago,
+    still read by its queued kernels (the last batch's crop indices, say), was overwritten
+    under them (device asserts and illegal addresses in resnet18 with --decode gpu). So the
+    images are allocated under `self.alloc`, a stream nothing else runs on, whose blocks come
+    back only once every stream that used them is done; the caller's stream waits for them."""
 
     def __init__(self, device: torch.device):
         self.device = device
         self.name = f"torchvision {'nvJPEG' if device.type == 'cuda' else 'libjpeg'} (whole images)"
+        self.alloc = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def decode(self, flat: torch.Tensor, lengths: torch.Tensor,
                boxes: torch.Tensor) -> list[torch.Tensor | None]:
         """None for an image the codec cannot decode."""
         data = list(torch.split(flat, lengths.tolist()))
+        if self.alloc is None:
+            return self._decode(data)
+        consumer = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self.alloc):
+            images = self._decode(data)  # torchvision makes `alloc` wait for its own stream
+        consumer.wait_stream(self.alloc)
+        for image in images:
+            if image is not None:
+                image.record_stream(consumer)  # freed: reused only once `consumer` is past it
+        return images
+
+    def _decode(self, data: list[torch.Tensor]) -> list[torch.Tensor | None]:
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one broken file fails the whole batch: decode it image by image
