@@ -96,6 +96,11 @@ class Elastic:
         self.every = every
         self.device = next(model.module.parameters()).device
         self.cuda = self.device.type == "cuda"
+        # Each world ddptui forms is formed as the script formed its first, as its joiners
+        # do: NCCL made eagerly (init_process_group(device_id=...)) or at its first use. A
+        # survivor made eagerly waits in its init for a joiner that waits in new_group for it.
+        default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        self.eager = getattr(default, "bound_device_id", None) is not None
         self.points: Snapshots | None = None
         self.order: dict | None = None  # a recover order, carried out at the next safe point
         model.before_forward = self._before_forward
@@ -296,7 +301,8 @@ class Elastic:
         """Form the order's world; returns the gloo group that orders are agreed in."""
         members = order["members"]
         rank, size = members.index(self.run.slot), len(members)
-        group, self.run._mailbox.world_sockets = world.form(rank, size, self.device, order["init"])
+        group, self.run._mailbox.world_sockets = world.form(rank, size, self.device,
+                                                            order["init"], self.eager)
         return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:

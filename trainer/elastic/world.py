@@ -27,17 +27,20 @@ if TYPE_CHECKING:
     from trainer.rank import Rank
 
 
-def form(rank: int, world_size: int, device: torch.device, init_method: str):
+def form(rank: int, world_size: int, device: torch.device, init_method: str,
+         eager: bool = True):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
-    connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py)."""
+    connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
+    `eager`: NCCL's communicator is made now, which blocks until every member makes its own;
+    every member must choose alike (a script's joiner forms its world as the script does)."""
     kw = dict(init_method=init_method, rank=rank, world_size=world_size)
     if rank != 0:
         await_store(init_method)
     before = open_sockets()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, **kw)
+        dist.init_process_group("nccl", device_id=device if eager else None, **kw)
     else:
         dist.init_process_group("gloo", **kw)
     group = dist.new_group(backend="gloo")

@@ -1,0 +1,148 @@
+"""Ranks killed with SIGKILL at chosen moments, on the built-in loop and on a run.elastic()
+script: how long the others take to form the smaller world, and how long a killed rank takes
+to join again once its standby is warm. One run each, driven as the s/r/k keys drive it.
+
+python bench/faults.py builtin --gpus 0,1 --cycles 10   # resnet18, synthetic data
+python bench/faults.py script --gpus 0,1 --cycles 10    # examples/elastic_ddp.py
+Each cycle: rank 1 joins again (r), then after DELAY s (0, 0.2, 0.5, 1, 2 in turn) it is
+killed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
+ends the bench with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+
+from ddptui.cli import resolve_devices
+from trainer.protocol.events import read_events
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0)
+
+
+def start(kind: str, gpus: str, log: str):
+    where = ["--gpus", gpus] if gpus != "cpu" else ["--cpus", "2"]
+    if kind == "builtin":
+        from ddptui.run.supervisor import Supervisor
+        from trainer.options import Parser
+        from trainer.parse import add_training_options, config_from_args
+
+        parser = Parser()
+        add_training_options(parser)
+        args = parser.parse_args(["resnet18", "--data", "synthetic", "--amp", "bf16",
+                                  "--channels-last", "--batch-size", "256", "--epochs", "1000"]
+                                 if gpus != "cpu" else ["resnet18", "--data", "synthetic",
+                                                        "--image-size", "32", "--epochs", "1000"])
+        devices = resolve_devices(gpus, None) if gpus != "cpu" else resolve_devices(None, 2)
+        return Supervisor(config_from_args(args, gpus=devices[0], cpus=devices[1]), log)
+    import dataclasses
+
+    from ddptui.script.options import parse_script_args
+    from ddptui.script.run import ScriptRun
+
+    config = parse_script_args([os.path.join(ROOT, "examples", "elastic_ddp.py"), *where,
+                                "--log", log, "--", "--epochs", "300", "--samples",
+                                "40000", "--batch-size", "64", "--image-size", "64",
+                                "--workers", "2"], resolve_devices)
+    return ScriptRun(dataclasses.replace(config, headless=True))
+
+
+def worlds(log: str) -> list[dict]:
+    return [e for e in read_events(log) if e["kind"] == "world" and e["rank"] >= 0]
+
+
+def wait(run, predicate, what: str, timeout: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout or run.done.is_set():
+            print_stacks(run)
+            raise SystemExit(f"faults bench: {what} not seen within {timeout:.0f} s")
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def print_stacks(run) -> None:
+    """Where every live rank is, for a cycle that did not recover."""
+    if hasattr(run, "slots"):
+        ranks = [(r.process.pid, r.stacks_path, signal.SIGUSR1) for r in run.pool.procs if r.alive]
+    else:
+        ranks = [(r.pid, r.stacks_path, run.config.stacks_signal) for r in run.group.alive()]
+    for pid, path, sig in ranks:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+    time.sleep(2)
+    for pid, path, _ in ranks:
+        text = open(path).read() if os.path.exists(path) else "(no stacks)"
+        print(f"== {pid} {path}\n{text[-2500:]}", flush=True)
+
+
+def pid_of(run, slot: int) -> int:
+    if hasattr(run, "slots"):
+        return run.slots[slot].process.pid
+    (r,) = [r for r in run.group.alive() if r.slot == slot and not run.world.is_standby(r.slot, r.pid)]
+    return r.pid
+
+
+def ready_t(log: str, slot: int, after: float) -> float | None:
+    """When the slot's standby said it was warm, after `after`."""
+    return next((e["t"] for e in read_events(log) if e["kind"] == "rank" and e["rank"] == slot
+                 and e.get("standby") == "ready" and e["t"] > after), None)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=("builtin", "script"))
+    p.add_argument("--gpus", default="0,1", help="GPU indices, or cpu (2 CPU ranks, to try it)")
+    p.add_argument("--cycles", type=int, default=10)
+    p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults.json"))
+    args = p.parse_args()
+    log = f"/tmp/faults-{args.kind}.jsonl"
+    if os.path.exists(log):
+        os.remove(log)
+    run = start(args.kind, args.gpus, log)
+    run.start()
+    wait(run, lambda: any(e["kind"] == "step" for e in read_events(log)), "the first step", 300)
+    time.sleep(5)
+    rows = []
+    killed = time.time()
+    os.kill(pid_of(run, 1), signal.SIGKILL)  # the first kill: mid-step
+    wait(run, lambda: len(worlds(log)) >= 1, "the world of 1")
+    for cycle in range(args.cycles):
+        delay = DELAYS[cycle % len(DELAYS)]
+        seen, asked = len(worlds(log)), time.time()
+        run.restart_rank(1)  # it joins as soon as its standby is warm
+        wait(run, lambda: any(w["size"] == 2 for w in worlds(log)[seen:]), "the world of 2", 180)
+        formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
+        time.sleep(delay)
+        seen = len(worlds(log))
+        warm = ready_t(log, 1, killed) or asked  # the standby started at the last kill
+        killed = time.time()
+        os.kill(pid_of(run, 1), signal.SIGKILL)
+        recovered = wait(run, lambda: len(worlds(log)) > seen, "the world of 1 again")
+        rows.append({"cycle": cycle, "delay": delay,
+                     "join_s": round(formed - max(warm, asked), 2),
+                     "recover_s": round(recovered, 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    run.stop()
+    code = run.wait(60)
+    with open(args.out, "a") as f:
+        f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
+                            "exit": code}) + "\n")
+    join, rec = [r["join_s"] for r in rows], [r["recover_s"] for r in rows]
+    print(f"\n| run | cycles | join: median, max (s) | recovery after the kill: median, max (s) |")
+    print("|---|---|---|---|")
+    print(f"| {args.kind} | {len(rows)} | {statistics.median(join):.2f}, {max(join):.2f} | "
+          f"{statistics.median(rec):.2f}, {max(rec):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
