@@ -73,7 +73,7 @@ def print_stacks(run) -> None:
         ranks = [(r.process.pid, r.stacks_path, signal.SIGUSR1) for r in run.pool.procs if r.alive]
     else:
         ranks = [(r.pid, r.stacks_path, run.config.stacks_signal) for r in run.group.alive()]
-    for pid, path, sig in ranks:
+    for pid, _path, sig in ranks:
         try:
             os.kill(pid, sig)
         except OSError:
@@ -119,14 +119,15 @@ def main() -> int:
         delay = DELAYS[cycle % len(DELAYS)]
         seen, asked = len(worlds(log)), time.time()
         run.restart_rank(1)  # it joins as soon as its standby is warm
-        wait(run, lambda: any(w["size"] == 2 for w in worlds(log)[seen:]), "the world of 2", 180)
+        wait(run, lambda seen=seen: any(w["size"] == 2 for w in worlds(log)[seen:]),
+             "the world of 2", 180)
         formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
         time.sleep(delay)
         seen = len(worlds(log))
         warm = ready_t(log, 1, killed) or asked  # the standby started at the last kill
         killed = time.time()
         os.kill(pid_of(run, 1), signal.SIGKILL)
-        recovered = wait(run, lambda: len(worlds(log)) > seen, "the world of 1 again")
+        recovered = wait(run, lambda seen=seen: len(worlds(log)) > seen, "the world of 1 again")
         rows.append({"cycle": cycle, "delay": delay,
                      "join_s": round(formed - max(warm, asked), 2),
                      "recover_s": round(recovered, 2)})
@@ -137,7 +138,7 @@ def main() -> int:
         f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
                             "exit": code}) + "\n")
     join, rec = [r["join_s"] for r in rows], [r["recover_s"] for r in rows]
-    print(f"\n| run | cycles | join: median, max (s) | recovery after the kill: median, max (s) |")
+    print("\n| run | cycles | join: median, max (s) | recovery after the kill: median, max (s) |")
     print("|---|---|---|---|")
     print(f"| {args.kind} | {len(rows)} | {statistics.median(join):.2f}, {max(join):.2f} | "
           f"{statistics.median(rec):.2f}, {max(rec):.2f} |")

@@ -96,11 +96,7 @@ class Elastic:
         self.every = every
         self.device = next(model.module.parameters()).device
         self.cuda = self.device.type == "cuda"
-        # Each world ddptui forms is formed as the script formed its first, as its joiners
-        # do: NCCL made eagerly (init_process_group(device_id=...)) or at its first use. A
-        # survivor made eagerly waits in its init for a joiner that waits in new_group for it.
-        default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-        self.eager = getattr(default, "bound_device_id", None) is not None
+        self.eager = world.made_eagerly()  # each world is formed as the script formed its first
         self.points: Snapshots | None = None
         self.order: dict | None = None  # a recover order, carried out at the next safe point
         model.before_forward = self._before_forward
@@ -188,21 +184,14 @@ class Elastic:
         if order.get("op") == "recover":
             if self.points is not None:
                 self.points.mark_lost()
-            if self.cuda:  # NCCL's collectives waiting on the dead peer return
+            if self.cuda:
                 world.abort(self._warn)
 
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
         point), None when the error is the script's own."""
-        # Collective failures are RuntimeErrors; once the world is aborted, any error may be.
-        if isinstance(error, torch.OutOfMemoryError) or not (
-                isinstance(error, RuntimeError) or self.run._mailbox.has_urgent):
-            return None
-        order = self.run._mailbox.wait_urgent(RECOVER_WAIT_S)
-        if order is None or order.get("op") != "recover":
-            return None
-        self.order = order
-        return order
+        self.order = self.run._mailbox.recover_order(error, RECOVER_WAIT_S)
+        return self.order
 
     def check_lost(self) -> None:
         """At a step's end: a peer died while this rank's step went through (raised, so that
@@ -299,8 +288,7 @@ class Elastic:
 
     def _enter(self, order: dict):
         """Form the order's world; returns the gloo group that orders are agreed in."""
-        members = order["members"]
-        rank, size = members.index(self.run.slot), len(members)
+        rank, size = order["members"].index(self.run.slot), len(order["members"])
         group, self.run._mailbox.world_sockets = world.form(rank, size, self.device,
                                                             order["init"], self.eager)
         return rank, size, group

@@ -60,12 +60,8 @@ def run_epochs(p: Parts) -> bool:
 def await_recover(p: Parts, error: Exception) -> dict:
     """A collective failed: if a peer died, the supervisor's recover order arrives; otherwise
     (or without a supervisor) the error is ours and is raised again."""
-    # Collective failures (DistError, WorldLost) are RuntimeErrors; an OOM is this rank's own.
-    if p.snapshots is None or isinstance(error, torch.OutOfMemoryError) or \
-            not (isinstance(error, RuntimeError) or p.mailbox.has_urgent):
-        raise error
-    order = p.mailbox.wait_urgent(RECOVER_WAIT_S)
-    if order is None or order.get("op") != "recover":
+    order = p.mailbox.recover_order(error, RECOVER_WAIT_S) if p.snapshots is not None else None
+    if order is None:
         raise error
     return order
 

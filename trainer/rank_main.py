@@ -168,7 +168,8 @@ def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised
         else:
             p.ddp = world.wrap(p.model, me, p.config.devices.strategy)
             p.control = Control(p.mailbox, me.rank, control_group)
-            p.mailbox.world_sockets = sockets
+            if p.mailbox is not None:  # no supervisor (torchrun, srun): nobody orders a recovery
+                p.mailbox.world_sockets = sockets
             describe_start(p)
         if run_epochs(p):
             me.say("training done")

@@ -13,6 +13,9 @@ from multiprocessing.connection import Connection, Listener
 from trainer.protocol.channel import MessageTooLong, handshake, receive, send
 
 
+TAKES_OVER = ("standby", "running", "restarting")  # rank states a process announces itself in
+
+
 class ReportListener:
     """start() accepts on a thread; record(ev) is called from the connections' threads."""
 
@@ -101,7 +104,13 @@ class ReportListener:
                     continue  # malformed: dropped, the dashboard goes on
                 ranks.add(ev["rank"])
                 with self._lock:
-                    self._conns.setdefault(ev["rank"], conn)
+                    # A process that announces itself for a rank takes its orders from now
+                    # on: a standby for rank 1 says it is warm while the rank 1 that left may
+                    # still be connected, and the join order must reach the standby.
+                    if ev["kind"] == "rank" and ev.get("state") in TAKES_OVER:
+                        self._conns[ev["rank"]] = conn
+                    else:
+                        self._conns.setdefault(ev["rank"], conn)
                     self._alone = self._alone or bool(ev.get("alone"))
                 self.record(ev)
         except MessageTooLong:

@@ -74,6 +74,17 @@ class Mailbox:
         for cmd in cmds + rest:
             self.commands.put(cmd)
 
+    def recover_order(self, error: BaseException, timeout: float) -> dict | None:
+        """After a step failed: the supervisor's recover order if a peer died (it comes within
+        `timeout`), None if the error is this rank's own. Collective failures (DistError,
+        WorldLost) are RuntimeErrors, an OOM is this rank's own; once a recover order is in,
+        any error may come of the aborted world."""
+        if isinstance(error, torch.OutOfMemoryError) or not (
+                isinstance(error, RuntimeError) or self.has_urgent):
+            return None
+        order = self.wait_urgent(timeout)
+        return order if order is not None and order.get("op") == "recover" else None
+
     def wait_urgent(self, timeout: float | None) -> dict | None:
         """The next urgent order (None on timeout or when the supervisor has gone)."""
         try:

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from trainer.elastic.control import Control
-from trainer.elastic.sockets import Sockets, open_sockets
 from trainer.elastic.snapshot import agree, state_tensors
+from trainer.elastic.sockets import Sockets, open_sockets
 
 if TYPE_CHECKING:
     from trainer.parts import Parts
@@ -72,6 +72,15 @@ def preload_nccl(device: torch.device) -> None:
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
                             device_id=device)
     dist.destroy_process_group()
+
+
+def made_eagerly() -> bool:
+    """Whether the current world's NCCL communicator was made at its init (device_id given)
+    rather than at its first use. A script's joiner forms its world as the script does, so each
+    world ddptui forms for the script's survivors is formed alike: an eager survivor waited in
+    its init for a joiner that waited for it in new_group."""
+    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    return getattr(default, "bound_device_id", None) is not None
 
 
 class Forming:
