@@ -12,7 +12,6 @@ from multiprocessing.connection import Connection, Listener
 
 from trainer.protocol.channel import MessageTooLong, handshake, receive, send
 
-
 TAKES_OVER = ("standby", "running", "restarting")  # rank states a process announces itself in
 
 
