@@ -281,3 +281,27 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
         loaders.close()
     wait_gone(left)
     assert not workers()
+
+
+def test_cutting_a_worlds_connections_wakes_what_waits_on_them_and_spares_listeners():
+    """The sockets opened while a world formed are cut on a recover order: a thread blocked
+    reading one wakes at once (as gloo's would), a listening socket and a Unix socket stay."""
+    from trainer.elastic.sockets import open_sockets, sever
+
+    before = open_sockets()
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    unix_a, unix_b = socket.socketpair()
+    world = open_sockets() - before
+    got = []
+    reader = threading.Thread(target=lambda: got.append(server.recv(10)), daemon=True)
+    reader.start()
+    assert sever(world) == 2  # the connection's two ends; not the listener, not the Unix pair
+    reader.join(10)
+    assert got == [b""]
+    unix_a.send(b"x")
+    assert unix_b.recv(1) == b"x"
+    assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    for s in (listener, client, server, unix_a, unix_b):
+        s.close()

@@ -35,10 +35,11 @@ def sever(sockets: Sockets) -> int:
             if os.readlink(f"/proc/self/fd/{fd}") != inode:
                 continue
             with socket.socket(fileno=os.dup(fd)) as s:  # the connection, not just this fd
-                # A connection only: shut, a listening socket fails gloo's or the store's
-                # accepting thread, which ends the process.
-                if s.type != socket.SOCK_STREAM or s.getsockopt(socket.SOL_SOCKET,
-                                                                socket.SO_ACCEPTCONN):
+                # A TCP connection only: shut, a listening socket fails gloo's or the store's
+                # accepting thread, which ends the process; a Unix socket made meanwhile by
+                # another thread (a pipe to a worker) is no part of the world.
+                if s.family not in (socket.AF_INET, socket.AF_INET6) or \
+                        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                     continue
                 s.shutdown(socket.SHUT_RDWR)
             cut += 1
