@@ -349,6 +349,9 @@ def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
     assert crash_cause(-11, ["CUDA error: an illegal memory access was encountered"]) == \
         "killed by SIGSEGV: CUDA error: an illegal memory access was encountered"
     assert crash_cause(-6, ["nothing said"]) == "killed by SIGABRT"
+    assert crash_cause(-6, ["RuntimeError: rank 1 gave up at epoch 1",
+                            "terminate called without an active exception"]) == \
+        "killed by SIGABRT: RuntimeError: rank 1 gave up at epoch 1"
     assert crash_cause(1, ["ValueError: bad"]) == "ValueError: bad"
 
 

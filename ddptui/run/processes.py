@@ -178,12 +178,14 @@ def ended_how(code: int | None) -> str:
 SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 _DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
                            r"illegal (?:memory access|address|instruction)|NCCL error", re.I)
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 
 
 def crash_cause(code: int | None, lines: list[str]) -> str:
     """Why a process died, for the user: its signal when one ended it (what it printed last
     is then no cause: a warning, a worker's broken pipe), with the CUDA error or device assert
-    it printed where it crashed itself; else its exception's line."""
+    it printed where it crashed itself (else the Python exception it printed last: gloo aborts
+    some processes at exit); else its exception's line."""
     if code is None or code >= 0:
         return lines[-1] if lines else ended_how(code)
     how = ended_how(code)
@@ -191,7 +193,8 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
         return how
     found = [line.strip() for line in lines if _DEVICE_ERROR.search(line)]
     asserts = [line for line in found if "Assertion" in line]
-    cause = (asserts or found or [None])[0]  # the first assert: 1,000 identical ones follow
+    raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+    cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
     if cause is None:
         return how
     return f"{how}: {os.path.basename(cause)[:240] if cause.startswith('/') else cause[:240]}"
