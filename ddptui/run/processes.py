@@ -178,6 +178,7 @@ def ended_how(code: int | None) -> str:
 SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 _DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
                            r"illegal (?:memory access|address|instruction)|NCCL error", re.I)
+_SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 
 
@@ -197,7 +198,7 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
     cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
     if cause is None:
         return how
-    return f"{how}: {os.path.basename(cause)[:240] if cause.startswith('/') else cause[:240]}"
+    return f"{how}: {_SOURCE_FOLDERS.sub('', cause)[:240]}"
 
 
 def tail_lines(path: str, size: int = 1 << 16) -> list[str]:

@@ -284,7 +284,12 @@ class ScriptRun(OwnedRun):
             self._restart = True
             self.say(f"{self.failure[1]}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
-        self.group.end_within(signal.SIGTERM, self.config.grace, set(self.watch.flags))
+        self._end_within(signal.SIGTERM)
+
+    def _end_within(self, sig: int | None) -> None:
+        """End the group as torchrun does (`sig` now, SIGKILL after --grace), but the ranks
+        flagged stalled or waiting, which cannot end by themselves, after HUNG_GRACE_S."""
+        self.group.end_within(sig, self.config.grace, set(self.watch.flags))
 
     def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
         self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
@@ -328,7 +333,7 @@ class ScriptRun(OwnedRun):
         for r in self.group.alive():
             if r.slot == cmd.get("kill"):
                 os.killpg(r.pid, signal.SIGKILL)
-        self.group.end_within(signal.SIGTERM, self.config.grace, set(self.watch.flags))
+        self._end_within(signal.SIGTERM)
 
     def _restart_rank(self, cmd: dict) -> None:
         if self.stopping is None:
@@ -357,11 +362,11 @@ class ScriptRun(OwnedRun):
         if "stop" in self.controls and self._link.order({"op": "stop"}):
             self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
                      + then)
-            self.group.end_within(None, self.config.grace, hung)
+            self._end_within(None)
             return
         sig = signal.SIGINT if code == EXIT_INTERRUPTED else signal.SIGTERM
         self.say(f"stopping: {signal.Signals(sig).name} to every rank, {then}")
-        self.group.end_within(sig, self.config.grace, hung)
+        self._end_within(sig)
 
 
 def _with_death(r: ScriptRank, text: str) -> str:
