@@ -361,7 +361,7 @@ class Run:
         self.figures.begin_interval()
 
     def _reform(self, cmd: dict) -> None:
-        if self._elastic is not None:
+        if self._elastic is not None and not self._mailbox.void(cmd):
             self._elastic.reform(cmd)
 
     _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint_asked, "stop": _stop_asked,

@@ -138,11 +138,16 @@ class Elastic:
         return True
 
     def recover_pending(self) -> bool:
-        """A recover order kept from a failed step is carried out here, outside the error's
-        handling (its traceback holds the broken world's sockets, which peers wait on)."""
+        """A recover order kept from a failed step, carried out outside the error's handling
+        (its traceback holds the broken world's sockets); again while members die during it."""
         if self.order is None:
             return False
-        self.recover()
+        while self.order is not None:
+            try:
+                self.recover()
+            except Exception as e:
+                if self.await_recover(e) is None:
+                    raise
         return True
 
     def adopt(self, live) -> None:
@@ -175,8 +180,8 @@ class Elastic:
         first = [i for i, t in enumerate(tensors) if t.data_ptr() in written]
         rest = [i for i, t in enumerate(tensors) if t.data_ptr() not in written]
         where = {old: new for new, old in enumerate(first + rest)}
-        return ([tensors[i].detach() for i in first + rest], _renumber(skeleton, where),
-                len(first))
+        renumbered = _map_slots(skeleton, lambda slot: _Slot(where[slot.index]))
+        return [tensors[i].detach() for i in first + rest], renumbered, len(first)
 
     # -- world changes ---------------------------------------------------------------------------
     def on_urgent(self, order: dict) -> None:
@@ -289,8 +294,8 @@ class Elastic:
     def _enter(self, order: dict):
         """Form the order's world; returns the gloo group that orders are agreed in."""
         rank, size = order["members"].index(self.run.slot), len(order["members"])
-        group, self.run._mailbox.world_sockets = world.form(rank, size, self.device,
-                                                            order["init"], self.eager)
+        group = world.form_ordered(self.run._mailbox, rank, size, self.device, order["init"],
+                                   self.eager)
         return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:
@@ -350,27 +355,19 @@ def _take_out(obj: Any, tensors: list[torch.Tensor]) -> Any:
     return copy.deepcopy(obj)
 
 
-def _renumber(obj: Any, where: dict[int, int]) -> Any:
+def _map_slots(obj: Any, fn: Callable[[_Slot], Any]) -> Any:
+    """`obj` with fn(slot) in each _Slot's place."""
     if isinstance(obj, _Slot):
-        return _Slot(where[obj.index])
+        return fn(obj)
     if isinstance(obj, dict):
-        return type(obj)((k, _renumber(v, where)) for k, v in obj.items())
+        return type(obj)((k, _map_slots(v, fn)) for k, v in obj.items())
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_renumber(v, where) for v in obj)
+        return type(obj)(_map_slots(v, fn) for v in obj)
     return obj
 
 
 def _put_back(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    def fill(obj: Any) -> Any:
-        if isinstance(obj, _Slot):
-            return tensors[obj.index]
-        if isinstance(obj, dict):
-            return type(obj)((k, fill(v)) for k, v in obj.items())
-        if isinstance(obj, (list, tuple)):
-            return type(obj)(fill(v) for v in obj)
-        return obj
-
-    return fill(skeleton)
+    return _map_slots(skeleton, lambda slot: tensors[slot.index])
 
 
 def _alike(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

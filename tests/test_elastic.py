@@ -190,6 +190,62 @@ def test_a_settings_request_lost_with_a_dead_leader_is_asked_again_of_the_next(t
 
 
 @pytest.mark.timeout(300)
+def test_a_member_killed_while_a_standby_joins_is_survived_and_both_join_again(tmp_path,
+                                                                               monkeypatch):
+    """kill -9 of a member, the leader too, as soon as a standby is told to join: the others
+    were forming the world of 3 (rank 0's store waited for the dead one, or the others for rank
+    0's store; the join agreed before the death came back after it). They form the smaller
+    world at once, and the joiner and the killed rank join again from their standbys."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(tmp_path / "served.txt"))
+    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
+    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.01")
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
+                                "tests.helpers.userpkg:recorded", "--batch-size", "4",
+                                "--workers", "0", "--epochs", "500", cpus=3), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+
+    def world_without(slot: int, seen: int) -> None:
+        _wait(lambda: any(slot not in w["ranks"] for w in _worlds(log)[seen:]),
+              f"the world without rank {slot}", timeout=120)
+
+    def rows() -> int:
+        return len([e for e in events(log, "epoch") if e.get("partial")])
+
+    def cycle(joiner: int, victim: int, moment: str) -> None:
+        seen = len(_worlds(log))
+        os.kill(sup.slots[joiner].process.pid, signal.SIGKILL)
+        world_without(joiner, seen)
+        _wait(lambda: _standby(sup, joiner), f"rank {joiner}'s standby", timeout=120)
+        seen, seen_rows = len(_worlds(log)), rows()
+        sup.restart_rank(joiner)
+        if moment == "ordered":
+            _wait(lambda: sup.slots[joiner].state.value == "restarting", "the join ordered")
+        else:
+            _wait(lambda: rows() > seen_rows, "the segment before the join")
+        os.kill(sup.slots[victim].process.pid, signal.SIGKILL)
+        world_without(victim, seen)
+        _wait(lambda: _standby(sup, victim), f"rank {victim}'s standby", timeout=120)
+        seen = len(_worlds(log))
+        sup.restart_rank(victim)
+        _wait(lambda: any(w["size"] == 3 for w in _worlds(log)[seen:]), "the world of 3",
+              timeout=120)
+
+    # Rank 1 dies as soon as the join is ordered, before rank 0 agrees it: the join, dropped,
+    # must not be carried out after the recovery. Rank 0 dies as the join is carried out (the
+    # others form the world of 3 with it).
+    cycle(2, 1, "ordered")
+    cycle(1, 0, "changing")
+    assert not [e for e in events(log, "rank") if e.get("state") == "stalled"]
+    sup.stop()
+    assert sup.wait(60) == 130
+    assert_gone(sup.pids())
+
+
+@pytest.mark.timeout(300)
 def test_a_rank_killed_at_any_moment_of_a_world_change_is_survived(tmp_path, monkeypatch):
     """kill -9 mid-step and 0 to 1 s after a new world formed (DDP's first steps in a world
     broadcast outside backward: a survivor waited there for ever for one that had gone on to

@@ -44,7 +44,7 @@ def run_epochs(p: Parts) -> bool:
             # Out of the except block: the error's traceback held the broken world's sockets
             # open, and a peer still blocked on them would never see this rank leave.
             epoch, old_world = p.sampler.epoch, p.me.world_size
-            redone = world.recover(p, order)
+            redone = recover(p, order)
             report_kept(p, epoch, old_world, redone)
             p.me.say(f"recovered on {count(p.me.world_size, 'rank')}: back to global step "
                      f"{p.state.global_step}, {redone} steps to redo",
@@ -55,6 +55,15 @@ def run_epochs(p: Parts) -> bool:
         if outcome != "next":
             return False
     return True
+
+
+def recover(p: Parts, order: dict) -> int:
+    """world.recover, again from the next order while members die during it."""
+    while True:
+        try:
+            return world.recover(p, order)
+        except Exception as e:
+            order = await_recover(p, e)
 
 
 def await_recover(p: Parts, error: Exception) -> dict:
@@ -196,7 +205,8 @@ def _apply(p: Parts, cmd: dict) -> None:
 
 
 def _reform(p: Parts, cmd: dict) -> None:
-    p.state.reform = cmd
+    if not p.mailbox.void(cmd):
+        p.state.reform = cmd
 
 
 def _settings(p: Parts, cmd: dict) -> None:

@@ -6,15 +6,16 @@ read it one interval later, so control costs no device sync and almost no step t
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 
-from trainer.elastic.sockets import Sockets, sever
+from trainer.elastic.sockets import Sockets, open_sockets, sever
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
@@ -35,6 +36,8 @@ class Mailbox:
         self.has_urgent = False  # read every step: a plain attribute, no lock
         # The connections of the world this rank is in, cut as soon as a peer is known dead.
         self.world_sockets: Sockets = Sockets()
+        self._forming: Sockets | None = None  # while a world forms: the sockets open before
+        self.generation = 0  # the newest recover order's: a change ordered before it is void
         threading.Thread(target=self._read, name="mailbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -53,11 +56,30 @@ class Mailbox:
                 # already been created").
                 self.has_urgent = True
                 if msg["op"] == "recover":
-                    sever(self.world_sockets)
+                    self.generation = max(self.generation, msg.get("gen", 0))
+                    forming = self._forming
+                    sever(self.world_sockets | (open_sockets() - forming if forming is not None
+                                                else Sockets()))
                 self.on_urgent(msg)
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)
+
+    @contextlib.contextmanager
+    def forming(self) -> Iterator[None]:
+        """While this rank forms an ordered world: a recover order (a member died before the
+        world was made) cuts the connections made for it, so that the rank waiting in the
+        store's rendezvous or gloo's connect for the dead one is woken now, not at a timeout."""
+        self._forming = open_sockets()
+        try:
+            yield
+        finally:
+            self._forming = None
+
+    def void(self, order: dict) -> bool:
+        """A world change that a rank's death overtook: the supervisor dropped it (its joiner is
+        killed) and ordered a recovery after it, so carrying it out would wait for ever."""
+        return order.get("gen", 0) < self.generation
 
     def drain(self) -> list[dict]:
         cmds = []

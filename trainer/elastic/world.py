@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.elastic.control import Control
-from trainer.elastic.snapshot import agree, state_tensors
+from trainer.elastic.control import Control, Mailbox
+from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
 
 if TYPE_CHECKING:
@@ -28,15 +28,16 @@ if TYPE_CHECKING:
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,
-         eager: bool = True):
+         eager: bool = True, give_up: Callable[[], bool] = lambda: False):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
     `eager`: NCCL's communicator is made now, which blocks until every member makes its own;
-    every member must choose alike (a script's joiner forms its world as the script does)."""
+    every member must choose alike (a script's joiner forms its world as the script does).
+    `give_up`: rank 0 may have died before its store listened (then ddptui orders a recovery)."""
     kw = dict(init_method=init_method, rank=rank, world_size=world_size)
     if rank != 0:
-        await_store(init_method)
+        await_store(init_method, give_up)
     before = open_sockets()
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -47,7 +48,20 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
-def await_store(init_method: str, patience: float = 60.0) -> None:
+def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.device,
+                 init_method: str, eager: bool = True):
+    """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
+    error of a cut connection) at once, and its recover order follows."""
+    with mailbox.forming():
+        lost = lambda: mailbox.has_urgent  # noqa: E731
+        if lost():
+            raise WorldLost("a peer died before the world formed")
+        group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager, lost)
+    return group
+
+
+def await_store(init_method: str, give_up: Callable[[], bool] = lambda: False,
+                patience: float = 60.0) -> None:
     """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
     tries again only after a back-off: rank 0 entering 50 ms after the others formed the group
     0.6 s later, 0.02 s with this wait (gloo, CPU machine). Joins on 2 x H200 lost 0.1-0.9 s
@@ -58,6 +72,8 @@ def await_store(init_method: str, patience: float = 60.0) -> None:
         return
     deadline = time.monotonic() + patience
     while time.monotonic() < deadline:
+        if give_up():
+            raise WorldLost("a peer died before the world formed")
         try:
             socket.create_connection((url.hostname, url.port), timeout=1).close()
             return
@@ -181,7 +197,7 @@ def recover(p: Parts, order: dict) -> int:
     """After a peer died: re-form from the survivors and roll back to the newest point they all
     hold and know to be good; returns the number of steps that will be redone."""
     p.me.pulse.phase = "world"
-    p.ddp = p.control = None
+    p.ddp = p.control = p.state.reform = None  # a change agreed before the death is void
     dismantle(lambda text: p.me.say(text, "warning"), collect=True)
     p.state.mark("close")
     old_world = p.me.world_size
@@ -203,8 +219,7 @@ def enter(p: Parts, order: dict):
     """Take this rank's place in the order's world and form it; returns the control group."""
     members = order["members"]
     p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    group, p.mailbox.world_sockets = form(p.me.rank, p.me.world_size, p.me.device, order["init"])
-    return group
+    return form_ordered(p.mailbox, p.me.rank, p.me.world_size, p.me.device, order["init"])
 
 
 def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:
