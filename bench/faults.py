@@ -4,8 +4,9 @@ to join again once its standby is warm. One run each, driven as the s/r/k keys d
 
 python bench/faults.py builtin --gpus 0,1 --cycles 10   # resnet18, synthetic data
 python bench/faults.py script --gpus 0,1 --cycles 10    # examples/elastic_ddp.py
-Each cycle: rank 1 joins again (r), then after DELAY s (0, 0.2, 0.5, 1, 2 in turn) it is
-killed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
+Each cycle: rank 1 joins again (r) and is killed at the cycle's moment, in turn: while it joins
+(0, 0.15 or 0.3 s after its join was ordered) or 0, 0.2, 0.5, 1 or 2 s after the world of 2
+formed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
 ends the bench with a non-zero exit.
 """
 
@@ -23,7 +24,8 @@ from ddptui.cli import resolve_devices
 from trainer.protocol.events import read_events
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DELAYS = (0.0, 0.2, 0.5, 1.0, 2.0)
+MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join", 0.3),
+           ("world", 0.5), ("world", 1.0), ("world", 2.0))
 
 
 def start(kind: str, gpus: str, log: str):
@@ -87,14 +89,19 @@ def print_stacks(run) -> None:
 def pid_of(run, slot: int) -> int:
     if hasattr(run, "slots"):
         return run.slots[slot].process.pid
-    (r,) = [r for r in run.group.alive() if r.slot == slot and not run.world.is_standby(r.slot, r.pid)]
-    return r.pid
+    return [r for r in run.group.alive() if r.slot == slot][-1].pid  # the newest: no standby then
 
 
 def ready_t(log: str, slot: int, after: float) -> float | None:
     """When the slot's standby said it was warm, after `after`."""
     return next((e["t"] for e in read_events(log) if e["kind"] == "rank" and e["rank"] == slot
                  and e.get("standby") == "ready" and e["t"] > after), None)
+
+
+def joining_t(log: str, slot: int, after: float) -> float | None:
+    """When the slot was told to join (it is restarting), after `after`."""
+    return next((e["t"] for e in read_events(log) if e["kind"] == "rank" and e["rank"] == slot
+                 and e.get("state") == "restarting" and e["t"] > after), None)
 
 
 def main() -> int:
@@ -116,20 +123,25 @@ def main() -> int:
     os.kill(pid_of(run, 1), signal.SIGKILL)  # the first kill: mid-step
     wait(run, lambda: len(worlds(log)) >= 1, "the world of 1")
     for cycle in range(args.cycles):
-        delay = DELAYS[cycle % len(DELAYS)]
+        after, delay = MOMENTS[cycle % len(MOMENTS)]
         seen, asked = len(worlds(log)), time.time()
         run.restart_rank(1)  # it joins as soon as its standby is warm
-        wait(run, lambda seen=seen: any(w["size"] == 2 for w in worlds(log)[seen:]),
-             "the world of 2", 180)
-        formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
+        if after == "join":
+            wait(run, lambda asked=asked: joining_t(log, 1, asked), "the join ordered", 180)
+            formed = None
+        else:
+            wait(run, lambda seen=seen: any(w["size"] == 2 for w in worlds(log)[seen:]),
+                 "the world of 2", 180)
+            formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
         time.sleep(delay)
         seen = len(worlds(log))
         warm = ready_t(log, 1, killed) or asked  # the standby started at the last kill
         killed = time.time()
         os.kill(pid_of(run, 1), signal.SIGKILL)
-        recovered = wait(run, lambda seen=seen: len(worlds(log)) > seen, "the world of 1 again")
-        rows.append({"cycle": cycle, "delay": delay,
-                     "join_s": round(formed - max(warm, asked), 2),
+        recovered = wait(run, lambda seen=seen: any(w["size"] == 1 for w in worlds(log)[seen:]),
+                         "the world of 1 again")
+        rows.append({"cycle": cycle, "moment": f"{after}+{delay}",
+                     "join_s": None if formed is None else round(formed - max(warm, asked), 2),
                      "recover_s": round(recovered, 2)})
         print(json.dumps(rows[-1]), flush=True)
     run.stop()
@@ -137,11 +149,12 @@ def main() -> int:
     with open(args.out, "a") as f:
         f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
                             "exit": code}) + "\n")
-    join, rec = [r["join_s"] for r in rows], [r["recover_s"] for r in rows]
-    print("\n| run | cycles | join: median, max (s) | recovery after the kill: median, max (s) |")
+    join = [r["join_s"] for r in rows if r["join_s"] is not None]
+    rec = [r["recover_s"] for r in rows]
+    print("\n| run | kills survived | join: median, max (s) | recovery: median, max (s) |")
     print("|---|---|---|---|")
-    print(f"| {args.kind} | {len(rows)} | {statistics.median(join):.2f}, {max(join):.2f} | "
-          f"{statistics.median(rec):.2f}, {max(rec):.2f} |")
+    print(f"| {args.kind} | {len(rows)} of {len(rows)} | {statistics.median(join):.2f}, "
+          f"{max(join):.2f} | {statistics.median(rec):.2f}, {max(rec):.2f} |")
     return 0
 
 

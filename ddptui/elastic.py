@@ -75,15 +75,10 @@ class ElasticRun(Protocol):
     _loaders: list
 
     def _take_orders(self) -> None: ...
-
     def _enter_world(self, rank: int, world_size: int, group) -> None: ...
-
     def _position(self) -> dict: ...
-
     def _close(self) -> None: ...
-
     def _leave(self, reason: str) -> NoReturn: ...
-
     def _say(self, text: str, level: str = "info", **fields) -> None: ...
 
 
@@ -115,6 +110,8 @@ class Elastic:
     def start(self, joining: dict | None) -> None:
         """Orders that cannot wait reach on_urgent; a standby's script joins its world now."""
         self.run._mailbox.on_urgent = self.on_urgent
+        if self.cuda:  # NCCL's collectives waiting on a dead peer return
+            self.run._mailbox.abort = lambda: world.abort(self._warn)
         if joining is not None:
             self.join(joining)
         for live in self.run._loaders:
@@ -158,8 +155,17 @@ class Elastic:
         resume = self.run._resume
         if resume is not None and len(resume["consumed"]) > len(self.run._loaders):
             live.resume_at = resume["consumed"][len(self.run._loaders)]
-        live.on_epoch = lambda: self.take(self.run.global_step, self.run._position())
+        live.on_epoch = self._epoch_start
         live.on_next = self.recover_pending
+
+    def _epoch_start(self) -> None:
+        """A point good at once where an epoch starts (one host sync an epoch: its last step is
+        done here, not cut short by an abort): survivors of a death in the epoch's first steps
+        could otherwise go back only into the last epoch, which your loop cannot redo."""
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
+        if not self.run._mailbox.has_urgent:
+            self.take(self.run.global_step, self.run._position(), agreed=True)
 
     def _before_forward(self) -> None:
         """A point still being copied out: the forward waits for it on the device (the buffers
@@ -186,11 +192,8 @@ class Elastic:
     # -- world changes ---------------------------------------------------------------------------
     def on_urgent(self, order: dict) -> None:
         """On the mailbox thread, as soon as ddptui says a peer died."""
-        if order.get("op") == "recover":
-            if self.points is not None:
-                self.points.mark_lost()
-            if self.cuda:
-                world.abort(self._warn)
+        if order.get("op") == "recover" and self.points is not None:
+            self.points.mark_lost()
 
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
@@ -330,8 +333,10 @@ def await_join(run: ElasticRun) -> dict:
     members = order["members"]
     run.rank, run.world_size = members.index(run.slot), len(members)
     url = urllib.parse.urlsplit(order["init"])
+    # Non-blocking NCCL: the communicator the script makes lazily can be aborted (world.py).
     os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
-                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port))
+                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
+                      TORCH_NCCL_USE_COMM_NONBLOCKING="1")
     run.reporter.emit("rank", state="restarting", pid=os.getpid())
     return order
 

@@ -158,19 +158,48 @@ def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_retur
     seen_during_abort = []
     aborting, release = threading.Event(), threading.Event()
 
-    def on_urgent(order: dict) -> None:
+    def abort() -> None:
         aborting.set()
         release.wait(30)
         seen_during_abort.append((box.has_urgent, box.urgent.empty()))
 
     ours, supervisor = multiprocessing.Pipe()
-    box = Mailbox(ours, on_urgent)
+    box = Mailbox(ours)
+    box.abort = abort
     supervisor.send({"op": "recover", "gen": 3})
     assert aborting.wait(30)
     assert box.wait_urgent(0.2) is None  # not visible while the abort runs
     release.set()
     assert box.wait_urgent(30) == {"op": "recover", "gen": 3}
     assert seen_during_abort == [(True, True)]
+
+
+def test_a_recover_order_while_a_world_forms_cuts_its_store_connections_and_aborts_nothing():
+    """A member died before the new world was made: this rank's connections to the world's
+    store are cut (a get waiting there for the dead one wakes), nothing else is, and the half
+    made world is not aborted (the main thread is registering it). A change ordered before the
+    recovery is void; one ordered after it is not."""
+    store, elsewhere = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
+    ours, supervisor = multiprocessing.Pipe()
+    box = Mailbox(ours)
+    aborted = []
+    box.abort = lambda: aborted.append(True)
+    with box.forming(store.getsockname()[1]):
+        client = socket.create_connection(store.getsockname())
+        bystander = socket.create_connection(elsewhere.getsockname())
+        far_end, _ = elsewhere.accept()
+        supervisor.send({"op": "recover", "gen": 5})
+        assert box.wait_urgent(30) == {"op": "recover", "gen": 5}
+        assert client.recv(1) == b""
+        bystander.sendall(b"x")
+        assert far_end.recv(1) == b"x"
+    assert aborted == []
+    supervisor.send({"op": "recover", "gen": 6})
+    assert box.wait_urgent(30) == {"op": "recover", "gen": 6}
+    assert aborted == [True]
+    assert box.void({"op": "reform", "gen": 4}) and not box.void({"op": "reform", "gen": 7})
+    for s in (store, elsewhere, client, bystander, far_end):
+        s.close()
 
 
 def test_a_rank_connects_to_the_store_only_once_it_listens():

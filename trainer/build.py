@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from trainer.checkpoint import Writer, find_resume_state, load_checkpoint
 from trainer.config import RunConfig
+from trainer.elastic import world
 from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from trainer.errors import UsageError
@@ -61,6 +62,8 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
             me, path, saved))
     if inbox is not None:  # live commands (ddptui run or attach)
         p.mailbox = Mailbox(inbox, lambda order: on_urgent(order, p))
+        if me.device.type == "cuda":  # NCCL's collectives waiting on a dead peer return
+            p.mailbox.abort = lambda: world.abort(lambda text: me.say(text, "warning"))
         if supervised and config.checkpoint.snapshot_every:  # recovery needs our supervisor's orders
             p.snapshots = Snapshots(state_tensors(model, optimizer, scaler),
                                     me.device.type == "cuda", buffers=buffer_count(model))

@@ -36,8 +36,11 @@ class Mailbox:
         self.has_urgent = False  # read every step: a plain attribute, no lock
         # The connections of the world this rank is in, cut as soon as a peer is known dead.
         self.world_sockets: Sockets = Sockets()
-        self._forming: Sockets | None = None  # while a world forms: the sockets open before
+        self._forming: tuple[Sockets, int] | None = None  # while a world forms: the sockets
+        # open before, and its store's port
+        self._lock = threading.Lock()  # between has_urgent and _forming
         self.generation = 0  # the newest recover order's: a change ordered before it is void
+        self.abort: Callable[[], None] | None = None  # unblocks NCCL collectives (world.abort)
         threading.Thread(target=self._read, name="mailbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -54,27 +57,35 @@ class Mailbox:
                 # re-form the world while this thread still aborts the old one (the abort's
                 # reset of torch's group registry breaks the new world: "group name has
                 # already been created").
-                self.has_urgent = True
+                with self._lock:
+                    self.has_urgent = True
+                    forming = self._forming
                 if msg["op"] == "recover":
                     self.generation = max(self.generation, msg.get("gen", 0))
-                    forming = self._forming
-                    sever(self.world_sockets | (open_sockets() - forming if forming is not None
-                                                else Sockets()))
+                    sever(self.world_sockets)
+                    if forming is not None:  # its store's clients: the server is not ours to cut
+                        sever(open_sockets() - forming[0], peer_port=forming[1])
                 self.on_urgent(msg)
+                # A world half made is not aborted: the main thread is registering it (an abort
+                # from here then corrupted the heap); its cut connections fail the forming.
+                if msg["op"] == "recover" and self.abort is not None and forming is None:
+                    self.abort()
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)
 
     @contextlib.contextmanager
-    def forming(self) -> Iterator[None]:
+    def forming(self, store_port: int) -> Iterator[None]:
         """While this rank forms an ordered world: a recover order (a member died before the
-        world was made) cuts the connections made for it, so that the rank waiting in the
-        store's rendezvous or gloo's connect for the dead one is woken now, not at a timeout."""
-        self._forming = open_sockets()
+        world was made) cuts its connections to the world's store, so that a rank waiting there
+        for the dead one (its address, NCCL's id) is woken now, not at a timeout."""
+        with self._lock:
+            self._forming = open_sockets(), store_port
         try:
             yield
         finally:
-            self._forming = None
+            with self._lock:
+                self._forming = None
 
     def void(self, order: dict) -> bool:
         """A world change that a rank's death overtook: the supervisor dropped it (its joiner is

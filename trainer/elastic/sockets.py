@@ -27,8 +27,9 @@ def open_sockets() -> Sockets:
     return frozenset(found)
 
 
-def sever(sockets: Sockets) -> int:
-    """Shut down each of `sockets` still open as the same socket; how many were."""
+def sever(sockets: Sockets, peer_port: int | None = None) -> int:
+    """Shut down each of `sockets` still open as the same socket (those connected to
+    `peer_port` only, where given); how many were."""
     cut = 0
     for fd, inode in sockets:
         try:
@@ -39,7 +40,8 @@ def sever(sockets: Sockets) -> int:
                 # accepting thread, which ends the process; a Unix socket made meanwhile by
                 # another thread (a pipe to a worker) is no part of the world.
                 if s.family not in (socket.AF_INET, socket.AF_INET6) or \
-                        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or \
+                        peer_port not in (None, s.getpeername()[1]):
                     continue
                 s.shutdown(socket.SHUT_RDWR)
             cut += 1

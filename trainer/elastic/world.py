@@ -35,28 +35,53 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     `eager`: NCCL's communicator is made now, which blocks until every member makes its own;
     every member must choose alike (a script's joiner forms its world as the script does).
     `give_up`: rank 0 may have died before its store listened (then ddptui orders a recovery)."""
-    kw = dict(init_method=init_method, rank=rank, world_size=world_size)
     if rank != 0:
         await_store(init_method, give_up)
     before = open_sockets()
+    kw = dict(rendezvous(init_method, rank, world_size), rank=rank, world_size=world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device if eager else None, **kw)
+        dist.init_process_group("nccl", device_id=device if eager else None,
+                                pg_options=nonblocking(), **kw)
     else:
         dist.init_process_group("gloo", **kw)
     group = dist.new_group(backend="gloo")
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
+def rendezvous(init_method: str, rank: int, world_size: int) -> dict:
+    """init_process_group's store (a tcp:// address ddptui gave) or init_method (env://). Rank
+    0's store does not wait for the others to connect, as tcp:// makes it: a member's death
+    while the world forms then fails a get on a connection the mailbox cuts (control.py), not
+    the making of the store, whose failure there corrupted the heap (NCCL, 2 x H200)."""
+    url = urllib.parse.urlsplit(init_method)
+    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+        return {"init_method": init_method}
+    store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
+                          timeout=dist.default_pg_timeout, wait_for_workers=False)
+    # The prefix init_method's stores get: a script's joiner forms its world from env://.
+    return {"store": dist.PrefixStore("default_pg", store)}
+
+
+def nonblocking():
+    """NCCL options under which a communicator still being made (its peer died meanwhile) can
+    be aborted: a blocking one waits in ncclCommInitRank for ever, abort or not."""
+    options = dist.ProcessGroupNCCL.Options()
+    options.config.blocking = 0
+    return options
+
+
 def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.device,
                  init_method: str, eager: bool = True):
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
-    with mailbox.forming():
-        lost = lambda: mailbox.has_urgent  # noqa: E731
+    lost = lambda: mailbox.has_urgent  # noqa: E731
+    with mailbox.forming(urllib.parse.urlsplit(init_method).port):
         if lost():
             raise WorldLost("a peer died before the world formed")
         group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager, lost)
+    if lost():  # formed as the order came: not aborted then (control.py), so not usable
+        raise WorldLost("a peer died as the world formed")
     return group
 
 
