@@ -337,6 +337,7 @@ def await_join(run: ElasticRun) -> dict:
     os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
+    world.meet(order["init"], run.rank, run.world_size)  # as the members do in world.form()
     run.reporter.emit("rank", state="restarting", pid=os.getpid())
     return order
 

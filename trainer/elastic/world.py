@@ -22,6 +22,8 @@ from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
 
+ARRIVED = "ddptui/arrived"  # a world's members that came to its store
+
 if TYPE_CHECKING:
     from trainer.parts import Parts
     from trainer.rank import Rank
@@ -35,10 +37,11 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     `eager`: NCCL's communicator is made now, which blocks until every member makes its own;
     every member must choose alike (a script's joiner forms its world as the script does).
     `give_up`: rank 0 may have died before its store listened (then ddptui orders a recovery)."""
-    if rank != 0:
-        await_store(init_method, give_up)
     before = open_sockets()
-    kw = dict(rendezvous(init_method, rank, world_size), rank=rank, world_size=world_size)
+    store = meet(init_method, rank, world_size, give_up)
+    # The prefix init_method's stores get: a script's joiner forms its world from env://.
+    kw = dict(rank=rank, world_size=world_size, **({"init_method": init_method} if store is None
+                                                   else {"store": dist.PrefixStore("default_pg", store)}))
     if device.type == "cuda":
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device if eager else None,
@@ -49,18 +52,25 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
-def rendezvous(init_method: str, rank: int, world_size: int) -> dict:
-    """init_process_group's store (a tcp:// address ddptui gave) or init_method (env://). Rank
-    0's store does not wait for the others to connect, as tcp:// makes it: a member's death
-    while the world forms then fails a get on a connection the mailbox cuts (control.py), not
-    the making of the store, whose failure there corrupted the heap (NCCL, 2 x H200)."""
+def meet(init_method: str, rank: int, world_size: int,
+         give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
+    """The store at a tcp:// address ddptui gave (None for env://, torchrun's), once every
+    member has come to it. Rank 0's does not wait for the others, as tcp://'s does: a member
+    that died before it came is noticed here (`give_up`), not inside torch's constructors,
+    whose failure halfway corrupted the heap or hung their destruction (NCCL, 2 x H200)."""
     url = urllib.parse.urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
-        return {"init_method": init_method}
+        return None
+    if rank != 0:
+        await_store(init_method, give_up)
     store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                           timeout=dist.default_pg_timeout, wait_for_workers=False)
-    # The prefix init_method's stores get: a script's joiner forms its world from env://.
-    return {"store": dist.PrefixStore("default_pg", store)}
+    store.add(ARRIVED, 1)
+    while store.add(ARRIVED, 0) < world_size:
+        if give_up():
+            raise WorldLost("a peer died before the world formed")
+        time.sleep(0.002)
+    return store
 
 
 def nonblocking():
@@ -173,7 +183,11 @@ def dismantle(warn: Callable[[str], None], collect: bool) -> None:
     """Drop the current process group; after an abort it is already gone. Its connections close
     once nothing refers to it: after a peer died, collect=True makes that happen now (the
     mailbox has cut a gloo world's connections already: trainer/elastic/sockets.py). An agreed
-    change leaves nobody blocked, and a full collection costs it 0.1-0.3 s."""
+    change leaves nobody blocked, and a full collection costs it 0.1-0.3 s. A world still here
+    after a death is one that was being formed (the mailbox aborts no such world): on NCCL it
+    is aborted now, as destroying it waits for ever for the dead member's part."""
+    if collect and dist.is_initialized() and dist.get_backend() == "nccl":
+        abort(warn)
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
