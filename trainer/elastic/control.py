@@ -63,7 +63,7 @@ class Mailbox:
                 if msg["op"] == "recover":
                     self.generation = max(self.generation, msg.get("gen", 0))
                     sever(self.world_sockets)
-                    if forming is not None:  # its store's clients: the server is not ours to cut
+                    if forming is not None and forming[1] is not None:
                         sever(open_sockets() - forming[0], peer_port=forming[1])
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
@@ -75,10 +75,11 @@ class Mailbox:
                 self.commands.put(msg)
 
     @contextlib.contextmanager
-    def forming(self, store_port: int) -> Iterator[None]:
+    def forming(self, store_port: int | None) -> Iterator[None]:
         """While this rank forms an ordered world: a recover order (a member died before the
-        world was made) cuts its connections to the world's store, so that a rank waiting there
-        for the dead one (its address, NCCL's id) is woken now, not at a timeout."""
+        world was made) cuts its connections to the world's store at `store_port`, so that a
+        rank waiting there for the dead one (its address, NCCL's id) is woken now, not at a
+        timeout. Not on the store's own rank: its store, failed so, corrupted the heap."""
         with self._lock:
             self._forming = open_sockets(), store_port
         try:
