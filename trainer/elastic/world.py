@@ -23,6 +23,9 @@ from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
 
 ARRIVED = "ddptui/arrived"  # a world's members that came to its store
+# The stores of worlds that failed to form, never freed: freeing a rank 0's store then
+# corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
+ABANDONED: list = []
 
 if TYPE_CHECKING:
     from trainer.parts import Parts
@@ -42,13 +45,17 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     kw = dict(rank=rank, world_size=world_size, **({"init_method": init_method} if store is None
                                                    else {"store": dist.PrefixStore("default_pg", store)}))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device if eager else None,
-                                pg_options=nonblocking(), **kw)
-    else:
-        dist.init_process_group("gloo", **kw)
-    group = dist.new_group(backend="gloo")
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            dist.init_process_group("nccl", device_id=device if eager else None,
+                                    pg_options=nonblocking(), **kw)
+        else:
+            dist.init_process_group("gloo", **kw)
+        group = dist.new_group(backend="gloo")
+    except BaseException:
+        ABANDONED.append(store)
+        raise
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
@@ -65,11 +72,15 @@ def meet(init_method: str, rank: int, world_size: int,
         await_store(init_method, give_up)
     store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                           timeout=dist.default_pg_timeout, wait_for_workers=False)
-    store.add(ARRIVED, 1)
-    while store.add(ARRIVED, 0) < world_size:
-        if give_up():
-            raise WorldLost("a peer died before the world formed")
-        time.sleep(0.002)
+    try:
+        store.add(ARRIVED, 1)
+        while store.add(ARRIVED, 0) < world_size:
+            if give_up():
+                raise WorldLost("a peer died before the world formed")
+            time.sleep(0.002)
+    except BaseException:
+        ABANDONED.append(store)
+        raise
     return store
 
 
