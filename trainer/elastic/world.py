@@ -97,7 +97,7 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
     lost = lambda: mailbox.has_urgent  # noqa: E731
-    with mailbox.forming(urllib.parse.urlsplit(init_method).port if rank else None):
+    with mailbox.forming(urllib.parse.urlsplit(init_method).port):
         if lost():
             raise WorldLost("a peer died before the world formed")
         group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager, lost)
