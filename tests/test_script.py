@@ -84,6 +84,28 @@ def test_each_rank_gets_torchruns_environment_in_its_own_session(env, tmp_path):
     assert len({d["env"]["MASTER_PORT"] for d in ranks}) == 1
 
 
+@pytest.mark.timeout(90)
+def test_a_torchrun_command_line_works_with_ddptui_run_in_place_of_torchrun(env, tmp_path):
+    """`s/torchrun/ddptui run/`: options first, no --, the script's arguments after it (its
+    own --cpus among them), torchrun's --nproc_per_node and --standalone: each rank gets the
+    arguments and the environment torchrun gives it with the same line."""
+    line = ["--nproc_per_node", "2", "--standalone", ENVDUMP, "a", "--cpus", "9"]
+    env = dict(env, CUDA_VISIBLE_DEVICES="")
+    plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", *line], env=env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=80)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    r = ddptui(["run", "--headless", "--log", str(tmp_path / "t.jsonl"), *line], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    theirs = sorted(_json_lines(plain.stdout), key=lambda d: d["env"]["RANK"])
+    ours = [_json_lines((tmp_path / f"t.rank{i}.out").read_text())[0] for i in range(2)]
+    same = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+            "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"]
+    assert [[d["env"][k] for k in same] for d in ours] == \
+        [[d["env"][k] for k in same] for d in theirs]
+    assert [d["argv"] for d in ours] == [d["argv"] for d in theirs] == [["a", "--cpus", "9"]] * 2
+
+
 @pytest.mark.timeout(60)
 def test_a_module_runs_with_dash_m_and_a_sitecustomize_of_the_users_still_runs(env, tmp_path):
     (tmp_path / "mypkg").mkdir()
@@ -232,8 +254,12 @@ def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["run", "nosuch.py"], "no such script: nosuch.py"),
     (["run", "-m", "nosuchpkg.train"], "module not found: nosuchpkg.train"),
-    (["run", LOOPING, "--steps", "3"], "--steps is not a ddptui option: put the script's own "
-                                        "arguments after --"),
+    (["run", "--steps", "3", LOOPING], "--steps is not a ddptui run option (ddptui run --help); "
+                                        "the script's own arguments go after the script"),
+    (["run", "--nnodes", "2", LOOPING], "--nnodes 2: ddptui run is one machine"),
+    (["run", "--tee", "3", LOOPING], "torchrun's --tee is not supported by ddptui run yet"),
+    (["run", "--nproc-per-node", "2", "--cpus", "2", LOOPING], "use one of --nproc-per-node"),
+    (["run", "--nproc_per_node", "two", LOOPING], "bad --nproc-per-node 'two'"),
     (["run", LOOPING, "--metric", "acc=([0-9]"], "bad --metric 'acc=([0-9]'"),
     (["run", LOOPING, "--metric", "acc=[0-9]+"], "needs exactly one (group)"),
     (["run", LOOPING, "--stacks-signal", "SIGKILL"], "cannot carry stacks"),

@@ -1,5 +1,5 @@
-"""The script form of `ddptui run`: `ddptui run train.py [options] -- [script args]` and
-`ddptui run -m pkg.module ...`, told apart from the built-in trainer's `ddptui run MODEL`.
+"""The script form of `ddptui run`: torchrun's command line, `ddptui run [options] train.py
+[script args]` or `-m pkg.module`, told apart from the built-in trainer's `ddptui run MODEL`.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from trainer.options import Parser, add_sections, flags, from_args, option
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
 
-FORMS = """your own script (torchrun's contract, no code change):
-  ddptui run train.py --gpus 0,1 -- --lr 0.1 --epochs 3
-  ddptui run -m mypkg.train --cpus 2 -- --config small.yaml
-  ddptui run train.py --gpus all --metric acc --metric top5=top-5:\\s*([\\d.]+)
+FORMS = """your own script (torchrun's contract and command line, no code change):
+  ddptui run --nproc-per-node 2 --standalone train.py --lr 0.1 --epochs 3
+  ddptui run --cpus 2 -m mypkg.train --config small.yaml
+  ddptui run train.py --gpus 0,1 -- --lr 0.1     (ddptui options after the script, then --)
+  ddptui run --gpus all --metric acc --metric top5=top-5:\\s*([\\d.]+) train.py
   three lines in the script add per-rank loss and samples: see README, "Your own script"
 """
 
@@ -81,34 +82,71 @@ class ScriptConfig:
                                                  else os.path.basename(self.target))
 
 
+# torchrun's options for one node that ddptui does otherwise: read, said, not applied.
+NOT_APPLIED = {
+    "--rdzv-backend": "ddptui makes the ranks' rendezvous itself, on this machine",
+    "--rdzv-endpoint": "ddptui makes the ranks' rendezvous itself, on this machine",
+    "--rdzv-id": "ddptui makes the ranks' rendezvous itself, on this machine",
+    "--rdzv-conf": "ddptui makes the ranks' rendezvous itself, on this machine",
+    "--master-addr": "ddptui sets MASTER_ADDR for the ranks (127.0.0.1)",
+    "--master-port": "ddptui picks a free MASTER_PORT for the ranks",
+    "--monitor-interval": "ddptui watches the ranks twice a second",
+    "--role": "every rank is a trainer here",
+    "--run-path": "the script runs as __main__ in each rank's python, as without it",
+}
+# torchrun's options that ddptui run cannot carry out yet: one line, exit 2.
+NOT_YET = ("--no-python", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
+           "--log-line-prefix-template", "--start-method", "--local-addr", "--node-rank")
+FLAG_ONLY = {"--headless", "--standalone", "--run-path", "-h", "--help"}
+
+
 def is_script_form(argv: list[str]) -> bool:
-    """`run` followed by -m, a .py path, or an existing file (a model name is none of these)."""
+    """`run`, options, then -m, a .py path or an existing file (a model name is none of
+    these), as torchrun's command line has it."""
     if len(argv) < 2 or argv[0] != "run":
         return False
-    first = argv[1]
-    return first in ("-m", "--module") or first.endswith(".py") or os.path.isfile(first)
+    try:
+        _, target, module, _ = _locate(argv[1:])
+    except UsageError:  # a bad option: said by the form it was meant for
+        return any(a in ("-m", "--module") or a.endswith(".py") for a in argv[1:])
+    return module or target.endswith(".py") or os.path.isfile(target)
 
 
 def build_script_parser() -> Parser:
-    p = Parser(prog="ddptui run SCRIPT", formatter_class=argparse.RawDescriptionHelpFormatter,
+    p = Parser(prog="ddptui run", formatter_class=argparse.RawDescriptionHelpFormatter,
+               usage="ddptui run [OPTIONS] SCRIPT.py|-m MODULE [SCRIPT ARGS...]",
                description="Run your own torchrun script, one process per GPU (or CPU rank), "
                "with the environment torchrun --standalone gives it, and watch every rank. "
-               "Options go before --, the script's own arguments after it.", epilog=FORMS)
+               "As with torchrun, options go before the script and what follows it is the "
+               "script's; ddptui options right after the script, up to a --, are read too.",
+               epilog=FORMS)
     add_sections(p, ScriptConfig)
+    torchrun = p.add_argument_group("torchrun's options, same meaning (one machine)")
+    torchrun.add_argument("--nproc-per-node", metavar="N|gpu|auto|cpu",
+                          help="N ranks: GPUs 0..N-1 of CUDA_VISIBLE_DEVICES' list, or N CPU "
+                          "ranks where there is no GPU; gpu or auto: every GPU")
+    torchrun.add_argument("--standalone", action="store_true",
+                          help="accepted: ddptui always runs the rendezvous on this machine")
+    torchrun.add_argument("--nnodes", metavar="1", help="accepted when 1: one machine")
+    for flag, why in NOT_APPLIED.items():
+        torchrun.add_argument(flag, help=f"accepted, not applied: {why}", **(
+            {"action": "store_true"} if flag in FLAG_ONLY else {"metavar": "X"}))
     return p
 
 
 def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
     """argv after `run`; raises UsageError with one line for anything wrong."""
-    module = argv[0] in ("-m", "--module")
-    if module:
-        argv = argv[1:]
-        if not argv or argv[0].startswith("-"):
-            raise UsageError("-m needs a module name: ddptui run -m pkg.train")
-    ours, script_args = _split(argv)
-    args = build_script_parser().parse_args(ours)
-    _check_target(args.target, module)
-    gpus, cpus = resolve_devices(args.gpus, args.cpus)
+    before, target, module, after = _locate(argv)
+    ours, script_args = _split(after)
+    args = build_script_parser().parse_args([*before, *ours, "--", target])
+    for flag, why in NOT_APPLIED.items():
+        if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False):
+            print(f"ddptui: note: {flag} does not apply: {why}", file=sys.stderr)
+    if args.nnodes not in (None, "1", "1:1"):
+        raise UsageError(f"--nnodes {args.nnodes}: ddptui run is one machine; on several, "
+                         "launch with torchrun and watch with ddptui attach (docs/cluster.md)")
+    _check_target(target, module)
+    gpus, cpus = resolve_devices(*_devices(args))
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
         headless=args.headless or not sys.stdout.isatty(),
@@ -116,22 +154,83 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
         stacks_signal=_signal(args.stacks_signal))
 
 
-def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(ddptui's options with the target first, the script's arguments after --)."""
-    if "--" in argv[1:]:
-        i = argv.index("--", 1)
-        ours, theirs = argv[:i], argv[i + 1:]
-    else:
-        ours, theirs = argv, []
-    stray = [a for a in ours[1:] if a.startswith("-") and not _known(a)]
-    if stray:
-        raise UsageError(f"{stray[0]} is not a ddptui option: put the script's own arguments "
-                         f"after --  (ddptui run {ours[0]} [ddptui options] -- {stray[0]} ...)")
-    return ours, theirs
+def _locate(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
+    """(ddptui's options before the script, the script or module, -m given, what follows)."""
+    before: list[str] = []
+    while len(before) < len(argv):
+        a = _dashed(argv[len(before)])
+        i = len(before)
+        if a in ("-m", "--module"):
+            if i + 1 == len(argv) or argv[i + 1].startswith("-"):
+                raise UsageError("-m needs a module name: ddptui run -m pkg.train")
+            return before, argv[i + 1], True, argv[i + 2:]
+        if not a.startswith("-"):
+            return before, a, False, argv[i + 1:]
+        _check_flag(a)
+        before += [a] if "=" in a or a in FLAG_ONLY else [a, *argv[i + 1:i + 2]]
+    raise UsageError("no script given: ddptui run [options] SCRIPT.py|-m MODULE [args]")
+
+
+def _split(after: list[str]) -> tuple[list[str], list[str]]:
+    """What follows the script: ddptui's own options first (the form before torchrun's, with
+    or without --), then the script's arguments, as torchrun passes them."""
+    ours: list[str] = []
+    i = 0
+    while i < len(after) and _known(_dashed(after[i])):
+        a = _dashed(after[i])
+        n = 1 if "=" in a or a in FLAG_ONLY else 2
+        ours += [a, *after[i + 1:i + n]]
+        i += n
+    return ours, after[i + 1:] if after[i:i + 1] == ["--"] else after[i:]
+
+
+def _dashed(arg: str) -> str:
+    """torchrun's underscore spellings (--nproc_per_node) as the dashed ones."""
+    flag, eq, value = arg.partition("=")
+    dashed = flag.replace("_", "-")
+    return dashed + eq + value if flag.startswith("--") and _known(dashed) else arg
+
+
+def _check_flag(flag: str) -> None:
+    name = flag.split("=", 1)[0]
+    if name in NOT_YET:
+        raise UsageError(f"torchrun's {name} is not supported by ddptui run yet (each rank's "
+                         "output is in its .rankN.out file beside the log)")
+    if not _known(name):
+        raise UsageError(f"{name} is not a ddptui run option (ddptui run --help); the "
+                         "script's own arguments go after the script")
 
 
 def _known(flag: str) -> bool:
-    return flag.split("=", 1)[0] in {"-h", "--help", *flags(ScriptConfig)}
+    return flag.split("=", 1)[0] in {"-h", "--help", "--nproc-per-node", "--standalone",
+                                     "--nnodes", *NOT_APPLIED, *flags(ScriptConfig)}
+
+
+def _devices(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """--nproc-per-node in --gpus/--cpus terms."""
+    n = args.nproc_per_node
+    if n is None:
+        return args.gpus, args.cpus
+    if args.gpus is not None or args.cpus is not None:
+        raise UsageError("use one of --nproc-per-node, --gpus or --cpus")
+    if n in ("gpu", "auto"):
+        return "all", None
+    if n == "cpu":
+        return None, os.cpu_count() or 1
+    try:
+        count = positive_int(n)
+    except argparse.ArgumentTypeError:
+        raise UsageError(f"bad --nproc-per-node {n!r}: a number, gpu, auto or cpu") from None
+    from ddptui.run.nvml import gpu_count
+
+    if not gpu_count():
+        return None, count
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    order = list(range(gpu_count())) if visible is None else [
+        int(x) for x in visible.split(",") if x.strip().isdigit()]
+    if count > len(order):
+        raise UsageError(f"--nproc-per-node {count}: this machine shows {len(order)} GPU(s)")
+    return ",".join(str(g) for g in order[:count]), None
 
 
 def _check_target(target: str, module: bool) -> None:
