@@ -33,6 +33,23 @@ def _standby(sup: Supervisor, slot: int) -> bool:
     return sup.slots[slot].state.value == "standby"
 
 
+def _three_ranks_training(tmp_path, monkeypatch) -> tuple[Supervisor, object]:
+    """3 CPU ranks of a tiny model at 0.04 s or more a step (4 samples of 0.01 s), trained
+    long enough for any number of kills, past their first step; and their log."""
+    slow = tmp_path / "slow"
+    slow.touch()
+    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(tmp_path / "served.txt"))
+    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
+    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.01")
+    log = tmp_path / "x.jsonl"
+    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
+                                "tests.helpers.userpkg:recorded", "--batch-size", "4",
+                                "--workers", "0", "--epochs", "500", cpus=3), str(log))
+    sup.start()
+    _wait(lambda: sup.state.first_step_t, "first step")
+    return sup, log
+
+
 @pytest.mark.timeout(240)
 def test_every_sample_once_across_stop_restart_apply_and_crash(tmp_path, monkeypatch):
     record, slow = tmp_path / "served.txt", tmp_path / "slow"
@@ -196,17 +213,7 @@ def test_a_member_killed_while_a_standby_joins_is_survived_and_both_join_again(t
     were forming the world of 3 (rank 0's store waited for the dead one, or the others for rank
     0's store; the join agreed before the death came back after it). They form the smaller
     world at once, and the joiner and the killed rank join again from their standbys."""
-    slow = tmp_path / "slow"
-    slow.touch()
-    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(tmp_path / "served.txt"))
-    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
-    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.01")
-    log = tmp_path / "x.jsonl"
-    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
-                                "tests.helpers.userpkg:recorded", "--batch-size", "4",
-                                "--workers", "0", "--epochs", "500", cpus=3), str(log))
-    sup.start()
-    _wait(lambda: sup.state.first_step_t, "first step")
+    sup, log = _three_ranks_training(tmp_path, monkeypatch)
 
     def world_without(slot: int, seen: int) -> None:
         _wait(lambda: any(slot not in w["ranks"] for w in _worlds(log)[seen:]),
@@ -251,17 +258,7 @@ def test_a_rank_killed_at_any_moment_of_a_world_change_is_survived(tmp_path, mon
     broadcast outside backward: a survivor waited there for ever for one that had gone on to
     the next world), the leader too: each time the others form the smaller world and train on,
     and the killed rank joins again from its standby."""
-    slow = tmp_path / "slow"
-    slow.touch()
-    monkeypatch.setenv("DDPTUI_TEST_RECORD", str(tmp_path / "served.txt"))
-    monkeypatch.setenv("DDPTUI_TEST_SLOW", str(slow))
-    monkeypatch.setenv("DDPTUI_TEST_ITEM_S", "0.01")  # a step of 4 samples: 0.04 s or more
-    log = tmp_path / "x.jsonl"
-    sup = Supervisor(run_config("tests.helpers.userpkg:tiny_cnn", "--data",
-                                "tests.helpers.userpkg:recorded", "--batch-size", "4",
-                                "--workers", "0", "--epochs", "500", cpus=3), str(log))
-    sup.start()
-    _wait(lambda: sup.state.first_step_t, "first step")
+    sup, log = _three_ranks_training(tmp_path, monkeypatch)
 
     def kill(slot: int) -> None:
         seen = len(_worlds(log))

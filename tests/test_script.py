@@ -257,6 +257,8 @@ def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
     (["run", "--steps", "3", LOOPING], "--steps is not a ddptui run option (ddptui run --help); "
                                         "the script's own arguments go after the script"),
     (["run", "--nnodes", "2", LOOPING], "--nnodes 2: ddptui run is one machine"),
+    (["run", LOOPING, "--log", "/proc/x.jsonl"], "--log directory is not writable: /proc"),
+    (["run", SCRIPTS], "is a folder: name the script in it"),
     (["run", "--tee", "3", LOOPING], "torchrun's --tee is not supported by ddptui run yet"),
     (["run", "--nproc-per-node", "2", "--cpus", "2", LOOPING], "use one of --nproc-per-node"),
     (["run", "--nproc_per_node", "two", LOOPING], "bad --nproc-per-node 'two'"),

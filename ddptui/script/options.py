@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
 from trainer.options import Parser, add_sections, flags, from_args, option
+from trainer.parse import check_writable_dir
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -109,7 +110,7 @@ def is_script_form(argv: list[str]) -> bool:
         _, target, module, _ = _locate(argv[1:])
     except UsageError:  # a bad option: said by the form it was meant for
         return any(a in ("-m", "--module") or a.endswith(".py") for a in argv[1:])
-    return module or target.endswith(".py") or os.path.isfile(target)
+    return module or target.endswith(".py") or os.path.exists(target)
 
 
 def build_script_parser() -> Parser:
@@ -146,6 +147,8 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
         raise UsageError(f"--nnodes {args.nnodes}: ddptui run is one machine; on several, "
                          "launch with torchrun and watch with ddptui attach (docs/cluster.md)")
     _check_target(target, module)
+    if args.log:
+        check_writable_dir(os.path.dirname(os.path.abspath(args.log)), "--log directory")
     gpus, cpus = resolve_devices(*_devices(args))
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
@@ -242,6 +245,9 @@ def _check_target(target: str, module: bool) -> None:
         if not found:
             raise UsageError(f"module not found: {target} (ddptui run -m imports it from "
                              f"{os.getcwd()} and the installed packages)")
+    elif os.path.isdir(target):
+        raise UsageError(f"{target} is a folder: name the script in it "
+                         f"(ddptui run {os.path.join(target, 'train.py')})")
     elif not os.path.isfile(target):
         raise UsageError(f"no such script: {target}")
 
