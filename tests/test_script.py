@@ -106,6 +106,21 @@ def test_a_torchrun_command_line_works_with_ddptui_run_in_place_of_torchrun(env,
     assert [d["argv"] for d in ours] == [d["argv"] for d in theirs] == [["a", "--cpus", "9"]] * 2
 
 
+@pytest.mark.timeout(90)
+def test_a_script_with_record_fails_with_its_exception_and_where_it_was_raised(env, tmp_path):
+    """torchrun's error-file contract: each rank gets TORCHELASTIC_ERROR_FILE, torch's @record
+    writes the exception there, and it is the failure's reason with the line that raised."""
+    log = tmp_path / "rec.jsonl"
+    r = ddptui(["run", "--cpus", "2", "--headless", "--log", str(log),
+                os.path.join(SCRIPTS, "recorded.py")], env, tmp_path, timeout=80)
+    assert r.returncode == 1, r.stderr[-2000:]
+    failed = [line for line in r.stderr.splitlines() if line.startswith("ddptui: failed:")]
+    assert failed and failed[0].endswith(": ValueError: bad shard 7 (recorded.py:8)"), failed
+    error = events(log, "error")[0]
+    assert error["traceback"][-1] == "ValueError: bad shard 7 (recorded.py:8)"
+    assert any("in load_shard" in line for line in error["traceback"])
+
+
 @pytest.mark.timeout(60)
 def test_a_module_runs_with_dash_m_and_a_sitecustomize_of_the_users_still_runs(env, tmp_path):
     (tmp_path / "mypkg").mkdir()

@@ -5,7 +5,9 @@ groups, so DataLoader workers and other children are ended with their rank.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -22,6 +24,7 @@ from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback
 from trainer.protocol.events import count
 
+_FRAME = re.compile(r'\s*File "(.+)", line (\d+)')
 HUNG_GRACE_S = 3.0  # a stalled rank, or one blocked on it, gets no longer to end on a stop
 
 
@@ -45,7 +48,11 @@ class ScriptRank:
         return self.popen.poll() is None
 
     def traceback(self) -> list[str]:
-        """The last lines of its traceback (stderr first, where Python writes them)."""
+        """The last lines of its traceback: the one torch's @record wrote to the error file,
+        else the last in its output (stderr first, where Python writes them)."""
+        recorded = recorded_error(self.stacks_path.removesuffix(".stacks") + ".error.json")
+        if recorded:
+            return recorded
         for reader in reversed(self.readers):  # stderr, then stdout
             lines = last_traceback(list(reader.tail))
             if lines:
@@ -62,6 +69,25 @@ class ScriptRank:
         if code is None:
             return EXIT_FAILED
         return 128 - code if code < 0 else code
+
+
+def recorded_error(path: str) -> list[str]:
+    """The exception torch's @record wrote (torchrun's TORCHELASTIC_ERROR_FILE) as traceback
+    lines ending in `Type: message`, as Python prints one; none without a readable file."""
+    try:
+        with open(path) as f:
+            message = json.load(f)["message"]
+        callstack = message.get("extraInfo", {}).get("py_callstack", "") \
+            if isinstance(message, dict) else ""
+        text = message["message"] if isinstance(message, dict) else str(message)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = [line for line in callstack.splitlines() if line.strip()]
+    if lines and lines[-1].strip() == text.strip():
+        lines.pop()
+    raised = [m for m in map(_FRAME.match, lines) if m]  # the last frame is where it raised
+    where = f" ({os.path.basename(raised[-1][1])}:{raised[-1][2]})" if raised else ""
+    return lines + [text.strip() + where]
 
 
 class RankGroup:
@@ -85,10 +111,12 @@ class RankGroup:
         """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
         the slot's earlier processes stay listed, ended."""
         gpu = self.config.gpus[slot] if self.config.gpus else None
-        stacks = f"{self.stem}.rank{slot}.stacks"
-        if os.path.exists(stacks):
-            os.remove(stacks)  # the rank creates it when it can answer
-        env = rank_env(self.config, attempt, slot, stacks, trace_prefix=trace_prefix(self.stem))
+        stacks, error = f"{self.stem}.rank{slot}.stacks", f"{self.stem}.rank{slot}.error.json"
+        for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
+            if os.path.exists(path):
+                os.remove(path)
+        env = rank_env(self.config, attempt, slot, stacks, trace_prefix=trace_prefix(self.stem),
+                       error_file=error)
         if standby:
             env["DDPTUI_STANDBY"] = "1"
         pipes = [os.pipe(), os.pipe()]

@@ -37,10 +37,12 @@ def command(config: ScriptConfig) -> list[str]:
 
 
 def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,
-             base: dict | None = None, trace_prefix: str | None = None) -> dict[str, str]:
-    """The environment of rank `rank`: torchrun's variables, the GPUs in --gpus order, what
-    ddptui's sitecustomize and ddptui.init() read, and on GPUs the NCCL flight recorder with its
-    dump pipe under `trace_prefix` (unless the user points it elsewhere)."""
+             base: dict | None = None, trace_prefix: str | None = None,
+             error_file: str = "") -> dict[str, str]:
+    """The environment of rank `rank`: torchrun's variables (`error_file`: where torch's
+    @record writes the rank's exception), the GPUs in --gpus order, what ddptui's
+    sitecustomize and ddptui.init() read, and on GPUs the NCCL flight recorder with its dump
+    pipe under `trace_prefix` (unless the user points it elsewhere)."""
     env = dict(os.environ if base is None else base)
     n = config.world_size
     env.update({
@@ -53,6 +55,7 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         # torchrun's agent hosts the store; here rank 0 does, as with a plain env:// launch.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": error_file,
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (INJECT, env.get("PYTHONPATH", "")) if p),
         "DDPTUI_PARENT": str(os.getpid()),
