@@ -27,6 +27,16 @@ def _json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+def _json_objects(text: str) -> list[dict]:
+    """Every JSON object in `text`: ranks sharing one stdout may write theirs on one line."""
+    decoder, found, i = json.JSONDecoder(), [], text.find("{")
+    while i >= 0:
+        obj, end = decoder.raw_decode(text, i)
+        found.append(obj)
+        i = text.find("{", end)
+    return found
+
+
 def _script_env(env: dict) -> dict:
     return dict(env, OMP_NUM_THREADS="1")
 
@@ -96,7 +106,7 @@ def test_a_torchrun_command_line_works_with_ddptui_run_in_place_of_torchrun(env,
     assert plain.returncode == 0, plain.stderr[-2000:]
     r = ddptui(["run", "--headless", "--log", str(tmp_path / "t.jsonl"), *line], env, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    theirs = sorted(_json_lines(plain.stdout), key=lambda d: d["env"]["RANK"])
+    theirs = sorted(_json_objects(plain.stdout), key=lambda d: d["env"]["RANK"])
     ours = [_json_lines((tmp_path / f"t.rank{i}.out").read_text())[0] for i in range(2)]
     same = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
             "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",

@@ -65,6 +65,12 @@ def flags(section: type) -> set[str]:
             if "argparse" in f.metadata and _flag(f).startswith("-")}
 
 
+def switches(section: type) -> set[str]:
+    """The option flags of `section` that take no value."""
+    return {_flag(f) for f in dataclasses.fields(section) if "argparse" in f.metadata
+            and f.metadata["argparse"].get("action") in ("store_true", "store_false")}
+
+
 def _flag(f: dataclasses.Field) -> str:
     return f.metadata["flag"] or "--" + f.name.replace("_", "-")
 

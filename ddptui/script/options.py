@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
-from trainer.options import Parser, add_sections, flags, from_args, option
+from trainer.options import Parser, add_sections, flags, from_args, option, switches
 from trainer.parse import check_writable_dir
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
@@ -98,7 +98,7 @@ NOT_APPLIED = {
 # torchrun's options that ddptui run cannot carry out yet: one line, exit 2.
 NOT_YET = ("--no-python", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
            "--log-line-prefix-template", "--start-method", "--local-addr", "--node-rank")
-FLAG_ONLY = {"--headless", "--standalone", "--run-path", "-h", "--help"}
+FLAG_ONLY = {"--standalone", "--run-path", "-h", "--help"}  # and ScriptConfig's switches
 
 
 def is_script_form(argv: list[str]) -> bool:
@@ -170,7 +170,7 @@ def _locate(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
         if not a.startswith("-"):
             return before, a, False, argv[i + 1:]
         _check_flag(a)
-        before += [a] if "=" in a or a in FLAG_ONLY else [a, *argv[i + 1:i + 2]]
+        before += [a] if "=" in a or _switch(a) else [a, *argv[i + 1:i + 2]]
     raise UsageError("no script given: ddptui run [options] SCRIPT.py|-m MODULE [args]")
 
 
@@ -181,7 +181,7 @@ def _split(after: list[str]) -> tuple[list[str], list[str]]:
     i = 0
     while i < len(after) and _known(_dashed(after[i])):
         a = _dashed(after[i])
-        n = 1 if "=" in a or a in FLAG_ONLY else 2
+        n = 1 if "=" in a or _switch(a) else 2
         ours += [a, *after[i + 1:i + n]]
         i += n
     return ours, after[i + 1:] if after[i:i + 1] == ["--"] else after[i:]
@@ -202,6 +202,11 @@ def _check_flag(flag: str) -> None:
     if not _known(name):
         raise UsageError(f"{name} is not a ddptui run option (ddptui run --help); the "
                          "script's own arguments go after the script")
+
+
+def _switch(flag: str) -> bool:
+    """An option that takes no value."""
+    return flag in FLAG_ONLY or flag in switches(ScriptConfig)
 
 
 def _known(flag: str) -> bool:
