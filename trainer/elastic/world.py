@@ -6,12 +6,13 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -43,19 +44,17 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     before = open_sockets()
     store = meet(init_method, rank, world_size, give_up)
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
-    kw = dict(rank=rank, world_size=world_size, **({"init_method": init_method} if store is None
-                                                   else {"store": dist.PrefixStore("default_pg", store)}))
-    try:
+    where = {"init_method": init_method} if store is None else {
+        "store": dist.PrefixStore("default_pg", store)}
+    with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
             dist.init_process_group("nccl", device_id=device if eager else None,
-                                    pg_options=nonblocking(), **kw)
+                                    pg_options=nonblocking(), rank=rank, world_size=world_size,
+                                    **where)
         else:
-            dist.init_process_group("gloo", **kw)
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, **where)
         group = dist.new_group(backend="gloo")
-    except BaseException:
-        ABANDONED.append(store)
-        raise
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
@@ -72,16 +71,24 @@ def meet(init_method: str, rank: int, world_size: int,
         await_store(init_method, give_up)
     store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
                           timeout=dist.default_pg_timeout, wait_for_workers=False)
-    try:
+    with kept_on_failure(store):
         store.add(ARRIVED, 1)
         while store.add(ARRIVED, 0) < world_size:
             if give_up():
                 raise WorldLost("a peer died before the world formed")
             time.sleep(0.002)
-    except BaseException:
-        ABANDONED.append(store)
-        raise
     return store
+
+
+@contextlib.contextmanager
+def kept_on_failure(store: dist.TCPStore | None) -> Iterator[None]:
+    """A world's store that failed to form is never freed (ABANDONED)."""
+    try:
+        yield
+    except BaseException:
+        if store is not None:
+            ABANDONED.append(store)
+        raise
 
 
 def nonblocking():
