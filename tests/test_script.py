@@ -116,6 +116,88 @@ def test_a_torchrun_command_line_works_with_ddptui_run_in_place_of_torchrun(env,
     assert [d["argv"] for d in ours] == [d["argv"] for d in theirs] == [["a", "--cpus", "9"]] * 2
 
 
+SHELL_RANK = """#!/bin/sh
+echo "rank $RANK of $WORLD_SIZE local $LOCAL_RANK args $*"
+echo "rank $RANK warns" >&2
+"""
+
+
+def _shell_rank(folder, body: str = SHELL_RANK) -> str:
+    path = folder / "rank.sh"
+    path.write_text(body)
+    path.chmod(0o755)
+    return str(path)
+
+
+def _torchrun(line: list[str], env: dict, cwd) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", *line], env=env, cwd=cwd,
+                       capture_output=True, text=True, timeout=80)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
+def _rank_files(log_dir) -> dict[str, str]:
+    """torchrun's --log-dir files by their path under the run's folder (attempt_0/1/stdout.log)."""
+    (run,) = list(log_dir.iterdir())
+    return {str(p.relative_to(run)): p.read_text() for p in sorted(run.rglob("*.log"))}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("console", [
+    ["--tee", "3", "--local-ranks-filter", "0"],
+    ["--redirects", "1", "--tee", "2", "--log-line-prefix-template", "${rank}|"],
+])
+def test_torchruns_console_options_with_no_python_show_and_keep_what_torchrun_does(
+        console, env, tmp_path):
+    """--no-python runs a shell script as each rank; --tee, --redirects, --local-ranks-filter
+    and the prefix template put on the console, and in --log-dir's files, what torchrun puts
+    there with the same line; every rank's whole output is still in its .rankN.out."""
+    script = _shell_rank(tmp_path)
+    env = dict(env, CUDA_VISIBLE_DEVICES="")
+
+    def line(log_dir):
+        return ["--nproc-per-node", "2", "--no-python", *console, "--log-dir", str(log_dir),
+                script, "a", "--b"]
+
+    theirs = _torchrun(line(tmp_path / "theirs"), env, tmp_path)
+    ours = ddptui(["run", "--headless", "--log", str(tmp_path / "t.jsonl"),
+                   *line(tmp_path / "ours")], env, tmp_path)
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    assert sorted(ours.stdout.splitlines()) == sorted(theirs.stdout.splitlines())
+    shown = re.compile(r"^(\[default\d\]:|\d\|)")  # torchrun's own log lines are not the ranks'
+    assert sorted(x for x in ours.stderr.splitlines() if shown.match(x)) == \
+        sorted(x for x in theirs.stderr.splitlines() if shown.match(x))
+    assert _rank_files(tmp_path / "ours") == _rank_files(tmp_path / "theirs")
+    assert len(_rank_files(tmp_path / "ours")) == 4
+    for rank in (0, 1):  # two streams, two readers: either line may come first
+        assert sorted((tmp_path / f"t.rank{rank}.out").read_text().splitlines()) == \
+            [f"rank {rank} of 2 local {rank} args a --b", f"rank {rank} warns"]
+
+
+@pytest.mark.timeout(60)
+def test_a_no_python_rank_and_the_python_it_starts_die_with_ddptui(env, tmp_path):
+    """A shell script's python is armed as the rank: it reports, and ddptui killed takes the
+    script and its python with it."""
+    script = _shell_rank(tmp_path, f'#!/bin/sh\n"{sys.executable}" "{LOOPING}" "$@"\n')
+    log = tmp_path / "sh.jsonl"
+    # Rank 0's python then sleeps, writing nothing: no broken pipe would end it.
+    p = start_ddptui(["run", "--cpus", "2", "--no-python", "--log", str(log), script,
+                      "--stuck-rank", "0"], env, tmp_path)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
+        deadline = time.monotonic() + 30
+        while "step 4 loss" not in (tmp_path / "sh.rank0.out").read_text():  # then it sleeps
+            assert time.monotonic() < deadline, "rank 0 did not reach its sleep"
+            time.sleep(0.1)
+        pids = run_pids(log)
+        assert len(pids) >= 4  # two shells, two pythons
+        p.kill()
+        p.wait(10)
+    finally:
+        p.kill()
+    assert_gone(pids)
+
+
 @pytest.mark.timeout(90)
 def test_a_script_with_record_fails_with_its_exception_and_where_it_was_raised(env, tmp_path):
     """torchrun's error-file contract: each rank gets TORCHELASTIC_ERROR_FILE, torch's @record
@@ -284,7 +366,14 @@ def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
     (["run", "--nnodes", "2", LOOPING], "--nnodes 2: ddptui run is one machine"),
     (["run", LOOPING, "--log", "/proc/x.jsonl"], "--log directory is not writable: /proc"),
     (["run", SCRIPTS], "is a folder: name the script in it"),
-    (["run", "--tee", "3", LOOPING], "torchrun's --tee is not supported by ddptui run yet"),
+    (["run", "--start-method", "fork", LOOPING],
+     "torchrun's --start-method is not supported by ddptui run yet"),
+    (["run", "--tee", "5", LOOPING], "argument --tee: '5': 0, 1 (stdout)"),
+    (["run", "--local-ranks-filter", "a", LOOPING], "argument --local-ranks-filter: 'a'"),
+    (["run", "--no-python", "-m", "pkg.train"], "--no-python and -m cannot go together"),
+    (["run", "--no-python", "nosuchprogram"], "nosuchprogram is not a program this machine"),
+    (["run", "--no-python", LOOPING], "is not a program this machine can run"),
+    (["run", "--log-dir", "/proc/x", LOOPING], "--log-dir is not writable: /proc/x"),
     (["run", "--nproc-per-node", "2", "--cpus", "2", LOOPING], "use one of --nproc-per-node"),
     (["run", "--nproc_per_node", "two", LOOPING], "bad --nproc-per-node 'two'"),
     (["run", LOOPING, "--metric", "acc=([0-9]"], "bad --metric 'acc=([0-9]'"),

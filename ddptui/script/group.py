@@ -22,6 +22,7 @@ from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import StreamReader, last_traceback
+from ddptui.script.streams import Route
 from trainer.protocol.events import count
 
 _FRAME = re.compile(r'\s*File "(.+)", line (\d+)')
@@ -36,6 +37,7 @@ class ScriptRank:
     gpu: int | None
     popen: subprocess.Popen
     stacks_path: str
+    error_path: str  # TORCHELASTIC_ERROR_FILE
     readers: list[StreamReader]
     children: set[int] = field(default_factory=set)  # pids seen under it (workers, compilers)
 
@@ -50,7 +52,7 @@ class ScriptRank:
     def traceback(self) -> list[str]:
         """The last lines of its traceback: the one torch's @record wrote to the error file,
         else the last in its output (stderr first, where Python writes them)."""
-        recorded = recorded_error(self.stacks_path.removesuffix(".stacks") + ".error.json")
+        recorded = recorded_error(self.error_path)
         if recorded:
             return recorded
         for reader in reversed(self.readers):  # stderr, then stdout
@@ -101,6 +103,7 @@ class RankGroup:
         # (when, signal, the slots it is for: None for all) for what is left
         self._deadlines: list[tuple[float, int, frozenset[int] | None]] = []
         self._grace = 0.0
+        self._log_dir: list[str] = []  # torchrun's --log-dir folder of this run, once made
 
     def start(self, attempt: Attempt) -> None:
         self.ranks, self._reported, self._deadlines = [], set(), []
@@ -111,7 +114,10 @@ class RankGroup:
         """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
         the slot's earlier processes stay listed, ended."""
         gpu = self.config.gpus[slot] if self.config.gpus else None
-        stacks, error = f"{self.stem}.rank{slot}.stacks", f"{self.stem}.rank{slot}.error.json"
+        routing = self.config.routing
+        folder = routing.attempt_dir(attempt.run_id, attempt.restart, self._log_dir)
+        stacks = f"{self.stem}.rank{slot}.stacks"
+        error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
         for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
             if os.path.exists(path):
                 os.remove(path)
@@ -127,15 +133,16 @@ class RankGroup:
         finally:
             os.close(pipes[0][1])
             os.close(pipes[1][1])
-        colours_only = self.echo and os.isatty(1)
+        routes = routing.routes(slot, self.config.world_size, folder)
         readers = [StreamReader(read, f"{self.stem}.rank{slot}.out",
-                                (1, 2)[i] if self.echo else None, colours_only,
+                                routes[i] if self.echo else Route(False, None, routes[i].file),
+                                i + 1, self.echo and os.isatty(i + 1),
                                 lambda text, final, s=slot: self.on_line(s, text, final),
                                 f"rank{slot}-{('stdout', 'stderr')[i]}")
                    for i, (read, _write) in enumerate(pipes)]
         for r in readers:
             r.start()
-        self.ranks.append(ScriptRank(slot, gpu, popen, stacks, readers))
+        self.ranks.append(ScriptRank(slot, gpu, popen, stacks, error, readers))
         return self.ranks[-1]
 
     def alive(self) -> list[ScriptRank]:

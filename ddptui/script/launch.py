@@ -30,10 +30,28 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+# --no-python: the program replaces a small python that first ties it to ddptui's life (the
+# death signal outlives exec) and makes it the parent that ddptui's sitecustomize looks for, so
+# that a python it starts (`python train.py` in a shell script) is armed as the rank.
+_EXEC = ("import ctypes, os, sys\n"
+         "if sys.platform.startswith('linux'): ctypes.CDLL(None).prctl(1, 9)\n"
+         "if os.getppid() != int(os.environ['DDPTUI_PARENT']): sys.exit(1)\n"
+         "os.environ['DDPTUI_PARENT'] = str(os.getpid())\n"
+         "os.execvp(sys.argv[1], sys.argv[1:])")
+
+
 def command(config: ScriptConfig) -> list[str]:
-    """`python -u script.py args` or `python -u -m module args`, with this interpreter."""
+    """`python -u script.py args` or `python -u -m module args`, with this interpreter; with
+    --no-python, `script args` itself."""
+    if config.no_python:
+        return [sys.executable, "-c", _EXEC, config.target, *config.args]
     target = ["-m", config.target] if config.module else [config.target]
     return [sys.executable, "-u", *target, *config.args]
+
+
+def described(config: ScriptConfig) -> str:
+    """The command line as the user gave it, after the options."""
+    return " ".join([*(["-m"] if config.module else []), config.target, *config.args])
 
 
 def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,

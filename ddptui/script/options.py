@@ -8,10 +8,12 @@ import argparse
 import importlib.util
 import os
 import re
+import shutil
 import signal
 import sys
 from dataclasses import dataclass
 
+from ddptui.script.streams import Routing, ranks_filter, std_spec
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
 from trainer.options import Parser, add_sections, flags, from_args, option, switches
@@ -20,6 +22,7 @@ from trainer.parse import check_writable_dir
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
 
+TORCHRUN = "torchrun's options, same meaning (one machine)"
 FORMS = """your own script (torchrun's contract and command line, no code change):
   ddptui run --nproc-per-node 2 --standalone train.py --lr 0.1 --epochs 3
   ddptui run --cpus 2 -m mypkg.train --config small.yaml
@@ -63,10 +66,36 @@ class ScriptConfig:
         (), "besides loss, read NAME from the ranks' output ('NAME: 1.0', 'NAME=1.0'), or the "
         "first group of REGEX; repeatable", flag="--metric", group="watch", action="append",
         metavar="NAME[=REGEX]")
+    no_python: bool = option(
+        False, "run SCRIPT as a program, not with python (a shell script, a binary); torchrun's "
+        "environment as for a Python script", group=TORCHRUN, action="store_true")
+    log_dir: str | None = option(
+        None, "with --redirects or --tee: each rank's stdout.log, stderr.log (and error.json) "
+        "under DIR/<run id>_*/attempt_<n>/<local rank>/, as torchrun writes them", group=TORCHRUN,
+        metavar="DIR")
+    redirects: str = option(
+        "0", "these streams to --log-dir's files and not the console: 1 stdout, 2 stderr, 3 both, "
+        "or per local rank (0:3,1:2) (headless; every rank's output is in its .rankN.out)",
+        group=TORCHRUN, type=std_spec, metavar="STD")
+    tee: str = option(
+        "0", "these streams to the console line by line after a prefix, and to --log-dir's "
+        "files; values as --redirects", group=TORCHRUN, type=std_spec, metavar="STD")
+    local_ranks_filter: tuple[int, ...] | None = option(
+        None, "only these local ranks' output on the console (0 or 0,1); files keep all",
+        group=TORCHRUN, type=ranks_filter, metavar="LIST")
+    log_line_prefix_template: str | None = option(
+        None, "the prefix of a tee'd line: ${role_name} ${rank} ${local_rank} ${hostname} "
+        "(default [${role_name}${local_rank}]:, or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)",
+        group=TORCHRUN, metavar="TEMPLATE")
     stacks_signal: int = option(
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
         "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG",
         default="SIGUSR1")
+
+    @property
+    def routing(self) -> Routing:
+        return Routing(self.redirects, self.tee, self.local_ranks_filter,
+                       self.log_line_prefix_template, self.log_dir)
 
     @property
     def world_size(self) -> int:
@@ -96,8 +125,7 @@ NOT_APPLIED = {
     "--run-path": "the script runs as __main__ in each rank's python, as without it",
 }
 # torchrun's options that ddptui run cannot carry out yet: one line, exit 2.
-NOT_YET = ("--no-python", "--log-dir", "--redirects", "--tee", "--local-ranks-filter",
-           "--log-line-prefix-template", "--start-method", "--local-addr", "--node-rank")
+NOT_YET = ("--start-method", "--local-addr", "--node-rank")
 FLAG_ONLY = {"--standalone", "--run-path", "-h", "--help"}  # and ScriptConfig's switches
 
 
@@ -107,10 +135,12 @@ def is_script_form(argv: list[str]) -> bool:
     if len(argv) < 2 or argv[0] != "run":
         return False
     try:
-        _, target, module, _ = _locate(argv[1:])
+        before, target, module, _ = _locate(argv[1:])
     except UsageError:  # a bad option: said by the form it was meant for
-        return any(a in ("-m", "--module") or a.endswith(".py") for a in argv[1:])
-    return module or target.endswith(".py") or os.path.exists(target)
+        return any(a in ("-m", "--module", "--no-python") or a.endswith(".py")
+                   for a in argv[1:])
+    return (module or "--no-python" in before or target.endswith(".py")
+            or os.path.exists(target))
 
 
 def build_script_parser() -> Parser:
@@ -121,8 +151,7 @@ def build_script_parser() -> Parser:
                "As with torchrun, options go before the script and what follows it is the "
                "script's; ddptui options right after the script, up to a --, are read too.",
                epilog=FORMS)
-    add_sections(p, ScriptConfig)
-    torchrun = p.add_argument_group("torchrun's options, same meaning (one machine)")
+    torchrun = add_sections(p, ScriptConfig)[TORCHRUN]
     torchrun.add_argument("--nproc-per-node", metavar="N|gpu|auto|cpu",
                           help="N ranks: GPUs 0..N-1 of CUDA_VISIBLE_DEVICES' list, or N CPU "
                           "ranks where there is no GPU; gpu or auto: every GPU")
@@ -146,9 +175,11 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
     if args.nnodes not in (None, "1", "1:1"):
         raise UsageError(f"--nnodes {args.nnodes}: ddptui run is one machine; on several, "
                          "launch with torchrun and watch with ddptui attach (docs/cluster.md)")
-    _check_target(target, module)
+    _check_target(target, module, args.no_python)
     if args.log:
         check_writable_dir(os.path.dirname(os.path.abspath(args.log)), "--log directory")
+    if args.log_dir:
+        check_writable_dir(args.log_dir, "--log-dir")
     gpus, cpus = resolve_devices(*_devices(args))
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
@@ -241,8 +272,14 @@ def _devices(args: argparse.Namespace) -> tuple[str | None, int | None]:
     return ",".join(str(g) for g in order[:count]), None
 
 
-def _check_target(target: str, module: bool) -> None:
-    if module:
+def _check_target(target: str, module: bool, no_python: bool) -> None:
+    if no_python:
+        if module:
+            raise UsageError("--no-python and -m cannot go together (as with torchrun)")
+        if shutil.which(target) is None:
+            raise UsageError(f"--no-python: {target} is not a program this machine can run "
+                             "(a path to an executable file, or a command on PATH)")
+    elif module:
         try:
             found = importlib.util.find_spec(target) is not None
         except (ImportError, ValueError):  # a parent package that is missing or broken

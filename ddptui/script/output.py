@@ -12,6 +12,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from ddptui.script.streams import Route
 from ddptui.view.text import keep_colours, plain
 
 CHUNK = 1 << 16
@@ -57,37 +58,53 @@ def _latest(line: str) -> str:
 class StreamReader(threading.Thread):
     """Reads one pipe (a rank's stdout or stderr) until EOF."""
 
-    def __init__(self, fd: int, out_path: str, echo: int | None, colours_only: bool,
+    def __init__(self, fd: int, out_path: str, route: Route, echo: int, colours_only: bool,
                  on_line: Callable[[str, bool], None], name: str):
         """`on_line(text, final)`: a finished line (final) or a progress line's latest state.
-        `echo`: a descriptor the bytes are copied to as they come (headless), with escape
-        sequences other than colours removed when `colours_only` (a terminal)."""
+        `route`: whether the bytes go on to `echo` (headless: our stdout or stderr) as they
+        come, or line by line after a prefix (torchrun's --tee), and to which file besides;
+        escape sequences other than colours are removed on the way when `colours_only` (a
+        terminal)."""
         super().__init__(name=name, daemon=True)
-        self.fd, self.out_path, self.echo, self.colours_only = fd, out_path, echo, colours_only
+        self.fd, self.out_path, self.route, self.echo = fd, out_path, route, echo
+        self.colours_only = colours_only
         self.on_line = on_line
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
 
     def run(self) -> None:
         lines = Lines()
         # Both streams append to one file: each chunk is one write, as a terminal would mix them.
-        out = os.open(self.out_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        files = [os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                 for path in (self.out_path, self.route.file) if path]
+        pending = b""  # of a prefixed console: the line not finished yet
         try:
             while data := os.read(self.fd, CHUNK):
-                _write_all(out, data)
-                if self.echo is not None:
-                    _write_all(self.echo, keep_colours(data.decode("utf-8", "replace")).encode()
-                               if self.colours_only else data)
+                for f in files:
+                    _write_all(f, data)
+                if self.route.prefix is not None:
+                    *whole, pending = (pending + data).split(b"\n")
+                    self._show(b"".join(self.route.prefix + line + b"\n" for line in whole))
+                elif self.route.console:
+                    self._show(data)
                 done, live = lines.feed(data)
                 for line in done:
                     self.tail.append(line)
                     self.on_line(line, True)
                 if live:
                     self.on_line(live, False)
+            if pending:
+                self._show(self.route.prefix + pending)
         except OSError:
             pass
         finally:
             os.close(self.fd)
-            os.close(out)
+            for f in files:
+                os.close(f)
+
+    def _show(self, data: bytes) -> None:
+        if data and self.route.console:
+            _write_all(self.echo, keep_colours(data.decode("utf-8", "replace")).encode()
+                       if self.colours_only else data)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -21,7 +21,7 @@ from ddptui.run.readings import RunSampler
 from ddptui.run.supervisor import default_log_path
 from ddptui.script.flight import trace_prefix
 from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
-from ddptui.script.launch import Attempt, command, new_run_id
+from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
 from ddptui.script.world import ScriptWorld
@@ -39,7 +39,7 @@ class ScriptRun(OwnedRun):
         self.config = config
         self.log_path = log_path or config.log or default_log_path()
         self.stem = os.path.splitext(self.log_path)[0]
-        self.meta = {"model": config.label, "script": " ".join(command(config)[2:]),
+        self.meta = {"model": config.label, "script": described(config),
                      "data": "", "epochs": 0, "world_size": config.world_size,
                      "device_kind": config.device_kind, "gpus": list(config.gpus or []),
                      "log": self.log_path}
@@ -133,7 +133,7 @@ class ScriptRun(OwnedRun):
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
         n = self.config.world_size
-        self.say(f"starting {count(n, 'rank')}: {' '.join(command(self.config)[2:])}"
+        self.say(f"starting {count(n, 'rank')}: {described(self.config)}"
                  + (f" (restart {attempt.restart})" if attempt.restart else ""))
         self.group.start(attempt)
         self._attempt = attempt
