@@ -236,8 +236,9 @@ def test_a_failing_rank_gives_its_exit_code_traceback_and_ends_the_others(env, t
                 "--fail-at-epoch", "1"], _script_env(env), tmp_path)
     assert r.returncode == 1, r.stderr[-2000:]
     ours = [line for line in r.stderr.splitlines() if line.startswith("ddptui:")]
-    assert ours[-1].startswith("ddptui: failed: rank 1 exited with code 1: RuntimeError: rank 1 "
-                               "gave up at epoch 1"), r.stderr[-2000:]
+    assert ours[-1].startswith("ddptui: failed: rank 1 exited with code 1 (the script's own, "
+                               "passed on): RuntimeError: rank 1 gave up at epoch 1"), \
+        r.stderr[-2000:]
     assert "Traceback" in r.stderr  # the script's own, passed through as torchrun shows it
     error = events(log, "error")[0]
     assert error["rank"] == 1 and error["exit_code"] == 1
@@ -309,6 +310,22 @@ def test_a_sigstopped_rank_is_flagged_stopped_and_sigterm_kills_it_after_the_gra
     finally:
         p.kill()
     assert p.returncode == 143, err
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(60)
+def test_sighup_as_a_closed_terminal_sends_it_stops_every_rank_with_129(env, tmp_path):
+    log = tmp_path / "hup.jsonl"
+    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--log", str(log)], env, tmp_path)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
+        pids = run_pids(log)
+        p.send_signal(signal.SIGHUP)
+        out, err = p.communicate(timeout=40)
+    finally:
+        p.kill()
+    assert p.returncode == 129, err
+    assert events(log, "run")[-1]["status"] == "interrupted"
     assert_gone(pids)
 
 
@@ -395,6 +412,7 @@ def test_a_script_that_rejects_its_arguments_is_one_line_with_its_exit_code(env,
             if line.startswith("ddptui") and "logging to" not in line]
     assert len(ours) == 1, r.stderr
     # either rank first
-    assert "exited with code 2: looping.py: error: unrecognized arguments: --bogus" in ours[0]
+    assert "exited with code 2 (the script's own, passed on): looping.py: error: unrecognized " \
+        "arguments: --bogus" in ours[0]
     assert "Traceback" not in r.stderr
 

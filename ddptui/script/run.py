@@ -370,6 +370,10 @@ class ScriptRun(OwnedRun):
 
 
 def _with_death(r: ScriptRank, text: str) -> str:
-    """How the rank ended, then why (once: a signal's cause already starts with it)."""
+    """How the rank ended, then why (once: a signal's cause already starts with it). An exit
+    code is the script's own (its argparse's 2 is not ddptui's usage error): said so."""
     death = r.death()
-    return text if text.startswith(death) else f"{death}: {text}"
+    if text.startswith(death):
+        return text
+    return f"{death} (the script's own, passed on): {text}" if r.exit_code < 128 else \
+        f"{death}: {text}"
