@@ -64,13 +64,18 @@ def _row(app, rank: int) -> dict:
                                                   table.get_row_at(rank), strict=True)}
 
 
+def _toasts(app) -> list[str]:
+    """The notifications on screen, as the user reads them."""
+    return [str(t.render()) for t in app.screen.query("Toast")]
+
+
 @pytest.mark.timeout(120)
 async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(script_env,
                                                                                tmp_path):
     log = tmp_path / "dash.jsonl"
     run = _run([LOOPING, "--cpus", "2", "--grace", "3"], log)
     app = DashboardApp(run)
-    async with app.run_test(size=(160, 45)) as pilot:
+    async with app.run_test(size=(160, 45), notifications=True) as pilot:
         await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", ""))
         row = _row(app, 1)
         assert row["state"] == "running" and row["process"] in ("running", "sleeping")
@@ -80,6 +85,15 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         await _until(pilot, lambda: _float(_row(app, 1).get("loss")) > 0)
         await pilot.press("space")  # no ddptui.init() in it: nothing to pause, and it says so
         assert run.state.pulse().pause_asked is None
+        await pilot.pause(0.2)
+        assert any("your script takes no pause from ddptui" in t for t in _toasts(app))
+        assert app.check_action("pause", ()) is None  # dimmed in the footer
+        await pilot.press("question_mark")  # the help says what each key does for this run
+        help_text = app.screen.text
+        assert "| space | *cannot act here:* your script takes no pause" in help_text
+        assert "| s | restart every rank (asked first): your script has no run.elastic()" \
+            in help_text
+        await pilot.press("escape")
         await pilot.press("down", "s")
         assert isinstance(app.screen, ConfirmRestart)
         await pilot.press("n")

@@ -16,7 +16,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 
 from ddptui.source import RunSource
-from ddptui.view.keys import KEYS
+from ddptui.view.keys import KEYS, NEEDS, key_rows
 from ddptui.view.views import RankView, RunView
 from ddptui.view.widgets.charts import RunCharts
 from ddptui.view.widgets.confirm import ConfirmQuit, ConfirmRestart
@@ -37,6 +37,7 @@ TABLES_S = 0.5
 CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
                    "kill_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
+_ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
 
 
 class DashboardApp(App[int]):
@@ -61,6 +62,7 @@ class DashboardApp(App[int]):
         self._stacks_asked_t = 0.0
         self._tables: tuple = (0.0, None)  # when the tables were last filled, and from what
         self._told_failed = False  # a script's failure was announced (r restarts it)
+        self._disabled: frozenset[str] = frozenset()  # actions whose keys are dimmed
 
     @property
     def crashed(self) -> bool:
@@ -115,6 +117,10 @@ class DashboardApp(App[int]):
             return
         state = self.source.state
         view = self.view = state.view()
+        disabled = frozenset(a for a in NEEDS if self.why_not(a))
+        if disabled != self._disabled:  # a script's ranks said what they take
+            self._disabled = disabled
+            self.refresh_bindings()
         self.header.view = view
         self.devices.view = view
         self.devices.border_title = "GPUs" if view.meta.get("device_kind") == "cuda" else \
@@ -165,7 +171,25 @@ class DashboardApp(App[int]):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action in CONTROL_ACTIONS and not self.source.can_steer:
             return False  # a replay has nothing to steer: hide those keys
-        return True
+        return None if self.why_not(action) else True  # dimmed in the footer
+
+    def why_not(self, action: str) -> str | None:
+        """Why a key's action cannot act in the run on screen (a script that takes no pause, no
+        --checkpoint-dir, an attach), or None."""
+        if action in CONTROL_ACTIONS and not self.source.can_steer:
+            return "a replay has nothing to steer"
+        if action == "kill_rank" and not self.source.owns_ranks:
+            return "attach does not own the ranks: kill it where it runs"
+        need = NEEDS.get(action)
+        return self.source.refuse(need) if need else None
+
+    def on_key(self, event) -> None:
+        """A dimmed key is not bound for Textual: say why it cannot act."""
+        action = _ACTION_OF.get(event.key)
+        if action and self.screen is self.screen_stack[0] and self.source.can_steer:
+            why = self.why_not(action)
+            if why:
+                self.notify(why, severity="warning")
 
     def action_select(self, delta: int) -> None:
         ranks = [r.rank for r in self._ranks()]
@@ -306,7 +330,7 @@ class DashboardApp(App[int]):
         self.notify("checkpoint requested")
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        self.push_screen(HelpScreen(key_rows(self.why_not, self.source.restarts_group)))
 
     async def action_quit(self) -> None:
         if self.source.done.is_set() or not self.source.can_steer or not self.source.owns_ranks:

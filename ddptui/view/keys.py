@@ -55,12 +55,46 @@ SCRIPT_KEYS = ("(your own script)",
                "b, a need `run.loader()`")
 
 
-def keys_table() -> str:
-    """The Markdown table of the help screen and the README."""
-    rows = ["| key | what it does |", "|---|---|"]
-    rows += [f"| {k.shown} | {k.does} |" for k in KEYS if k.shown]
-    rows.append(f"| {SCRIPT_KEYS[0]} | {SCRIPT_KEYS[1]} |")
-    return "\n".join(rows)
+# What s, r and k do for a script without run.elastic(): torchrun's unit is the whole group.
+GROUP_DOES = {
+    "s": "restart every rank (asked first): your script has no run.elastic(), so its ranks "
+         "cannot leave one by one",
+    "r": "restart every rank (asked first); on a failed run, start it again",
+    "k": "kill the selected rank at once, then restart every rank (asked first): your script "
+         "has no run.elastic()",
+}
+# The action each steering key needs (RunSource.refuse's names).
+NEEDS = {"pause": "pause", "toggle": "settings", "workers": "settings", "apply": "settings",
+         "checkpoint": "checkpoint"}
+
+
+def key_rows(why_not: Callable[[str], str | None],
+             group: Callable[[str], bool]) -> list[tuple[str, str]]:
+    """(key, what it does in the run on screen) for the help: `why_not(action)` says why a key
+    cannot act there (its row says so instead), `group(key)` whether s, r, k act on every rank."""
+    rows = []
+    for k in KEYS:
+        if not k.shown:
+            continue
+        name = k.keys.split(",")[0]
+        why = why_not(k.action.split("(")[0])
+        if why:
+            rows.append((k.shown, f"*cannot act here:* {why}"))
+        elif name in GROUP_DOES and group(name):
+            rows.append((k.shown, GROUP_DOES[name]))
+        else:
+            rows.append((k.shown, k.does))
+    return rows
+
+
+def keys_table(rows: list[tuple[str, str]] | None = None) -> str:
+    """The Markdown table of the README (every kind of run: `rows` None) or of the help screen
+    for one run."""
+    lines = ["| key | what it does |", "|---|---|"]
+    if rows is None:
+        rows = [(k.shown, k.does) for k in KEYS if k.shown] + [SCRIPT_KEYS]
+    lines += [f"| {key} | {does} |" for key, does in rows]
+    return "\n".join(lines)
 
 
 def keys_lines() -> list[str]:
