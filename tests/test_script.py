@@ -69,7 +69,20 @@ def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
         {(r, ep) for r in (0, 1) for ep in (0, 1)}
     assert (tmp_path / "run.rank1.out").read_text().count("loss:") == 2
     assert [e["status"] for e in events(log, "run")] == ["started", "done"]
+    assert not any("no loss read" in e["text"] for e in events(log, "message"))
     assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(60)
+def test_a_script_that_prints_no_loss_is_told_how_to_show_one(env, tmp_path):
+    script = tmp_path / "quiet.py"
+    script.write_text("for i in range(60):\n    print(f'iteration {i} done')\n")
+    log = tmp_path / "quiet.jsonl"
+    r = ddptui(["run", "--cpus", "1", "--log", str(log), str(script)], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    hints = [e["text"] for e in events(log, "message") if "no loss read" in e["text"]]
+    assert len(hints) == 1 and "run.step(loss)" in hints[0] and "--metric" in hints[0]
+    assert not events(log, "step")
 
 
 @pytest.mark.timeout(60)

@@ -19,6 +19,12 @@ from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 
 LINE_EVERY_S = 0.5  # a rank's latest line goes to the log and the screen at most this often
+# A script that prints this many lines, or goes on this long, with no loss among them is told
+# how to show one, rather than left with an empty chart.
+NO_LOSS_LINES, NO_LOSS_S = 50, 30.0
+NO_LOSS = ("no loss read from the ranks' output yet: print it as `loss: 0.12` (each rank that "
+           "prints is charted), name your figure with --metric loss=REGEX, or add run = "
+           "ddptui.init() and run.step(loss) (README: Your own script)")
 
 
 class Silence:
@@ -59,6 +65,9 @@ class ScriptWatch:
         self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
         self._line: dict[int, tuple[str, bool]] = {}  # slot -> latest line not yet sent
         self._line_t: dict[int, float] = {}
+        self._lines = 0  # the script's own lines read (not torch's logging)
+        self._started = 0.0
+        self._told_no_loss = False
 
     def attempt(self, slots: list[int], now: float) -> None:
         """A new start of the group: nothing of the last one's output or verdicts counts."""
@@ -68,6 +77,7 @@ class ScriptWatch:
             self.stalls.forget(slot)
             self._forget(slot)
         self.reporting.clear()
+        self._started = now
 
     def _emitter(self, slot: int) -> Callable[..., None]:
         return lambda kind, **fields: self.handle(event(kind, slot, **fields))
@@ -76,6 +86,7 @@ class ScriptWatch:
     def line(self, slot: int, text: str, final: bool, now: float) -> None:
         if not library_log(text):  # torch's and NCCL's logs say nothing of the script's pace
             self._heard(slot, now)
+            self._lines += final
         if slot not in self.reporting:
             self.readers[slot].line(text, final)
         self._line[slot] = (text, final)
@@ -105,6 +116,11 @@ class ScriptWatch:
                 self.handle(event("output", slot, text=text, final=final))
                 self._line_t[slot] = now
                 del self._line[slot]
+        if not self._told_no_loss and not self.reporting and self._lines and (
+                self._lines >= NO_LOSS_LINES or now - self._started >= NO_LOSS_S) and \
+                not any(r.points for r in self.readers.values()):
+            self._told_no_loss = True
+            self.say(NO_LOSS, "info")
 
     def finished(self, slot: int, whole: bool, pid: int) -> None:
         """The rank's process ended: its last epoch read so far becomes a row (`whole` when
