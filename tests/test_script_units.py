@@ -364,3 +364,40 @@ def test_torchs_and_ncclss_own_log_lines_are_told_from_the_scripts_output():
     assert library_log("gpu-node1:12345:12400 [0] NCCL INFO comm 0x5 rank 0 nranks 2")
     assert not library_log("epoch 1 step 20 loss: 0.2")
     assert not library_log("[rank0]: Traceback (most recent call last):")
+
+
+def test_a_script_that_names_no_epochs_shows_its_iterations_their_rate_and_eval_rows():
+    """nanoGPT's train.py: 'iter N: loss X' lines and 'step N: train loss X, val loss Y'
+    evaluations. Rows are its evaluations, the live row and the header its iteration and
+    it/s; nothing says epoch 0 at 0%."""
+    from ddptui.view.widgets.header import RunHeader
+    from ddptui.view.widgets.tables import EpochTable
+
+    now = [0.0]
+    state = RunState({"script": "train.py", "model": "train.py", "world_size": 1,
+                      "device_kind": "cpu", "epochs": 0})
+    reader = MetricReader(0, PATTERNS, lambda kind, **f: state.apply(event(kind, 0, **f)),
+                          clock=lambda: now[0])
+    state.apply(event("rank", 0, state="running"))
+    lines = ["step 0: train loss 4.2000, val loss 4.2100"]
+    lines += [f"iter {i}: loss {4 - i / 100:.4f}, time 100.00ms, mfu 1.00%"
+              for i in range(0, 250, 10)]
+    lines += ["step 250: train loss 2.0821, val loss 2.1134"]
+    lines += [f"iter {i}: loss 2.0000, time 100.00ms, mfu 1.00%" for i in range(250, 300, 10)]
+    for line in lines:
+        now[0] += 1.0  # ten iterations a second
+        reader.line(line, True)
+        reader.flush(force=True)
+    view = state.view()
+    rows = view.epochs
+    assert [(e["at_step"], e["val_loss"]) for e in rows] == [(0, 4.21), (250, 2.1134)]
+    assert rows[1]["train_loss"] == 2.0821 and abs(rows[1]["steps_per_s"] - 250 / 26) < 1e-3
+    table = EpochTable()
+    table.columns_now = table.SCRIPT_COLUMNS
+    assert [table._cells(e)[:2] for e in rows][1] == ("step 250", "9.6it/s")
+    live = [str(c) for c in table._live_cells(view.live_epoch)]
+    assert live[0].startswith("step 290 ") and "%" not in live[0] and live[1] == "10.0it/s"
+    header = RunHeader()
+    header.view = view
+    second = str(header._script(view, view.meta, 1, "CPU", "RUNNING")[1])
+    assert second.startswith("step 290 ") and "10.0 it/s" in second and "epoch" not in second

@@ -15,10 +15,12 @@ NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
 # number, quoted or not (transformers 5 logs '0.2272'), or as torch prints it:
 # tensor(0.123, device='cuda:0').
 _VALUE = r"['\"]?(?:\s*[:=]\s*['\"]?|\s+)(?:tensor\()?\s*(" + NUMBER + r")"
+_HELD_OUT = r"(?:val|valid|validation|eval|test)[_ ]"  # nanoGPT writes 'val loss 2.1'
 BUILT_IN = {
-    "loss": r"(?:train_|training_)?loss(?:_step)?",
-    "val_loss": r"(?:val|valid|validation|eval|test)_loss",
-    "val_acc": r"(?:val|valid|validation|eval|test)_acc(?:uracy)?",
+    "loss": r"(?<!val )(?<!valid )(?<!validation )(?<!eval )(?<!test )"
+            r"(?:train_|training_)?loss(?:_step)?",
+    "val_loss": _HELD_OUT + "loss",
+    "val_acc": _HELD_OUT + r"acc(?:uracy)?",
     "lr": r"lr|learning_rate",
 }
 _EPOCH = re.compile(r"(?<![\w.])['\"]?epoch['\"]?\s*[:=]?\s*['\"]?\[?\s*(\d+(?:\.\d+)?)", re.I)
@@ -79,6 +81,8 @@ class MetricReader:
         self._epoch_start = clock()
         self._epoch_losses: list[float] = []
         self._epoch_figures: dict[str, float] = {}
+        self._rate_from: tuple[float, int] | None = None  # (when, step) of the last step event
+        self._row_from = 0  # an epoch-less script: the iteration its current eval row began at
 
     def line(self, text: str, final: bool) -> None:
         values = read_line(text, self.patterns)
@@ -93,7 +97,9 @@ class MetricReader:
             self._epoch_figures.update({k: v for k, v in values.items()
                                         if k not in ("loss", "epoch", "step")})
         self._latest.update(values)
-        if "loss" in values:
+        if "val_loss" in values and self.epoch is None and "step" in values:
+            self._eval_row(int(values["step"]))  # an iteration-based script's evaluation
+        elif "loss" in values:
             self.flush()
 
     def flush(self, force: bool = False) -> None:
@@ -105,9 +111,39 @@ class MetricReader:
         v, losses, self._unsent = self._latest, self._unsent, []
         step = int(v.get("step", self.points))
         extra = {k: x for k, x in v.items() if k not in ("loss", "epoch", "step")}
+        rate = self._steps_per_s(now, step) if "step" in v else None
         self.emit("step", epoch=self.epoch or 0, step=step, global_step=step,
                   loss=sum(losses) / len(losses), steps=len(losses), source="output",
-                  **({"metrics": extra} if extra else {}))
+                  **({"metrics": extra} if extra else {}),
+                  **({"iteration": True} if self.epoch is None and "step" in v else {}),
+                  **({"steps_per_s": rate} if rate else {}))
+
+    def _steps_per_s(self, now: float, step: int) -> float | None:
+        """Steps a second since the last step event, from the step numbers printed."""
+        last, self._rate_from = self._rate_from, (now, step)
+        if last is None or step <= last[1] or now <= last[0]:
+            return None
+        return round((step - last[1]) / (now - last[0]), 3)
+
+    def _eval_row(self, step: int) -> None:
+        """A script that names no epochs printed an evaluation: the iterations since the last
+        one become a row (nanoGPT's 'step 250: train loss 2.08, val loss 2.11')."""
+        self.flush(force=True)
+        now, figures = self.clock(), self._latest
+        seconds = now - self._epoch_start
+        losses = self._epoch_losses
+        extra = {k: x for k, x in figures.items()
+                 if k not in ("loss", "epoch", "step", "val_loss", "val_acc")}
+        self.emit("epoch", epoch=0, seconds=round(seconds, 3), samples=0, samples_per_s=0.0,
+                  data_wait=0.0, settings={}, source="output", partial=True,
+                  start_step=step, end_step=step, at_step=step,
+                  steps_per_s=round((step - self._row_from) / seconds, 3) if seconds > 0 else 0.0,
+                  train_loss=figures.get("loss") if "loss" in figures else
+                  sum(losses) / len(losses) if losses else None,
+                  val_loss=figures.get("val_loss"), val_acc=_fraction(figures.get("val_acc")),
+                  metrics=extra)
+        self._epoch_start, self._epoch_losses, self._row_from = now, [], step
+        self._latest, self._epoch_figures = {}, {}
 
     def _epoch_moves(self, epoch: int, values: dict[str, float]) -> bool:
         """True when this line moved the epoch on (and ended the last one's row)."""

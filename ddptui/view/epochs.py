@@ -42,6 +42,8 @@ class EpochRow:
             "ranks": len(evs),
             "source": first.get("source"),
             "metrics": first.get("metrics") or {},
+            "at_step": first.get("at_step"),
+            "steps_per_s": first.get("steps_per_s", 0.0),
         }
 
 
@@ -53,7 +55,8 @@ class LiveEpoch:
         self.now: dict | None = None
 
     def step(self, epoch: int, step: int, loss: float | None, progress: float, data_wait: float,
-             t: float, rate: float) -> None:
+             t: float, rate: float, steps_per_s: float | None = None) -> None:
+        """`steps_per_s`: a script that names no epochs (its iterations a second)."""
         live = self.now
         if live is None or live["epoch"] != epoch:
             live = self.now = {"epoch": epoch, "start_step": 0, "t0": t, "n": 0,
@@ -61,7 +64,8 @@ class LiveEpoch:
         live["n"] += 1
         live["rate_sum"] += rate
         live["wait_sum"] += data_wait
-        live.update(step=step, loss=loss, progress=progress)
+        live.update(step=step, loss=loss, progress=progress, iteration=steps_per_s is not None,
+                    steps_per_s=steps_per_s or 0.0)
 
     def ended(self, ev: dict, t: float) -> None:
         """An epoch event: the whole epoch ended, or a part of it (the row goes on after it)."""
@@ -82,4 +86,6 @@ class LiveEpoch:
                 "progress": live["progress"], "loss": live["loss"],
                 "samples_per_s": live["rate_sum"] / live["n"],
                 "data_wait": live["wait_sum"] / live["n"], "seconds": now - live["t0"],
-                "settings": dict(settings), "world_size": world_size}
+                "settings": dict(settings), "world_size": world_size,
+                "iteration": live.get("iteration", False),
+                "steps_per_s": live.get("steps_per_s", 0.0)}

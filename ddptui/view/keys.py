@@ -3,6 +3,7 @@ and the README's table are made from this list (a test checks the README)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 

@@ -106,6 +106,8 @@ class RunState:
         r.step_ms = ev.get("step_ms", 0.0)
         r.data_wait = ev.get("data_wait", 0.0)
         r.progress = ev.get("progress", r.progress)
+        r.iteration = ev.get("iteration", False)
+        r.steps_per_s = ev.get("steps_per_s", r.steps_per_s)
         r.last_step_t = t
         if self.first_step_t is None:
             self.first_step_t = t
@@ -124,7 +126,8 @@ class RunState:
                 self.rate_line.add(t, rate)
                 self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) /
                                    max(1, len(stepping)))
-            self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate)
+            self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate,
+                                 r.steps_per_s if r.iteration else None)
 
     def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
         key = f"gpu{ev['gpu']}" if ev.get("util") is not None else f"rank{rank}"

@@ -32,6 +32,8 @@ class RankView:
     reason: str = ""
     last_step_t: float = 0.0
     progress: float = 0.0  # fraction of the epoch done, as the rank reported it
+    iteration: bool = False  # a script that names no epochs: step counts its iterations
+    steps_per_s: float = 0.0  # steps a second, from the steps a script printed
     state_t: float = 0.0  # when it entered its state
     standby: str = ""  # out of the world: its standby is warming | ready
     standby_t: float = 0.0

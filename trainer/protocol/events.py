@@ -180,7 +180,10 @@ def count(n: int, noun: str) -> str:
 
 
 def epoch_label(ev: dict) -> str:
-    """'epoch 3', or 'epoch 3 steps 40-90' for the part of an epoch between two changes."""
+    """'epoch 3', 'epoch 3 steps 40-90' for the part of an epoch between two changes, or
+    'step 250' for the evaluation of a script that names no epochs."""
+    if ev.get("at_step") is not None:
+        return f"step {ev['at_step']}"
     start, end = ev.get("start_step") or 0, ev.get("end_step")
     if start or ev.get("partial"):
         return f"epoch {ev['epoch']} steps {start}-{end}"

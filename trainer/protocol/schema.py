@@ -43,6 +43,10 @@ class StepEvent(Event):
     source: NotRequired[Annotated[Literal["output"], "read from the script's output: no rates"]]
     metrics: NotRequired[Annotated[dict, "other figures read from the script's output (`--metric`)"
                                    ", by name"]]
+    iteration: NotRequired[Annotated[bool, "the script names no epochs (nanoGPT): `step` is its "
+                                           "iteration since it began, the epoch stays 0"]]
+    steps_per_s: NotRequired[Annotated[float, "steps (iterations) a second, read from the steps "
+                                              "the script printed (no samples known)"]]
 
 
 class GpuEvent(Event):
@@ -98,6 +102,11 @@ class EpochEvent(Event):
                                          "`run.log`), by name"]]
     source: NotRequired[Annotated[Literal["output"], "read from a script's output: no rates, "
                                                      "no settings"]]
+    at_step: NotRequired[Annotated[int, "a script that names no epochs: the row of an evaluation "
+                                        "it printed at this iteration, over the iterations since "
+                                        "the one before (`start_step` and `end_step` are it)"]]
+    steps_per_s: NotRequired[Annotated[float, "steps (iterations) a second over the segment, "
+                                              "from the steps a script printed"]]
 
 
 class SettingsEvent(Event):

@@ -55,12 +55,16 @@ class RunHeader(Static):
                                                                   _status_style(status)))
         epoch = v.progress[0]
         losses = [r.loss for r in v.ranks if r.loss is not None]
-        parts = [f"epoch {epoch}" if v.epochs or losses else "no figures printed yet",
+        counting = [r for r in v.ranks if r.iteration]  # a script that names no epochs
+        where = f"step {max(r.step for r in counting)}" if counting else f"epoch {epoch}"
+        parts = [where if v.epochs or losses else "no figures printed yet",
                  f"elapsed {duration(v.elapsed)}"]
         if losses:
             parts.append(f"loss {sum(losses) / len(losses):.4f} (mean of ranks)")
         if v.throughput:
             parts.append(f"{v.throughput:,.0f} samples/s")
+        elif counting and counting[0].steps_per_s:
+            parts.append(f"{counting[0].steps_per_s:.1f} it/s")
         if v.best_val_acc is not None:
             parts.append(f"best val_acc {100 * v.best_val_acc:.1f}%")
         return [line1, Text("  ".join(parts))]

@@ -178,7 +178,9 @@ class EpochTable(DataTable):
     def _cells(self, e: dict) -> tuple:
         s = e["settings"]
         label = (f"r{e['restart']} " if e["restart"] else "") + str(e["epoch"])
-        if e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
+        if e.get("at_step") is not None:  # a script with no epochs: its evaluation's row
+            label = (f"r{e['restart']} " if e["restart"] else "") + f"step {e['at_step']}"
+        elif e["start_step"] or e["partial"]:  # part of an epoch, cut by a change
             label += f" ·{e['start_step']}-{e['end_step']}"
         if e["at_quit"]:
             label += " quit"
@@ -197,6 +199,8 @@ class EpochTable(DataTable):
         s, style = e["settings"], "italic"
         label = f"{e['epoch']}" + (f" ·{e['start_step']}-" if e["start_step"] else "") + \
             f" {100 * min(e['progress'], 1.0):.0f}% {duration(e['seconds'])}"
+        if e.get("iteration"):  # no epochs to be a fraction of: the iteration it is at
+            label = f"step {e['step']} {duration(e['seconds'])}"
         if self.columns_now is self.SCRIPT_COLUMNS:
             cells = (label, _rate(e), _fmt(e["loss"], ".4f"), "…", "…", "…",
                      str(e["world_size"] or "-"))
@@ -211,7 +215,10 @@ def _row_key(e: dict) -> str:
 
 
 def _rate(e: dict) -> str:
-    return f"{e['samples_per_s']:,.0f}" if e.get("samples_per_s") else "-"
+    """Samples a second, else the iterations a second a script's printed steps give."""
+    if e.get("samples_per_s"):
+        return f"{e['samples_per_s']:,.0f}"
+    return f"{e['steps_per_s']:.1f}it/s" if e.get("steps_per_s") else "-"
 
 
 def _setting_cells(settings: dict, e: dict, script: bool, cpu: bool) -> tuple:
