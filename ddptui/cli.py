@@ -33,6 +33,7 @@ EXAMPLES = f"""examples:
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
+  ddptui replay runs/2026-11-22T10-00-00.jsonl --csv epochs.csv   # the epochs table as CSV
   ddptui run train.py --gpus 0,1 -- --lr 0.1  # your own torchrun script, no code change
   ddptui run -m mypkg.train --cpus 2 -- ARGS  # ... or module (ddptui run train.py --help)
 
@@ -69,6 +70,8 @@ def build_parser() -> Parser:
     replay.add_argument("--speed", type=float, default=1.0,
                         help="playback speed (0: as fast as possible)")
     replay.add_argument("--headless", action="store_true", help="print the events instead")
+    replay.add_argument("--csv", nargs="?", const="-", metavar="FILE",
+                        help="write its epochs table as CSV to FILE (or stdout) and exit")
     return parser
 
 
@@ -258,6 +261,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no such log: {args.file}")
     if args.speed < 0:
         raise UsageError(f"--speed must be 0 or more, got {args.speed}")
+    if args.csv is not None:
+        return _epochs_csv(args.file, args.csv)
     from ddptui.sources.replay import Replay
 
     replay = Replay(args.file, speed=args.speed)
@@ -266,6 +271,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from ddptui.view.app import DashboardApp
 
     DashboardApp(replay).run()
+    return 0
+
+
+def _epochs_csv(log: str, target: str) -> int:
+    from ddptui.sources.export import write_epochs_csv
+
+    if target == "-":
+        write_epochs_csv(log, sys.stdout)
+        return 0
+    try:
+        with open(target, "w", newline="") as out:
+            rows = write_epochs_csv(log, out)
+    except OSError as e:
+        raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
+    print(f"ddptui: {rows} epoch rows written to {target}", file=sys.stderr)
     return 0
 
 

@@ -29,6 +29,8 @@ from trainer.errors import UsageError
     (["run", "nosuchpkg.models:net"], "model module not found: nosuchpkg.models"),
     (["run", "resnet18", "--amp", "fp8"], "invalid choice: 'fp8'"),
     (["replay", "/no/such.jsonl"], "no such log"),
+    (["replay", f"{ROOT}/tests/data/run-2cpu.jsonl", "--csv", "/proc/x.csv"],
+     "cannot write /proc/x.csv"),
     (["run", "resnet18", "--report", "127.0.0.1:29600"], "--report is for ranks started by"),
     (["run", "resnet18", "--max-restarts", "-1"], "--max-restarts: must be 0 or more"),
     (["attach", "--listen", "nohost"], "bad --listen 'nohost': expected HOST:PORT"),
@@ -163,3 +165,21 @@ def test_each_option_fills_its_section_and_replace_finds_it():
         (16, False, "bf16")
     with pytest.raises(TypeError):
         config.replace(stall_after=3)  # ddptui's own, not the ranks'
+
+
+def test_replay_csv_writes_the_epochs_table_as_the_log_recorded_it(tmp_path, cli_main, capsys):
+    import csv
+    import json
+    import os
+
+    log = os.path.join(ROOT, "tests", "data", "run-2cpu.jsonl")
+    code, _ = cli_main(["replay", log, "--csv", str(tmp_path / "epochs.csv")])
+    assert code == 0
+    with open(tmp_path / "epochs.csv") as f:
+        rows = list(csv.DictReader(f))
+    with open(log) as f:
+        rank0 = [e for e in map(json.loads, f) if e["kind"] == "epoch" and e["rank"] == 0]
+    assert [int(r["epoch"]) for r in rows] == [e["epoch"] for e in rank0]
+    assert [float(r["train_loss"]) for r in rows] == \
+        [float(f"{e['train_loss']:.6g}") for e in rank0]
+    assert all(r["workers"] and r["world_size"] == "2" for r in rows)

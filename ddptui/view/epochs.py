@@ -43,7 +43,7 @@ class EpochRow:
             "source": first.get("source"),
             "metrics": first.get("metrics") or {},
             "at_step": first.get("at_step"),
-            "steps_per_s": first.get("steps_per_s", 0.0),
+            "steps_per_s": first.get("steps_per_s"),
         }
 
 
