@@ -251,3 +251,67 @@ def test_the_cpu_path_reads_every_format_and_crops_as_the_pil_transforms_did(tmp
         torch.manual_seed(seed)
         got = bundle.train.transform(load_image(str(tmp_path / "a" / "x.jpg")))
         assert (got.int() - want.int()).abs().float().mean() < 3, seed
+
+
+MINE = '''
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+seen = {}
+
+
+def net(num_classes, in_channels):
+    seen.update(num_classes=num_classes, in_channels=in_channels)
+    return nn.Sequential(nn.Flatten(), nn.Linear(in_channels * 8 * 8, num_classes))
+
+
+def data():
+    x, y = torch.rand(20, 1, 8, 8), torch.arange(20) % 4
+    return TensorDataset(x, y), TensorDataset(x[:4], y[:4])
+
+
+def not_a_dataset():
+    return 3
+
+
+def flat_images():
+    return TensorDataset(torch.rand(5, 64), torch.zeros(5, dtype=torch.long))
+
+
+def no_label():
+    return [torch.rand(3, 8, 8)] * 4
+
+
+def not_a_module(num_classes):
+    return "resnet18"
+'''
+
+
+def test_your_own_model_and_data_get_what_the_docs_promise_and_a_bad_return_is_named(
+        tmp_path, monkeypatch):
+    """docs/input-pipeline.md's contract of `--data pkg:fn` and `pkg:fn` models."""
+    from trainer.errors import DataError, UsageError
+    from trainer.models import build_model
+    from trainer.pipeline.datasets import _custom
+
+    (tmp_path / "mine.py").write_text(MINE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    bundle = _custom("mine:data", 8, None)
+    assert (bundle.num_train, bundle.num_classes, bundle.in_channels) == (20, 4, 1)
+    assert len(bundle.val) == 4
+    model = build_model("mine:net", bundle.num_classes, bundle.in_channels, 8)
+    import mine
+
+    assert mine.seen == {"num_classes": 4, "in_channels": 1}
+    assert model(torch.rand(2, 1, 8, 8)).shape == (2, 4)
+    for fn, says in [("not_a_dataset", "data mine:not_a_dataset returned int: it must return"),
+                     ("flat_images", "data mine:flat_images: an image is Tensor of shape (64,)"),
+                     ("no_label", "data mine:no_label: a sample is Tensor; each must be an "
+                                  "(image, label) pair")]:
+        with pytest.raises(DataError) as e:
+            _custom(f"mine:{fn}", 8, None)
+        assert str(e.value).startswith(says), e.value
+    with pytest.raises(UsageError, match="model mine:not_a_module returned str, not a torch.nn"):
+        build_model("mine:not_a_module", 4, 3, 8)

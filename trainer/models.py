@@ -26,6 +26,8 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int) 
         model = fn(**kwargs)
         if not isinstance(model, nn.Module):
             raise UsageError(f"model {name} returned {type(model).__name__}, not a torch.nn.Module")
+        if "in_channels" in kwargs:
+            return model  # it was built for the data's channels
     else:
         check_model_name(name)
         kwargs = {"image_size": image_size} if name.startswith(("vit_", "maxvit")) else {}
@@ -49,7 +51,8 @@ def adapt_first_conv(model: nn.Module, in_channels: int) -> None:
                     child.padding, child.dilation, child.groups, child.bias is not None,
                     child.padding_mode))
                 return
-    raise UsageError(f"{type(model).__name__} has no Conv2d to adapt to {in_channels} channels")
+    raise UsageError(f"{type(model).__name__} has no Conv2d to adapt to {in_channels} channels "
+                     "(a model function of your own can take in_channels)")
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

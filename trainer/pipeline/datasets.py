@@ -175,10 +175,12 @@ def _small(train: Dataset, val: Dataset, channels: int, aug: list, size: int, na
 def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
     fn = load_callable(spec, "data")
     made = fn()
-    train, val = made if isinstance(made, tuple) else (made, None)
-    if not hasattr(train, "__getitem__") or not hasattr(train, "__len__") or len(train) == 0:
-        raise DataError(f"{spec} must return a non-empty map-style Dataset (or a (train, val) pair)")
-    image, _ = train[0]
+    train, val = made if isinstance(made, tuple) and len(made) == 2 else (made, None)
+    for part in (train, val) if val is not None else (train,):
+        if not hasattr(part, "__getitem__") or not hasattr(part, "__len__") or len(part) == 0:
+            raise DataError(f"data {spec} returned {type(part).__name__}: it must return a "
+                            "non-empty map-style Dataset, or a (train, val) pair of them")
+    image = _sample_image(spec, train[0])
     if isinstance(image, Image.Image):  # PIL: give it the ImageFolder treatment
         channels = 1 if image.mode in ("L", "I", "F") else 3
         tf = transforms.Compose([transforms.Resize((size, size), antialias=True),
@@ -191,6 +193,19 @@ def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
         num_classes = 1 + max(int(train[i][1]) for i in range(len(train)))
     return DataBundle(KeyedDataset(train, tf, seed), KeyedDataset(val, tf) if val else None,
                       len(train), int(num_classes), channels)
+
+
+def _sample_image(spec: str, sample) -> Image.Image | torch.Tensor:
+    """The image of a custom dataset's sample, which must be an (image, label) pair."""
+    if not isinstance(sample, (tuple, list)) or len(sample) != 2:
+        raise DataError(f"data {spec}: a sample is {type(sample).__name__}; each must be an "
+                        "(image, label) pair")
+    image = sample[0]
+    if isinstance(image, Image.Image) or isinstance(image, torch.Tensor) and image.dim() == 3:
+        return image
+    shape = f" of shape {tuple(image.shape)}" if hasattr(image, "shape") else ""
+    raise DataError(f"data {spec}: an image is {type(image).__name__}{shape}; it must be a "
+                    "(channels, height, width) tensor or a PIL image")
 
 
 def load_callable(spec: str, what: str) -> Callable:
