@@ -59,8 +59,8 @@ def test_a_progress_bar_collapses_to_what_it_last_showed():
     assert done == ["start"] and live == "20%|## | loss=0.8"
     done, live = lines.feed(b"\r100%|###| loss=0.1\n\xe2\x9c")  # a UTF-8 character cut in two
     assert done == ["100%|###| loss=0.1"] and live == ""
-    done, live = lines.feed(b"\x93 ok\n\x1b[31mred\x1b[0m text\n")
-    assert done == ["✓ ok", "red text"]
+    done, live = lines.feed(b"\x93 ok\n\x1b[31mred\x1b[0m text\x1b[2J\n")
+    assert done == ["✓ ok", "\x1b[31mred\x1b[0m text"]  # its colours, not the screen clear
     done, live = lines.feed(b"a write cut sh")
     assert live == ""  # not a redraw: its rest follows
 
@@ -69,7 +69,16 @@ def test_escape_sequences_never_reach_the_terminal_raw():
     hostile = "a\x1b[2J\x1b]0;pwned\x07b \x1b[31mred\x1b[0m\r50%\x07\x1b[10;5H\x9b2J"
     assert plain(hostile) == "ab red50%"  # the C1 CSI (\\x9b) goes whole too
     assert keep_colours(hostile) == "ab \x1b[31mred\x1b[0m\r50%"
-    state = RunState()
+    state = RunState({"script": "x.py"})
+    state.apply(event("output", 1, text="\x1b[1;32mok\x1b[0m step\x1b]0;title\x07\x1b[H",
+                      final=True))
+    from ddptui.view.widgets.tables import RankTable
+
+    rank = state.view().ranks[0]
+    shown = RankTable()._script_cells(rank, 0.0)[4]  # the output column keeps the colours
+    assert shown.plain == "ok step"
+    assert [(span.start, span.end, span.style.color.name) for span in shown.spans] == \
+        [(0, 2, "color(2)")]  # ANSI green
     state.apply(event("message", 1, level="warning", text="x\x1b]0;title\x07\x1b[2Jy"))
     state.apply(event("rank", 1, state="crashed", reason="boom\x1b[H", host="h\x07"))
     assert all("\x1b" not in line[3] and "\x07" not in line[3] for line in state.lines_after(0))

@@ -39,8 +39,8 @@ class Lines:
         self._partial = ""
 
     def feed(self, data: bytes) -> tuple[list[str], str]:
-        """(lines finished by this chunk, the unfinished line's latest state: '' if none).
-        A line redrawn with \\r counts as what it last showed."""
+        """(lines finished by this chunk, the unfinished line's latest state: '' if none),
+        colours kept. A line redrawn with \\r counts as what it last showed."""
         text = self._partial + self._decoder.decode(data)
         *done, self._partial = text.split("\n")
         # An unfinished line is news only when it is being redrawn (a progress bar); else it
@@ -50,9 +50,10 @@ class Lines:
 
 
 def _latest(line: str) -> str:
-    """What a terminal shows of a line redrawn with \\r: its last non-empty segment."""
+    """What a terminal shows of a line redrawn with \\r: its last non-empty segment, its
+    colours kept (every other escape sequence and control character removed)."""
     segments = [s for s in line.split("\r") if plain(s).strip()]
-    return plain(segments[-1]).strip() if segments else ""
+    return keep_colours(segments[-1]).strip() if segments else ""
 
 
 class StreamReader(threading.Thread):
@@ -88,7 +89,7 @@ class StreamReader(threading.Thread):
                     self._show(data)
                 done, live = lines.feed(data)
                 for line in done:
-                    self.tail.append(line)
+                    self.tail.append(plain(line))
                     self.on_line(line, True)
                 if live:
                     self.on_line(live, False)

@@ -15,6 +15,7 @@ from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
+from ddptui.view.text import plain
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 
@@ -84,11 +85,13 @@ class ScriptWatch:
 
     # -- what the ranks say --------------------------------------------------------------
     def line(self, slot: int, text: str, final: bool, now: float) -> None:
-        if not library_log(text):  # torch's and NCCL's logs say nothing of the script's pace
+        """`text`: with its colours (the screen shows them); figures are read from it plain."""
+        bare = plain(text)
+        if not library_log(bare):  # torch's and NCCL's logs say nothing of the script's pace
             self._heard(slot, now)
             self._lines += final
         if slot not in self.reporting:
-            self.readers[slot].line(text, final)
+            self.readers[slot].line(bare, final)
         self._line[slot] = (text, final)
 
     def reported(self, ev: dict, now: float) -> None:

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import replace
 
 from ddptui.view.epochs import EpochRow, LiveEpoch
-from ddptui.view.text import plain
+from ddptui.view.text import keep_colours, plain
 from ddptui.view.timeline import Timeline
 from ddptui.view.views import DeviceView, Progress, Pulse, RankView, RunView
 from trainer.protocol.events import PARENT, RankState, count, describe
@@ -255,7 +255,9 @@ class RunState:
         self._line(t, ev.get("level", "info"), describe(ev))
 
     def _on_output(self, ev: dict, rank: int, t: float) -> None:
-        self._rank(rank).last_line = plain(ev.get("text") or "")
+        # Colours kept for the screen; nothing else of a rank's bytes reaches the terminal.
+        line = keep_colours(ev.get("text") or "").replace("\r", "").replace("\n", " ")
+        self._rank(rank).last_line = line
 
     def _on_process(self, ev: dict, rank: int, t: float) -> None:
         r = self._rank(rank)

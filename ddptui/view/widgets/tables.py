@@ -78,9 +78,11 @@ class RankTable(DataTable):
 
     def _script_cells(self, r, now: float) -> tuple:
         stepped = bool(r.last_step_t)
-        out = r.last_line if len(r.last_line) <= self.OUTPUT else r.last_line[:self.OUTPUT - 1] + "…"
-        return (str(r.rank), state_cell(r, now), f"{r.epoch}/{r.step}" if stepped else "-",
-                _fmt(r.loss, ".4f"), Text(out, style="dim"),
+        # Its colours as it printed them (only colours: keep_colours made the rest inert).
+        out = Text.from_ansi(r.last_line, style="dim", no_wrap=True, end="")
+        out.truncate(self.OUTPUT, overflow="ellipsis")
+        where = (str(r.step) if r.iteration else f"{r.epoch}/{r.step}") if stepped else "-"
+        return (str(r.rank), state_cell(r, now), where, _fmt(r.loss, ".4f"), out,
                 Text(r.status or "-", style="bold red" if r.status in ("stopped", "zombie")
                      else ""),
                 _fmt(r.cpu_percent, ".0f") + ("%" if r.cpu_percent is not None else ""),
