@@ -54,7 +54,8 @@ def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
             break
     assert torchrun.returncode == 0, torchrun.stderr[-2000:]
     log = tmp_path / "run.jsonl"
-    ours = ddptui(["run", PLAIN, "--cpus", "2", "--log", str(log), "--", *SMALL], env, tmp_path)
+    ours = ddptui(["run", PLAIN, "--cpus", "2", "--log", str(log), "--tensorboard",
+                   str(tmp_path / "tb"), "--", *SMALL], env, tmp_path)
     assert ours.returncode == 0, ours.stderr[-2000:]
     # Two ranks print at once: their lines may interleave (even within a line, as print()
     # writes the newline apart) differently from run to run; what they say may not differ.
@@ -71,6 +72,12 @@ def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
     assert [e["status"] for e in events(log, "run")] == ["started", "done"]
     assert not any("no loss read" in e["text"] for e in events(log, "message"))
     assert_gone(run_pids(log))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = EventAccumulator(str(tmp_path / "tb"))  # every rank's loss, the epochs' figures
+    tb.Reload()
+    assert {"loss/rank0", "loss/rank1", "train_loss"} <= set(tb.Tags()["scalars"])
+    assert [s.step for s in tb.Scalars("train_loss")] == [0, 1]
 
 
 @pytest.mark.timeout(60)

@@ -77,10 +77,7 @@ def validate(config: RunConfig) -> None:
     if tele.log:
         check_writable_dir(os.path.dirname(os.path.abspath(tele.log)), "--log directory")
     if tele.tensorboard:
-        if importlib.util.find_spec("tensorboard") is None:
-            raise UsageError("--tensorboard needs the tensorboard package: "
-                             "pip install tensorboard (or ddptui[tensorboard])")
-        check_writable_dir(tele.tensorboard, "--tensorboard directory")
+        check_tensorboard(tele.tensorboard)
     if tele.report:
         from trainer.protocol.channel import load_key, parse_address
 
@@ -171,6 +168,14 @@ def importable_from_cwd() -> None:
     """User `pkg.module:function` specs resolve from the working directory, as with `python -m`."""
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def check_tensorboard(path: str) -> None:
+    """--tensorboard DIR: the package is there and DIR can be written."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise UsageError("--tensorboard needs the tensorboard package: "
+                         "pip install tensorboard (or ddptui[tensorboard])")
+    check_writable_dir(path, "--tensorboard directory")
 
 
 def check_writable_dir(path: str, what: str) -> None:

@@ -92,7 +92,7 @@ def _whoami(config: RunConfig, rank: int, world_size: int, local_rank: int | Non
     me = Rank(slot, rank, world_size, device, physical_gpu if use_cuda else None,
               Reporter(slot, channel, config.telemetry.log if channel is None else None), echo, standby)
     if config.telemetry.tensorboard:
-        me.reporter.sinks.append(TensorBoardSink(config.telemetry.tensorboard, slot))
+        me.reporter.sinks.append(TensorBoardSink(config.telemetry.tensorboard, f".rank{slot}"))
     return me
 
 

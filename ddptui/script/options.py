@@ -17,7 +17,7 @@ from ddptui.script.streams import Routing, ranks_filter, std_spec
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
 from trainer.options import Parser, add_sections, flags, from_args, option, switches
-from trainer.parse import check_writable_dir
+from trainer.parse import check_tensorboard, check_writable_dir
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -50,6 +50,9 @@ class ScriptConfig:
                             "(automatic when not a terminal)", action="store_true")
     log: str | None = option(None, "telemetry log (default runs/<time>.jsonl; each rank's output "
                              "beside it as .rankN.out)", metavar="FILE.jsonl")
+    tensorboard: str | None = option(
+        None, "also write every rank's scalars for TensorBoard in DIR: loss, the epochs' "
+        "figures, GPU load (needs the tensorboard package)", metavar="DIR")
     grace: float = option(
         GRACE_S, f"after Ctrl-C, q or SIGTERM (forwarded to every rank), SIGKILL what is left "
         f"after S seconds (default {GRACE_S:.0f}, as torchrun)", type=positive_float, metavar="S")
@@ -180,6 +183,8 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
         check_writable_dir(os.path.dirname(os.path.abspath(args.log)), "--log directory")
     if args.log_dir:
         check_writable_dir(args.log_dir, "--log-dir")
+    if args.tensorboard:
+        check_tensorboard(args.tensorboard)
     gpus, cpus = resolve_devices(*_devices(args))
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,

@@ -28,6 +28,7 @@ from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, count, event
+from trainer.telemetry.tensorboard import TensorBoardSink
 
 SAMPLE_EVERY_S = 0.5
 
@@ -54,6 +55,7 @@ class ScriptRun(OwnedRun):
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
+        self._tensorboard: TensorBoardSink | None = None  # --tensorboard: every rank's scalars
         self.run_id = new_run_id()
         self.attempts = 0
         self.failures = 0
@@ -95,12 +97,16 @@ class ScriptRun(OwnedRun):
         self.state.apply(ev)
         if self._writer:
             self._writer.write(ev)
+        if self._tensorboard is not None:
+            self._tensorboard.put(ev)
 
     def _main(self) -> None:
         try:
             self.sampler = RunSampler(self.config.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
             self._link.start()
+            if self.config.tensorboard:
+                self._tensorboard = TensorBoardSink(self.config.tensorboard, ".ddptui")
             self.group = RankGroup(self.config, self.stem, self.config.headless, self._line)
             self._start_attempt()
             self._loop()
@@ -121,6 +127,8 @@ class ScriptRun(OwnedRun):
                 self.watch.flush_lines(time.time(), force=True)
             finally:
                 self._link.close()
+                if self._tensorboard is not None:
+                    self._tensorboard.close()
                 self._closed()
 
     def _start_attempt(self) -> None:
