@@ -32,6 +32,19 @@ def test_a_rank_stuck_in_its_own_input_is_stalled_while_its_peer_waits_in_the_co
     assert v[1].fields["phase"] == "input"
 
 
+def test_a_rank_waiting_in_a_collective_is_not_blamed_before_its_culprit_crosses_the_limit():
+    """Seen on CI with --stall-after 2: rank 0's last step was reported 0.5 s before rank 1's,
+    so rank 0 (waiting in DDP's broadcast) crossed the limit first and was killed as the
+    stalled one while rank 1 hung in its own input."""
+    ranks = [_seen(0, since=NOW - 2.2), _seen(1, since=NOW - 1.7, phase="input")]
+    assert judge_stalls(ranks, NOW, 2.0) == {}  # nothing singles rank 0 out: not yet
+    v = judge_stalls(ranks, NOW + 0.5, 2.0)  # both past it: the evidence decides
+    assert (v[0].state, v[1].state) == ("waiting", "stalled")
+    # A member stuck with no evidence while the others go on is stalled after twice the limit.
+    v = judge_stalls([_seen(0, since=NOW - 4.1), _seen(1, since=NOW - 0.1)], NOW, 2.0)
+    assert (v[0].state, v[1].state) == ("stalled", "waiting")
+
+
 def test_a_rank_in_validation_waits_for_a_stopped_peer_instead_of_being_blamed():
     """Seen on CI: the peer was SIGSTOPped at an epoch's end, rank 0 sat in validation's
     all_reduce; both were called stalled."""

@@ -124,6 +124,17 @@ def test_a_death_with_no_rollback_or_no_survivor_fails_the_run():
     assert isinstance(m.died(0, set(), True, "exited with code 1", 0)[0], Fail)
 
 
+def test_the_last_member_dying_before_a_recovery_is_confirmed_fails_not_recovers_a_standby():
+    """Rank 0 killed (its slot's live process is now its standby), then rank 1 before it
+    confirmed the recovery: nobody is left, whatever the last confirmed world was (seen on CPU:
+    a recover order sent to rank 0's standby hung the run)."""
+    m = _world(0, 1)
+    actions = m.died(0, {1}, True, "killed by ddptui", 0)
+    assert _tells(actions)[1]["members"] == [1] and Standby(0) in actions
+    assert m.confirmed == [0, 1]  # rank 1 never confirms: it is the one that hangs
+    assert m.died(1, {0}, True, "killed by ddptui", 1) == [Fail("rank 1 killed by ddptui")]
+
+
 def test_a_standby_dying_is_only_reported():
     m = _world(0, 1)
     actions = m.died(3, {0, 1}, True, "killed by SIGKILL", 0)

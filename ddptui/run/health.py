@@ -66,6 +66,13 @@ def judge_stalls(members: list[Seen], now: float, stall_after: float | None) -> 
     # may only be waiting for a frozen peer).
     evidence = {m.slot: _why_culprit(m, now, furthest) for m in stuck}
     strongest = min((tier for tier, _ in evidence.values() if tier), default=0)
+    if not strongest and len(stuck) < len(members) and all(
+            now - m.since <= 2 * stall_limit(m.step_s, stall_after, m.started) for m in stuck):
+        # Nothing singles out those stuck so far, and the world steps in lockstep: the others
+        # stop within a step. A rank waiting in a collective crosses the limit first when its
+        # last step was reported before the culprit's: wait for the culprit's evidence (seen
+        # on a loaded CPU machine: the waiting rank killed by --on-stall recover).
+        return {}
     culprits = [m for m in stuck if evidence[m.slot][0] == strongest] if strongest else stuck
     names = ", ".join(str(m.slot) for m in culprits)
     verdicts = {m.slot: _stalled(m, now, evidence[m.slot][1]) for m in culprits}

@@ -179,7 +179,7 @@ class Membership:
             self.ready.discard(s)
             actions.append(Standby(s))
         self.leaving.clear()
-        base = set(self.members) | set(self.confirmed)
+        base = self._member_slots()
         survivors = sorted((base & alive) - dropped - {slot})
         if not (recoverable and survivors):
             return [Fail(f"rank {slot} {why}")]
@@ -197,7 +197,7 @@ class Membership:
     def halt_without(self, slots: list[int], alive: set[int], now: float) -> list:
         """A stop that cannot wait for `slots` (stalled, being killed): the other members
         re-form without them, go back to their last common point and stop there."""
-        base = set(self.members) | set(self.confirmed)
+        base = self._member_slots()
         survivors = sorted((base & alive) - set(slots) - self.leaving
                            - {self.change.get("joiner") if self.change else None})
         if not survivors:
@@ -218,6 +218,11 @@ class Membership:
         return self.change is None
 
     # -- inside ----------------------------------------------------------------------------
+    def _member_slots(self) -> set[int]:
+        """The world's members, ordered or last confirmed, less those that crashed or left
+        since: such a slot's live process is its standby, which no recover order may name."""
+        return (set(self.members) | set(self.confirmed)) - set(self.out)
+
     def _order(self, op: str, members: list[int], now: float, **extra) -> dict:
         self.generation += 1
         order = {"op": op, "members": sorted(members), "gen": self.generation,
