@@ -1,6 +1,7 @@
 """The framework callbacks with the real frameworks, on 2 gloo ranks under `ddptui run`:
 each rank's own loss per step, epoch rows with the framework's validation metric, and the
-dashboard's c and q reaching every rank at one step (the framework's own checkpoint file)."""
+dashboard's space, c and q reaching every rank at one step (the framework's own checkpoint
+file)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,16 @@ def _ended_on_failure(run: ScriptRun):
         raise
 
 
+def _pauses(run: ScriptRun, log) -> None:
+    """space: every rank pauses at one step and resumes from it."""
+    assert run.refuse("pause") is None
+    run.pause()
+    paused = wait_for_event(log, lambda e: e.get("status") == "paused", 60)
+    run.resume()
+    resumed = wait_for_event(log, lambda e: e.get("status") == "resumed", 60)
+    assert resumed["global_step"] == paused["global_step"]
+
+
 def _c_saves(run: ScriptRun, log, saved) -> None:
     """c: the framework's own checkpoint file appears (`saved()` lists them) and training
     goes on to another epoch row."""
@@ -82,6 +93,7 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         first = _first_epoch_and_own_losses(log)
         assert 0 < first["val_acc"] <= 1 and first["val_loss"] > 0 and first["samples"] == 1024
         assert all(e.get("source") is None for e in events(log, "step"))
+        _pauses(run, log)
         run.checkpoint()
         saved = wait_for_event(log, lambda e: "checkpoint asked for" in e.get("text", ""), 60)
         assert saved["rank"] == 0
@@ -129,6 +141,7 @@ def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, t
         first = _first_epoch_and_own_losses(log)  # each rank's, before the Trainer gathers it
         # eval_loss and eval_accuracy, as the Trainer's evaluation named them
         assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
+        _pauses(run, log)
         # control.should_save on every rank at the same step
         _c_saves(run, log, lambda: (tmp_path / "out").glob("checkpoint-*"))
     assert_stops_cleanly(run, log)  # q: control.should_training_stop
@@ -145,6 +158,7 @@ def test_keras_fit_becomes_data_parallel_reports_every_rank_and_takes_c_and_q(sc
         first = _first_epoch_and_own_losses(log)
         # fit()'s val_loss and val_accuracy; each rank trained its half of the 2,048 samples
         assert first["val_loss"] > 0 and 0 < first["val_acc"] <= 1 and first["samples"] == 1024
+        _pauses(run, log)
         # model.save on rank 0, at the step every rank agreed
         _c_saves(run, log, lambda: (tmp_path / "checkpoints").glob("ddptui-epoch=*.keras"))
     assert_stops_cleanly(run, log)  # q: model.stop_training on every rank at one step
