@@ -13,7 +13,9 @@ import time
 
 from ddptui import __version__, bytecode
 from ddptui.run.policy import RunPolicy
+from ddptui.script.options import STALL_S
 from ddptui.view.keys import keys_lines
+from trainer.argtypes import positive_float
 from trainer.config import DeviceOptions
 from trainer.errors import UsageError
 from trainer.options import Parser, from_args
@@ -64,6 +66,10 @@ def build_parser() -> Parser:
                         help=HEADLESS_HELP)
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
+    attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
+                        help="ranks under python -m ddptui.wrap: flag one stalled after S "
+                        f"seconds stopped, idle or silent (default {STALL_S:.0f}); one that "
+                        "stops reporting is unreachable after 5 s")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
     replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
     replay.add_argument("file", metavar="FILE.jsonl")
@@ -234,7 +240,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from ddptui.sources.attach import Attach
 
     try:
-        attach = Attach(address, key, log, source)
+        attach = Attach(address, key, log, source, args.stall_after)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
     headless = args.headless or not sys.stdout.isatty()

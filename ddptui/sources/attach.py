@@ -6,12 +6,16 @@ world's rank 0; the processes belong to their launcher, so it never starts or st
 from __future__ import annotations
 
 import threading
+import time
 
+from ddptui.script.options import STALL_S
 from ddptui.source import RunSource
 from ddptui.sources.listener import ReportListener
+from ddptui.sources.remote_watch import RemoteWatch
 from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
+CHECK_EVERY_S = 0.5
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
              "group when a rank fails (--max-restarts), srun ends the step; stop the job there "
              "(Ctrl-C to torchrun, scancel for SLURM)")
@@ -22,22 +26,48 @@ class Attach(RunSource):
 
     owns_ranks = False  # q detaches; training goes on
 
-    def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str):
+    def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str,
+                 stall_after: float = STALL_S):
         self.address, self.key, self.log_path = address, key, log_path
         self.state = RunState({"log": log_path, "model": "waiting for ranks",
                                "data": f"listening on {address[0]}:{address[1]}"})
         self.done = threading.Event()
         self.exit_code: int | None = None
         self.key_source = key_source
-        self._link = ReportListener(address, key, self._record, self._note, self._check_finished)
+        self._link = ReportListener(address, key, self._received, self._note,
+                                    self._check_finished)
         self._writer: JsonlWriter | None = None
         self._finished = False
+        self._lock = threading.RLock()  # the listener's threads and the watch's
+        self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
 
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
         self._note("info", f"listening on {self.address[0]}:{self.address[1]} "
                    f"(key: {self.key_source})")
         self._link.start()
+        threading.Thread(target=self._judge, name="attach-watch", daemon=True).start()
+
+    def stacks(self, rank: int) -> None:
+        """A wrapped rank's stacks (python -m ddptui.wrap); others report through their loop."""
+        if rank in self._watch.silence:
+            self._ask_stacks(rank)
+        else:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
+                       "it cannot be asked for its stacks (docs/cluster.md)")
+
+    def _ask_stacks(self, rank: int) -> bool:
+        return self._link.send(rank, {"op": "stacks"})
+
+    def _received(self, ev: dict) -> None:
+        with self._lock:
+            self._watch.observe(ev, time.time())
+            self._record(ev)
+
+    def _judge(self) -> None:
+        while not self.done.wait(CHECK_EVERY_S):
+            with self._lock:
+                self._watch.check(time.time())
 
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         """Detach: close the listener and every connection (the ranks keep training)."""
@@ -86,7 +116,8 @@ class Attach(RunSource):
             self._writer.write(ev)
 
     def _note(self, level: str, text: str) -> None:
-        self._record(event("message", PARENT, level=level, text=text))
+        with self._lock:
+            self._record(event("message", PARENT, level=level, text=text))
 
     def _check_finished(self) -> None:
         """The job said it ended and every connection has closed: attach is done too."""

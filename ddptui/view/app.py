@@ -117,15 +117,9 @@ class DashboardApp(App[int]):
             return
         state = self.source.state
         view = self.view = state.view()
-        disabled = frozenset(a for a in NEEDS if self.why_not(a))
-        if disabled != self._disabled:  # a script's ranks said what they take
-            self._disabled = disabled
-            self.refresh_bindings()
+        self._refresh_keys()
         self.header.view = view
-        self.devices.view = view
-        self.devices.border_title = "GPUs" if view.meta.get("device_kind") == "cuda" else \
-            "CPU ranks and host"
-        self.devices.compact = len(view.devices) > 4 or self.size.height < 30
+        self._show_devices(view)
         shape = (tuple((r.rank, r.state, r.standby) for r in view.ranks), len(view.epochs),
                  view.live_epoch is None)
         # At most every TABLES_S of run time; once no more events can come (a run that has
@@ -162,6 +156,19 @@ class DashboardApp(App[int]):
             self._seq = seq
             stamp = f"{t - start:7.1f}s " if start else "         "
             self.events.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
+
+    def _show_devices(self, view: RunView) -> None:
+        self.devices.view = view
+        self.devices.border_title = "GPUs" if view.meta.get("device_kind") == "cuda" else \
+            "CPU ranks and host"
+        self.devices.compact = len(view.devices) > 4 or self.size.height < 30
+
+    def _refresh_keys(self) -> None:
+        """The footer dims the keys that cannot act, once a script's ranks said what they take."""
+        disabled = frozenset(a for a in NEEDS if self.why_not(a))
+        if disabled != self._disabled:
+            self._disabled = disabled
+            self.refresh_bindings()
 
     def _close(self, code: int | None) -> None:
         self.closing = True
@@ -291,8 +298,7 @@ class DashboardApp(App[int]):
         rank = self._selected()
         if rank is None:
             return
-        asked = self.source.can_steer and self.source.owns_ranks and not self.source.done.is_set() \
-            and not rank.state.is_final
+        asked = self.source.can_steer and not self.source.done.is_set() and not rank.state.is_final
         screen = StacksScreen(rank.rank, asked)
         if asked:
             self._stacks_asked_t = self.view.now if self.view else 0.0

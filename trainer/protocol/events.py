@@ -29,6 +29,7 @@ class RankState(str, enum.Enum):
     STALLED = "stalled"  # a member that finished no step for --stall-after seconds
     WAITING = "waiting"  # a member blocked on a stalled one
     SLOW = "slow"  # a straggler: 15% slower than the others
+    UNREACHABLE = "unreachable"  # attach: a rank that stopped reporting (stopped, node, link)
     DONE = "done"
 
     __str__ = str.__str__  # "running", in f-strings and tables alike
@@ -46,7 +47,8 @@ class RankState(str, enum.Enum):
     @property
     def is_member(self) -> bool:
         """In the world: stepping, or held up inside it (killing it leaves the others short)."""
-        return self in (RankState.RUNNING, RankState.SLOW, RankState.STALLED, RankState.WAITING)
+        return self in (RankState.RUNNING, RankState.SLOW, RankState.STALLED, RankState.WAITING,
+                        RankState.UNREACHABLE)
 
     @property
     def is_stepping(self) -> bool:
@@ -56,7 +58,8 @@ class RankState(str, enum.Enum):
     @property
     def is_troubled(self) -> bool:
         """A member the others wait for or on, or a straggler: the console names it."""
-        return self in (RankState.STALLED, RankState.WAITING, RankState.SLOW)
+        return self in (RankState.STALLED, RankState.WAITING, RankState.SLOW,
+                        RankState.UNREACHABLE)
 
     @property
     def is_final(self) -> bool:

@@ -129,7 +129,7 @@ class RankEvent(Event):
     watchdog."""
 
     state: Annotated[Literal["starting", "running", "standby", "stopped", "crashed", "restarting",
-                             "stalled", "waiting", "slow", "done"],
+                             "stalled", "waiting", "slow", "unreachable", "done"],
                      "the slot's state (docs/dashboard.md: rank states)"]
     pid: NotRequired[Annotated[int | None, "its process"]]
     gpu: NotRequired[Annotated[int | None, "its GPU's NVML index (null: CPU)"]]
@@ -141,11 +141,14 @@ class RankEvent(Event):
     standby: NotRequired[Annotated[str | bool | None, "out of the world: its warm standby "
                                                            "is `warming` or `ready`"]]
     world_rank: NotRequired[Annotated[int, "its rank in the world it entered"]]
-    api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init"]]
+    api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init; "
+                                    "one under `python -m ddptui.wrap`: ddptui.wrap"]]
     control: NotRequired[Annotated[list, "the orders that script rank takes (pause, checkpoint, "
                                          "stop, settings, elastic)"]]
     alone: NotRequired[Annotated[bool, "that script rank has no process group: it takes the "
                                        "dashboard's orders itself, not agreed at one step"]]
+    local_rank: NotRequired[Annotated[int, "a rank under `python -m ddptui.wrap`: its LOCAL_RANK "
+                                           "on its node"]]
     seconds: NotRequired[Annotated[float, "stalled or waiting: seconds since its last step"]]
     process: NotRequired[Annotated[str, "stalled: its process state (running, sleeping, "
                                         "stopped, disk wait, zombie)"]]

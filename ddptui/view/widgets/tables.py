@@ -15,7 +15,7 @@ from trainer.protocol.events import figures, onoff
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
-               "waiting": "yellow", "slow": "bold yellow"}
+               "waiting": "yellow", "slow": "bold yellow", "unreachable": "bold magenta"}
 
 
 def update_row(table: DataTable, key: str, cells: dict, widen: bool = False) -> None:

@@ -1,0 +1,197 @@
+"""What `python -m ddptui.wrap` sends `ddptui attach` from inside a rank it wraps: the rank and
+its node, its output (passed through unchanged, read line by line for loss), its process and
+GPU figures, its Python stacks when attach asks, and its exception when it fails.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import psutil
+
+from ddptui.script.metrics import MetricReader, compile_metrics
+from ddptui.script.output import CHUNK, Lines, _write_all
+from ddptui.view.text import plain
+from trainer.protocol.channel import load_key, parse_address
+from trainer.protocol.events import event
+from trainer.telemetry.gpu import DeviceSampler, physical_index
+from trainer.telemetry.remote import RemoteLink, node_name
+
+SAMPLE_EVERY_S = 1.0  # the process's figures, as ddptui run samples a script's ranks
+LINE_EVERY_S = 0.5  # the latest line at most this often (ddptui/script/watch.py)
+
+
+class Tee(threading.Thread):
+    """One of the process's own streams (fd 1 or 2) made a pipe: every byte still goes where
+    the stream went, and each line is handed to `on_line` as well."""
+
+    def __init__(self, fd: int, on_line):
+        super().__init__(name=f"ddptui-tee-{fd}", daemon=True)
+        self.fd, self.on_line = fd, on_line
+        self.original = os.dup(fd)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self.read_fd = read
+
+    def run(self) -> None:
+        lines = Lines()
+        try:
+            while data := os.read(self.read_fd, CHUNK):
+                _write_all(self.original, data)
+                done, live = lines.feed(data)
+                for line in done:
+                    self.on_line(line, True)
+                if live:
+                    self.on_line(live, False)
+        except OSError:
+            pass
+
+    def restore(self) -> None:
+        """The stream back where it was; what is still in the pipe is read (children that
+        inherited the pipe may keep it open: not waited for long)."""
+        os.dup2(self.original, self.fd)
+        self.join(1.0)
+
+
+class RankWatch:
+    """Started before the script runs, closed after it, in the rank's own process."""
+
+    def __init__(self, report: str, rank: int, local_rank: int, world_size: int):
+        self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
+        self.link = RemoteLink(parse_address(report, "DDPTUI_REPORT"), load_key()[0],
+                               node_name(), lambda text: print(f"ddptui.wrap: rank {rank}: "
+                                                               f"{text}", file=sys.stderr))
+        self._lock = threading.Lock()  # the tees, the sampler and the command thread emit
+        self.reader = MetricReader(rank, compile_metrics(), self._emit_figure)
+        self._line: tuple[str, bool] | None = None
+        self._line_t = 0.0
+        self._halt = threading.Event()
+        self.gpu = _physical_gpu(local_rank)
+        self.device = DeviceSampler(lambda kind, **f: self.emit(kind, **f),
+                                    lambda text: self.emit("message", level="warning", text=text),
+                                    self.gpu)
+        self.tees: list[Tee] = []
+
+    def start(self, label: str) -> None:
+        self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
+                  gpu=self.gpu, device=f"GPU {self.gpu}" if self.gpu is not None else "cpu",
+                  api="ddptui.wrap", local_rank=self.local_rank)
+        if self.rank == 0:
+            self.emit("run", status="started", model=label, script=" ".join(sys.argv), data="",
+                      epochs=0, world_size=self.world_size,
+                      device_kind="cuda" if self.gpu is not None else "cpu")
+        for fd in (1, 2):
+            self.tees.append(Tee(fd, self._on_line))
+            self.tees[-1].start()
+        self.device.start()
+        threading.Thread(target=self._sample, name="ddptui-wrap-sampler", daemon=True).start()
+        threading.Thread(target=self._commands, name="ddptui-wrap-commands", daemon=True).start()
+
+    def emit(self, kind: str, **fields) -> None:
+        with self._lock:
+            self.link.put(event(kind, self.rank, **fields))
+
+    # -- what the rank prints --------------------------------------------------------------
+    def _on_line(self, text: str, final: bool) -> None:
+        if not _reporting():  # ddptui.init() in the script sends its own steps
+            with self._lock:
+                self.reader.line(plain(text), final)
+        self._line = (text, final)
+        now = time.monotonic()
+        if now - self._line_t >= LINE_EVERY_S:
+            self._send_line(now)
+
+    def _send_line(self, now: float) -> None:
+        line, self._line = self._line, None
+        if line is not None:
+            self._line_t = now
+            self.emit("output", text=line[0], final=line[1])
+
+    def _emit_figure(self, kind: str, **fields) -> None:  # under self._lock already
+        self.link.put(event(kind, self.rank, **fields))
+
+    def _sample(self) -> None:
+        me = psutil.Process()
+        me.cpu_percent()  # psutil's first reading is meaningless
+        while not self._halt.wait(SAMPLE_EVERY_S):
+            self._send_line(time.monotonic())
+            with self._lock:
+                self.reader.flush()
+            try:
+                with me.oneshot():
+                    self.emit("process", pid=me.pid, status=me.status(),
+                              cpu_percent=me.cpu_percent(), rss=me.memory_info().rss >> 20)
+            except psutil.Error:
+                pass
+
+    # -- what attach asks ------------------------------------------------------------------
+    def _commands(self) -> None:
+        try:
+            while True:
+                cmd = self.link.inbox.recv()
+                if cmd.get("op") == "stacks":
+                    self.emit("message", level="info", text=f"rank {self.rank}'s stacks",
+                              stacks_of=self.rank, stacks=_stacks())
+        except EOFError:
+            pass
+
+    # -- the end ---------------------------------------------------------------------------
+    def failed(self, exc: BaseException, lines: list[str], code: int) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        self.emit("error", text=text, traceback=lines, exit_code=code, pid=os.getpid())
+        self.emit("rank", state="crashed", reason=text, exit_code=code, pid=os.getpid())
+        if self.rank == 0:
+            self.emit("run", status="failed", exit_code=code, reason=f"rank 0: {text}")
+
+    def finished(self, code: int) -> None:
+        self.emit("rank", state="done" if code == 0 else "crashed", exit_code=code,
+                  pid=os.getpid(), **({} if code == 0 else {"reason": f"exited with code {code}"}))
+        if self.rank == 0:
+            self.emit("run", status="done" if code == 0 else "failed", exit_code=code)
+
+    def close(self) -> None:
+        """Flush the streams through the tees, send what is left, and let go of the link."""
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        for tee in self.tees:
+            tee.restore()
+        self._halt.set()
+        self.device.stop()
+        with self._lock:
+            self.reader.finish_epoch(partial=False)
+        self._send_line(time.monotonic())
+        self.link.close()
+
+
+def _stacks() -> str:
+    """Every thread's Python stack, as faulthandler writes it (from C: the main thread may be
+    anywhere)."""
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+        f.seek(0)
+        return f.read()
+
+
+def _reporting() -> bool:
+    client = sys.modules.get("ddptui.client")
+    runs = getattr(client, "_RUN", None) if client is not None else None
+    return bool(runs) and runs[0].active
+
+
+def _physical_gpu(local_rank: int) -> int | None:
+    """The GPU this local rank uses by convention (LOCAL_RANK-th visible), if NVML sees one."""
+    from ddptui.run.nvml import gpu_count
+
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "" or not gpu_count():
+        return None
+    return physical_index(local_rank)

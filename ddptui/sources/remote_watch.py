@@ -1,0 +1,97 @@
+"""Stall verdicts in `ddptui attach` for ranks under `python -m ddptui.wrap`, from what they
+report: their process figures and output say whether one is stuck (the rules of ddptui run's
+script ranks, ddptui/script/stalls.py); one that stops reporting at all is unreachable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ddptui.script.stalls import Reading, ScriptStalls, blame
+from ddptui.script.watch import Silence
+from trainer.protocol.events import PARENT, event
+
+UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
+
+
+class RemoteWatch:
+    """observe() every event attach receives; check() twice a second (attach's thread)."""
+
+    def __init__(self, stall_after: float, record: Callable[[dict], None],
+                 ask_stacks: Callable[[int], bool]):
+        self.stalls = ScriptStalls(stall_after)
+        self.record, self.ask_stacks = record, ask_stacks
+        self.heard: dict[int, float] = {}  # rank -> when any event of it last came
+        self.silence: dict[int, Silence] = {}  # rank -> its output (and steps)
+        self.process: dict[int, dict] = {}  # rank -> its last process event
+        self.gpu_util: dict[int, float] = {}
+        self.flags: dict[int, tuple[str, float]] = {}  # rank -> (state, since)
+        self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
+        self.ended: set[int] = set()
+
+    def observe(self, ev: dict, now: float) -> None:
+        rank, kind = ev["rank"], ev["kind"]
+        if rank == PARENT:
+            return
+        if kind == "rank" and ev.get("api") == "ddptui.wrap":
+            self.silence[rank] = Silence(now)
+            self.ended.discard(rank)
+        if rank not in self.silence:
+            return  # not a wrapped rank: its own loop reports its steps
+        self.heard[rank] = now
+        if kind == "rank" and ev.get("state") in ("done", "crashed"):
+            self.ended.add(rank)
+        elif kind in ("output", "step"):
+            self.silence[rank].heard(now)
+            if rank in self.flags and self.flags[rank][0] != "unreachable":
+                self._clear(rank, "making progress again")
+        elif kind == "process":
+            self.process[rank] = ev
+        elif kind == "gpu" and ev.get("util") is not None:
+            self.gpu_util[rank] = ev["util"]
+        elif kind == "message" and ev.get("stacks_of") == rank and rank in self.flags:
+            self.stacks[rank] = ev.get("stacks") or ""
+            self._blame()
+
+    def check(self, now: float) -> None:
+        for rank, silence in self.silence.items():
+            if rank in self.ended:
+                continue
+            state = self.flags.get(rank, ("", 0.0))[0]
+            if now - self.heard.get(rank, now) > UNREACHABLE_S:
+                if state != "unreachable":
+                    self._flag(rank, "unreachable", now, f"no report for {UNREACHABLE_S:.0f} s: "
+                               "its process stopped, its node is down or the link is cut")
+                continue
+            if state == "unreachable":
+                self._clear(rank, "reporting again")
+            p = self.process.get(rank)
+            if p is None or rank in self.flags:
+                continue
+            verdict = self.stalls.judge(Reading(rank, p["status"], p.get("cpu_percent") or 0.0,
+                                                self.gpu_util.get(rank), silence.last,
+                                                silence.longest), now)
+            if verdict is not None:
+                reason, fields = verdict
+                self._flag(rank, "stalled", now, reason, **fields)
+                self.ask_stacks(rank)
+
+    def _blame(self) -> None:
+        """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it."""
+        stalled = {r: text for r, text in self.stacks.items()
+                   if self.flags.get(r, ("",))[0] == "stalled"}
+        for rank, (where, culprits) in blame(stalled).items():
+            names = ", ".join(str(c) for c in culprits)
+            self.flags[rank] = ("waiting", self.flags[rank][1])
+            self.record(event("rank", rank, state="waiting", reason=f"in {where}: waiting for "
+                              f"rank {names}", waiting_for=culprits))
+
+    def _flag(self, rank: int, state: str, now: float, reason: str, **fields) -> None:
+        self.flags[rank] = (state, now)
+        self.record(event("rank", rank, state=state, reason=reason, **fields))
+
+    def _clear(self, rank: int, reason: str) -> None:
+        self.flags.pop(rank, None)
+        self.stacks.pop(rank, None)
+        self.stalls.forget(rank)
+        self.record(event("rank", rank, state="running", reason=reason))

@@ -1,0 +1,77 @@
+"""`python -m ddptui.wrap SCRIPT [ARGS]` (or `-m MODULE [ARGS]`) between a launcher and an
+unmodified script: `torchrun ... -m ddptui.wrap train.py`, `srun python -m ddptui.wrap train.py`.
+
+The script runs as `__main__` as without it (its argv, exit code, signals, exceptions); with
+DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/rankwatch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import traceback
+
+USAGE = "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
+# srun's variables as torchrun's, for a script that reads torchrun's (env:// rendezvous).
+SLURM = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
+         "LOCAL_WORLD_SIZE": "SLURM_NTASKS_PER_NODE", "GROUP_RANK": "SLURM_NODEID"}
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] == "-m" and len(argv) < 2:
+        print(USAGE, file=sys.stderr)
+        return 2
+    module = argv[0] == "-m"
+    target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
+    if not module and not os.path.isfile(target):
+        print(f"ddptui.wrap: no such script: {target}", file=sys.stderr)
+        return 2
+    for name, slurm in SLURM.items():
+        if name not in os.environ and slurm in os.environ:
+            os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
+    watch = _watch(target)
+    sys.argv = [target if module else os.path.abspath(target), *args]
+    if not module:  # as `python train.py`: its folder first on the path
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+    code = 0
+    try:
+        if module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if watch is not None and code:
+            watch.finished(code)
+        raise
+    except BaseException as e:
+        if watch is not None:
+            lines = traceback.format_exception(e)
+            watch.failed(e, [line.rstrip("\n") for chunk in lines[-8:]
+                             for line in chunk.splitlines()][-8:], 1)
+        raise
+    else:
+        if watch is not None:
+            watch.finished(0)
+    finally:
+        if watch is not None:
+            watch.close()
+    return code
+
+
+def _watch(target: str):
+    """The rank's watch when attach is listening (DDPTUI_REPORT), else None."""
+    report = os.environ.get("DDPTUI_REPORT")
+    if not report:
+        return None
+    from ddptui.rankwatch import RankWatch
+
+    watch = RankWatch(report, int(os.environ.get("RANK", 0)),
+                      int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+    watch.start(os.path.basename(target))
+    return watch
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

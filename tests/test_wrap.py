@@ -1,0 +1,136 @@
+"""`python -m ddptui.wrap` between torchrun (or srun) and an unmodified script: the script runs
+as without it, and `ddptui attach` gets each rank with its node, its loss lines, its process,
+its stacks on request, its exception, and a stall or unreachable verdict."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ddptui.sources.attach import Attach
+from tests.conftest import ROOT, assert_gone, events, wait_for_event
+from tests.test_attach import KEY, _port
+
+PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
+SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
+
+
+@pytest.fixture
+def keyed_env(env) -> dict:
+    return dict(env, DDPTUI_AUTHKEY=KEY, OMP_NUM_THREADS="1")
+
+
+def _attach(listen: str, log, env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+                             listen, "--log", str(log)], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _node(node_rank: int, rdzv: int, env: dict, cwd) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
+         str(node_rank), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+         f"127.0.0.1:{rdzv}", "--rdzv-id", "wrap-test", "-m", "ddptui.wrap", PLAIN, *SMALL],
+        env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.timeout(180)
+def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(keyed_env,
+                                                                              tmp_path):
+    listen = f"127.0.0.1:{_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = _attach(listen, log, keyed_env)
+    env = dict(keyed_env, DDPTUI_REPORT=listen)
+    rdzv = _port()
+    nodes = [_node(n, rdzv, env, tmp_path) for n in (0, 1)]
+    outs = []
+    for node in nodes:
+        out, err = node.communicate(timeout=150)
+        assert node.returncode == 0, err[-2000:]
+        outs.append(out)
+    assert "rank 0 epoch 1 step 0 loss:" in outs[0]  # its own output, passed through
+    out, err = attach.communicate(timeout=30)
+    assert attach.returncode == 0, err
+    evs = events(log)
+    ranks = {e["rank"]: e for e in evs if e["kind"] == "rank" and e.get("api") == "ddptui.wrap"}
+    assert set(ranks) == {0, 1} and ranks[0]["node"] != ranks[1]["node"]
+    assert all(ranks[r]["local_rank"] == 0 for r in (0, 1))  # one rank a node
+    steps = [e for e in evs if e["kind"] == "step"]
+    assert {e["rank"] for e in steps} == {0, 1}
+    assert all(e["source"] == "output" and e["loss"] > 0 for e in steps)
+    assert {(e["rank"], e["epoch"]) for e in evs if e["kind"] == "epoch"} == \
+        {(r, ep) for r in (0, 1) for ep in (0, 1)}
+    assert {e["rank"] for e in evs if e["kind"] == "process"} == {0, 1}
+    assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
+    assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_wrapped_rank_is_flagged_with_its_stacks_its_peer_waits_and_sigstop_is_unreachable(
+        keyed_env, tmp_path):
+    port = _port()
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
+                    stall_after=2.0)
+    attach.start()
+    log = tmp_path / "a.jsonl"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ddptui.wrap", PLAIN, *SMALL, "--epochs", "50", "--hang-at-epoch", "1"],
+        env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 60)
+        assert "misbehave" in stacks["stacks"]  # rank 1 sleeps in the script's own function
+        flagged = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "stalled"]
+        assert flagged and flagged[0]["cause"] in ("idle", "silent")
+        waiting = wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
+                                 and e["state"] == "waiting", 30)
+        assert waiting["waiting_for"] == [1]
+        pids = {e["rank"]: e["pid"] for e in events(log, "rank") if e.get("api")}
+        os.kill(pids[0], signal.SIGSTOP)  # its wrapper's threads stop too: nothing comes
+        gone = wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
+                              and e["state"] == "unreachable", 30)
+        assert "no report" in gone["reason"]
+        os.kill(pids[0], signal.SIGCONT)
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=60)
+        attach.stop()
+    assert_gone(set(pids.values()))
+
+
+@pytest.mark.timeout(120)
+def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its_exception(
+        keyed_env, tmp_path):
+    """srun's environment (no SLURM here: the variables it sets): the script's env:// init
+    works, and rank 1's exception is its reason in attach."""
+    listen = f"127.0.0.1:{_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = _attach(listen, log, keyed_env)
+    master = _port()
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "ddptui.wrap", PLAIN, *SMALL, "--fail-at-epoch", "1"],
+        env=dict(keyed_env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
+                 SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
+                 DDPTUI_REPORT=listen), cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    try:
+        error = wait_for_event(log, lambda e: e["kind"] == "error" and e["rank"] == 1, 90)
+        assert error["text"] == "RuntimeError: rank 1 gave up at epoch 1"
+        assert any("misbehave" in line for line in error["traceback"])
+        _, err = procs[1].communicate(timeout=60)
+        assert procs[1].returncode == 1 and "RuntimeError: rank 1 gave up" in err
+        steps = {e["rank"] for e in events(log, "step")}
+        assert steps == {0, 1}  # both trained epoch 0: RANK and WORLD_SIZE came from SLURM_*
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        attach.kill()
+        attach.wait()
+        time.sleep(0)
