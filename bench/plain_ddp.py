@@ -35,6 +35,9 @@ def main() -> None:
     ap.add_argument("--loader", action="store_true", help="batches from a DataLoader")
     ap.add_argument("--samples", type=int, default=8192, help="--loader: images in host memory")
     ap.add_argument("--workers", type=int, default=4, help="--loader: DataLoader workers")
+    ap.add_argument("--print-every", type=int, default=0,
+                    help="print 'step N loss: X' every N steps (loss.item(): a sync, as "
+                    "nanoGPT's log line); 0: never")
     args = ap.parse_args()
     t_launch = float(os.environ.get("BENCH_T0", time.time()))
     local = int(os.environ["LOCAL_RANK"])
@@ -79,6 +82,8 @@ def main() -> None:
             opt.step()
             if run is not None:
                 run.step(loss, samples=args.batch_size)
+        if args.print_every and step % args.print_every == 0:
+            print(f"step {step} loss: {loss.item():.4f}", flush=True)
         if first_step is None:
             torch.cuda.synchronize()
             first_step = time.time() - t_launch
