@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -139,6 +140,8 @@ class RankWatch:
                 if cmd.get("op") == "stacks":
                     self.emit("message", level="info", text=f"rank {self.rank}'s stacks",
                               stacks_of=self.rank, stacks=_stacks())
+                elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
+                    os.kill(os.getpid(), signal.SIGKILL)
         except EOFError:
             pass
 

@@ -325,7 +325,6 @@ def test_every_run_source_serves_the_keys_its_flags_offer(cls):
     if serves("restarts_group"):  # s, r and k restart the group, or s and k act on one rank
         assert serves("restart_group") and serves("stacks")
         assert serves("stop_rank") and serves("kill_rank")
-    elif cls.can_steer:
+    elif cls.can_steer:  # attach too: k and t through a rank's wrapper, or it says why not
         assert serves("stop_rank") and serves("restart_rank")
-        if cls.owns_ranks:
-            assert serves("kill_rank") and serves("stacks")
+        assert serves("kill_rank") and serves("stacks")

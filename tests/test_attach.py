@@ -207,3 +207,16 @@ def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_en
         {(r, ep) for r in (0, 1) for ep in (0, 1)}
     assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
     assert any(e["kind"] == "gpu" for e in evs)  # each rank samples its own device there
+
+
+def test_the_ranks_table_groups_ranks_by_node():
+    """srun's cyclic distribution puts ranks 0 and 2 on one node, 1 and 3 on the other; node 10
+    comes after node 2."""
+    from ddptui.view.runstate import RunState
+    from trainer.protocol.events import event
+
+    state = RunState()
+    for rank, node in ((0, "gpu/2"), (1, "gpu/10"), (2, "gpu/2"), (3, "gpu/10")):
+        state.apply({**event("rank", rank, state="running"), "node": node})
+    assert [(r.host, r.rank) for r in state.view().ranks] == \
+        [("gpu/2", 0), ("gpu/2", 2), ("gpu/10", 1), ("gpu/10", 3)]

@@ -71,7 +71,7 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_wrapped_rank_is_flagged_with_its_stacks_its_peer_waits_and_sigstop_is_unreachable(
+def test_a_hung_wrapped_rank_is_flagged_with_stacks_and_k_kills_it_and_sigstop_is_unreachable(
         keyed_env, tmp_path):
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
@@ -97,9 +97,15 @@ def test_a_hung_wrapped_rank_is_flagged_with_its_stacks_its_peer_waits_and_sigst
                               and e["state"] == "unreachable", 30)
         assert "no report" in gone["reason"]
         os.kill(pids[0], signal.SIGCONT)
-    finally:
-        os.killpg(job.pid, signal.SIGTERM)
+        attach.kill_rank(1)  # k: through its wrapper; torchrun then ends the job
         job.communicate(timeout=60)
+        assert job.returncode != 0
+        assert any("kills itself through its wrapper" in e["text"]
+                   for e in events(log, "message"))
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGTERM)
+            job.communicate(timeout=60)
         attach.stop()
     assert_gone(set(pids.values()))
 

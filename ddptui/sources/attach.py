@@ -56,6 +56,16 @@ class Attach(RunSource):
             self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
                        "it cannot be asked for its stacks (docs/cluster.md)")
 
+    def kill_rank(self, rank: int) -> None:
+        """k: a wrapped rank kills itself (SIGKILL); its launcher then does what it does."""
+        if rank not in self._watch.silence:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
+                       "kill it where it runs (docs/cluster.md)")
+        elif self._link.send(rank, {"op": "kill"}):
+            self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "
+                       "its launcher now does what it does (torchrun: --max-restarts or the "
+                       "end of the job; srun: the end of the step)")
+
     def _ask_stacks(self, rank: int) -> bool:
         return self._link.send(rank, {"op": "stacks"})
 

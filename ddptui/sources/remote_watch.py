@@ -33,7 +33,9 @@ class RemoteWatch:
         rank, kind = ev["rank"], ev["kind"]
         if rank == PARENT:
             return
-        if kind == "rank" and ev.get("api") == "ddptui.wrap":
+        # Only a wrapped rank sends its process figures (an attach started mid-run learns it so)
+        if kind == "rank" and ev.get("api") == "ddptui.wrap" or \
+                kind == "process" and rank not in self.silence:
             self.silence[rank] = Silence(now)
             self.ended.discard(rank)
         if rank not in self.silence:

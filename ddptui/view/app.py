@@ -185,8 +185,6 @@ class DashboardApp(App[int]):
         --checkpoint-dir, an attach), or None."""
         if action in CONTROL_ACTIONS and not self.source.can_steer:
             return "a replay has nothing to steer"
-        if action == "kill_rank" and not self.source.owns_ranks:
-            return "attach does not own the ranks: kill it where it runs"
         need = NEEDS.get(action)
         return self.source.refuse(need) if need else None
 
@@ -284,8 +282,8 @@ class DashboardApp(App[int]):
     def action_kill_rank(self) -> None:
         if not self._can_steer() or self._whole_group("k"):
             return
-        if not self.source.owns_ranks:
-            self.notify("attach does not own the ranks: kill it where it runs", severity="warning")
+        if not self.source.owns_ranks:  # attach: through the rank's wrapper, or it says why
+            self.source.kill_rank(self.selected_rank)
             return
         rank = self._selected()
         if rank is None or not rank.state.is_member:

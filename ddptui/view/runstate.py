@@ -6,6 +6,7 @@ Pure Python: no torch, no NVML, no psutil here.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
@@ -293,7 +294,7 @@ class RunState:
                 now=now,
                 # step_times copied: the supervisor thread appends to the original.
                 ranks=[replace(r, step_times=deque(r.step_times))
-                       for r in sorted(self.ranks.values(), key=lambda r: r.rank)],
+                       for r in sorted(self.ranks.values(), key=_by_node)],
                 devices=[self._copy_device(d, now)
                          for d in sorted(self.devices.values(), key=_device_order)],
                 epochs=[self.epochs[k].merged() for k in sorted(self.epochs)],
@@ -361,6 +362,11 @@ class RunState:
         if self.status == "done":
             done = 1.0
         return Progress(r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
+
+
+def _by_node(r: RankView) -> tuple:
+    """Ranks grouped by node ('host/2' before 'host/10'; one host: by rank), then by rank."""
+    return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.host)), r.rank)
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:
