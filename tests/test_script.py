@@ -333,13 +333,22 @@ def test_a_sigstopped_rank_is_flagged_stopped_and_sigterm_kills_it_after_the_gra
     assert_gone(pids)
 
 
+def _two_looping_ranks(env, log) -> tuple[subprocess.Popen, set[int]]:
+    """ddptui running LOOPING on 2 CPU ranks, once rank 1 has stepped: (ddptui, every pid)."""
+    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--log", str(log)], env, log.parent)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
+    except BaseException:
+        p.kill()
+        raise
+    return p, run_pids(log)
+
+
 @pytest.mark.timeout(60)
 def test_sighup_as_a_closed_terminal_sends_it_stops_every_rank_with_129(env, tmp_path):
     log = tmp_path / "hup.jsonl"
-    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--log", str(log)], env, tmp_path)
+    p, pids = _two_looping_ranks(env, log)
     try:
-        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
-        pids = run_pids(log)
         p.send_signal(signal.SIGHUP)
         out, err = p.communicate(timeout=40)
     finally:
@@ -383,15 +392,9 @@ def test_a_hung_rank_stays_flagged_through_torchs_own_log_and_q_kills_it_in_3_s(
 
 @pytest.mark.timeout(60)
 def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
-    log = tmp_path / "orphan.jsonl"
-    p = start_ddptui(["run", LOOPING, "--cpus", "2", "--log", str(log)], env, tmp_path)
-    try:
-        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1, 30)
-        pids = run_pids(log)
-        p.kill()
-        p.wait(10)
-    finally:
-        p.kill()
+    p, pids = _two_looping_ranks(env, tmp_path / "orphan.jsonl")
+    p.kill()
+    p.wait(10)
     assert_gone(pids)
 
 
