@@ -92,6 +92,38 @@ async def test_the_rank_table_shows_the_last_step_once_the_log_is_played_out():
         assert _cells(app.query_one(RankTable))[0][2] == f"{final['epoch']}/{final['step']}"
 
 
+class _HeldEnd(_Gate):
+    """Every event handed over, then the end of the log held back until `go` is set."""
+
+    def __iter__(self):
+        yield from self.evs
+        self.reached.set()
+        self.go.wait(30)
+
+
+async def test_the_tables_are_measured_again_when_the_log_ends_after_its_last_draw():
+    """The final draw (the source done) sizes the rank table's columns for its figures at once,
+    even when the last events were drawn before the source said it was done: a snapshot under
+    `make test` caught '1.84' for '1.8435'."""
+    evs = gpu_run(ranks=2, seconds=20)
+    gate = _HeldEnd(evs, 0)
+    app = DashboardApp(Replay("held", speed=0, events=gate))
+    async with app.run_test(size=(160, 40)) as pilot:
+        while not gate.reached.is_set():
+            await pilot.pause(0.05)
+        app.refresh_view()  # every event drawn, the source not done yet
+        await pilot.pause(0.3)
+        gate.go.set()
+        while not app.source.done.is_set():
+            await pilot.pause(0.05)
+        app.refresh_view()
+        # At once, not when the app is next idle: a loaded machine may take a screenshot first.
+        table = app.query_one(RankTable)
+        loss = table.columns[next(k for k, c in table.columns.items() if str(c.label) == "loss")]
+        shown = loss.get_render_width(table) - 2 * table.cell_padding
+        assert shown >= max(len(row[3]) for row in _cells(table)) > len("loss")
+
+
 @fixed_hash
 @pytest.mark.parametrize("size", [(80, 24), (160, 50)])
 def test_main_screen_snapshot(snap_compare, size):

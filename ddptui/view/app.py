@@ -63,6 +63,7 @@ class DashboardApp(App[int]):
         self._tables: tuple = (0.0, None)  # when the tables were last filled, and from what
         self._told_failed = False  # a script's failure was announced (r restarts it)
         self._disabled: frozenset[str] = frozenset()  # actions whose keys are dimmed
+        self._drawn_over = False  # the tables were drawn once the source was done
 
     @property
     def crashed(self) -> bool:
@@ -125,11 +126,13 @@ class DashboardApp(App[int]):
         # At most every TABLES_S of run time; once no more events can come (a run that has
         # ended, a replay played out), the final state once more: a draw just before the end
         # would otherwise stay on screen (a snapshot test caught a sparkline in the wrong colour).
+        # The last events can be drawn before done is set (a replay's clock then stands still):
+        # the first draw once it is set is always made, measuring the columns anew.
         over = self.source.done.is_set()
         tables = view.now - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
-            (over and view.now != self._tables[0])
+            (over and (view.now != self._tables[0] or not self._drawn_over))
         if tables:
-            self._tables = (view.now, shape)
+            self._tables, self._drawn_over = (view.now, shape), over
             self.rank_table.show(view, self.selected_rank, refit=over)
             self.epoch_table.show(view)
         screen = self.screen

@@ -25,9 +25,12 @@ def update_row(table: DataTable, key: str, cells: dict, widen: bool = False) -> 
     for column, value in cells.items():
         if table.get_cell(key, column) == value:
             continue
-        width = value.cell_len if isinstance(value, Text) else cell_len(str(value))
-        grow = widen and width > table.columns[ColumnKey(column)].content_width
+        grow = widen and _width(value) > table.columns[ColumnKey(column)].content_width
         table.update_cell(key, column, value, update_width=grow)
+
+
+def _width(value) -> int:
+    return value.cell_len if isinstance(value, Text) else cell_len(str(value))
 
 
 def _fmt(value, spec: str, dash: str = "-") -> str:
@@ -58,14 +61,18 @@ class RankTable(DataTable):
         """`refit`: measure the columns anew (once a run is over: they only ever grew, and how
         far depended on which states happened to be drawn)."""
         script = bool(view.meta.get("script"))
-        if script != self.script or refit:  # a script's run (or its replay) has its own columns
-            self.script = script
-            self.clear(columns=True)
-            for name in self.SCRIPT_COLUMNS if script else self.COLUMNS:
-                self.add_column(name, key=name)
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
         rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
             self._cells(view)
+        if script != self.script or refit:  # a script's run (or its replay) has its own columns
+            self.script = script
+            self.clear(columns=True)
+            # Over: the widths the figures need, now (a table left to measure its new rows
+            # when the app is next idle was caught mid-way by a snapshot under load).
+            widths = [max([cell_len(name), *(_width(row[i]) for row in rows)]) if refit else None
+                      for i, name in enumerate(columns)]
+            for name, width in zip(columns, widths, strict=True):
+                self.add_column(name, key=name, width=width)
         for r, cells in zip(view.ranks, rows, strict=True):
             key = str(r.rank)
             if key in self.rows:  # widen as values grow ("-" at the first row, "12,937" later)
