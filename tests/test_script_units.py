@@ -115,6 +115,12 @@ def test_a_rank_is_stalled_once_stopped_idle_or_silent_for_the_whole_limit():
     why, fields = s.judge(_reading(cpu=100, last=100, gap=6), 118)
     assert fields["cause"] == "silent" and why.startswith("no output for 18 s")
     assert ScriptStalls(10).judge(_reading(cpu=100), 1000) is None  # never printed: no verdict
+    # Idle before its first line: in the rendezvous, a peer still importing (CI, --stall-after
+    # 3: rank 1 was flagged in init_process_group): only after the first line's allowance.
+    s = ScriptStalls(3)
+    assert s.judge(_reading(cpu=0), 100) is None and s.judge(_reading(cpu=0), 130) is None
+    why, fields = s.judge(_reading(cpu=0), 160)
+    assert fields["cause"] == "idle"
 
 
 def _stacks(*frames: str) -> str:

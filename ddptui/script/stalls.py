@@ -12,6 +12,10 @@ FROZEN = ("stopped", "tracing-stop", "zombie", "dead", "disk-sleep")
 IDLE_CPU = 5.0  # % of one core, the process tree together: a Python loop doing anything is above
 IDLE_GPU = 10.0  # % utilisation
 SILENCE_GAPS = 3  # silent this many times its longest gap between lines so far
+# Before its first line a rank may be importing, or waiting in the rendezvous for a peer still
+# importing on a loaded machine: idle that long counts only after this (as the built-in loop's
+# first step, ddptui/run/health.py).
+FIRST_LINE_S = 60.0
 
 
 @dataclass
@@ -56,7 +60,9 @@ class ScriptStalls:
                 return (f"process {r.status} for {now - since:.0f} s",
                         {**fields, "seconds": round(now - since, 1), "cause": "stopped"})
             return None
-        if idle is not None and now - idle >= self.stall_after:
+        idle_limit = self.stall_after if r.last_output_t is not None else \
+            max(self.stall_after, FIRST_LINE_S)
+        if idle is not None and now - idle >= idle_limit:
             gpu_text = "" if gpu is None else f", GPU {gpu}"
             return (f"idle for {now - idle:.0f} s (CPU {r.cpu_percent:.0f}%{gpu_text})",
                     {**fields, "seconds": round(now - idle, 1), "cause": "idle"})

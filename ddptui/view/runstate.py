@@ -205,7 +205,7 @@ class RunState:
             if ev.get(name) is not None:
                 setattr(r, name, plain(ev[name]) if isinstance(ev[name], str) else ev[name])
         if ev.get("node"):
-            r.host = ev["node"]
+            r.host = r.node = ev["node"]
 
     def _on_world(self, ev: dict, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
@@ -365,8 +365,9 @@ class RunState:
 
 
 def _by_node(r: RankView) -> tuple:
-    """Ranks grouped by node ('host/2' before 'host/10'; one host: by rank), then by rank."""
-    return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.host)), r.rank)
+    """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),
+    then by rank; on one box, by rank (a row never moves as its details arrive)."""
+    return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.node)), r.rank)
 
 
 def _device_order(d: DeviceView) -> tuple[int, str, int]:

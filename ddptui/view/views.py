@@ -22,6 +22,7 @@ class RankView:
     device: str = ""
     gpu: int | None = None
     host: str = ""
+    node: str = ""  # attach: the node it reports from (host and node rank)
     epoch: int = 0
     step: int = 0
     global_step: int = 0
