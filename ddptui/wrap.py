@@ -57,7 +57,19 @@ def main(argv: list[str]) -> int:
     finally:
         if watch is not None:
             watch.close()
+        _free_process_groups()
     return code
+
+
+def _free_process_groups() -> None:
+    """gloo's worker threads freed after the script, not while Python finalizes: one that frees
+    its last work then aborts the finished rank (why: ddptui/script/inject/sitecustomize.py)."""
+    if "torch.distributed" in sys.modules:
+        import gc
+        import time
+
+        gc.collect()
+        time.sleep(0.05)
 
 
 def _watch(target: str):
