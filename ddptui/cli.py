@@ -33,6 +33,7 @@ EXAMPLES = f"""examples:
   ddptui run mypkg.models:get_model --data mypkg.data:get_dataset --cpus 2
   ddptui run resnet18 --headless --epochs 1 --log runs/quick.jsonl
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
+  torchrun ... -m ddptui.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
   ddptui replay runs/2026-11-22T10-00-00.jsonl --csv epochs.csv   # the epochs table as CSV
@@ -58,7 +59,7 @@ def build_parser() -> Parser:
     groups = add_training_options(run, DeviceOptions, RunPolicy)
     groups["launch"].add_argument("--headless", action="store_true", help=HEADLESS_HELP)
     attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
-                            "with --report (see docs/cluster.md)")
+                            "with --report, or under python -m ddptui.wrap (docs/cluster.md)")
     attach.add_argument("--listen", default=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
                         help=f"where ranks connect (default 127.0.0.1:{ATTACH_PORT}; "
                         "0.0.0.0:PORT for other machines)")
