@@ -31,34 +31,51 @@ def main(argv: list[str]) -> int:
         if name not in os.environ and slurm in os.environ:
             os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
     watch = _watch(target)
-    sys.argv = [target if module else os.path.abspath(target), *args]
+    sys.argv = [target, *args]
     if not module:  # as `python train.py`: its folder first on the path
         sys.path[0] = os.path.dirname(os.path.abspath(target))
-    code = 0
+    try:
+        code, failure = _run(target, module, watch)
+    finally:
+        if watch is not None:
+            watch.close()
+        _free_process_groups()
+    if failure is not None:  # as Python prints it, from the script's own first frame
+        sys.excepthook(type(failure), failure, failure.__traceback__)
+        return 1
+    return code
+
+
+def _run(target: str, module: bool, watch) -> tuple[int, Exception | None]:
+    """(its exit code, the exception it raised) as `python SCRIPT` or `python -m MODULE` run
+    it; SystemExit and KeyboardInterrupt go on up, as they would."""
     try:
         if module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if watch is not None and code:
             watch.finished(code)
         raise
-    except BaseException as e:
+    except Exception as e:
+        e.__traceback__ = _script_frames(e.__traceback__)
         if watch is not None:
-            lines = traceback.format_exception(e)
-            watch.failed(e, [line.rstrip("\n") for chunk in lines[-8:]
-                             for line in chunk.splitlines()][-8:], 1)
-        raise
-    else:
-        if watch is not None:
-            watch.finished(0)
-    finally:
-        if watch is not None:
-            watch.close()
-        _free_process_groups()
-    return code
+            lines = "".join(traceback.format_exception(e)).rstrip("\n").splitlines()
+            watch.failed(e, lines[-8:], 1)
+        return 1, e
+    if watch is not None:
+        watch.finished(0)
+    return 0, None
+
+
+def _script_frames(tb):
+    """The traceback from the script's first frame: the wrapper's and runpy's left out."""
+    ours = {os.path.abspath(__file__), runpy.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
 
 
 def _free_process_groups() -> None:
