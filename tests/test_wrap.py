@@ -134,7 +134,7 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
         # The traceback as it prints without the wrapper (torch.distributed's excepthook puts
         # [rank1]: before each line): from the script's own frame.
         shown = err[err.index("Traceback (most recent call last):"):].splitlines()
-        assert shown[1].removeprefix("[rank1]:").startswith(f'  File "{PLAIN}", line ')
+        assert shown[1].removeprefix("[rank1]: ").startswith(f'  File "{PLAIN}", line ')
         assert "runpy" not in err and "ddptui/wrap.py" not in err
         steps = {e["rank"] for e in events(log, "step")}
         assert steps == {0, 1}  # both trained epoch 0: RANK and WORLD_SIZE came from SLURM_*
