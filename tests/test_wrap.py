@@ -145,3 +145,38 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
         attach.kill()
         attach.wait()
         time.sleep(0)
+
+
+@pytest.mark.timeout(120)
+def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env, tmp_path):
+    port = _port()
+    first = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "1.jsonl"), "test")
+    first.start()
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ddptui.wrap", PLAIN, *SMALL, "--epochs", "400"],
+        env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for rank in (0, 1):
+            wait_for_event(tmp_path / "1.jsonl", lambda e, r=rank: e["kind"] == "step"
+                           and e["rank"] == r, 60)
+        first.stop()  # detach: training goes on
+        second = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "2.jsonl"), "test",
+                        stall_after=30.0)
+        second.start()
+        try:
+            for rank in (0, 1):  # each rank's next report, its step figures included
+                wait_for_event(tmp_path / "2.jsonl", lambda e, r=rank: e["kind"] == "process"
+                               and e["rank"] == r, 60)
+                wait_for_event(tmp_path / "2.jsonl", lambda e, r=rank: e["kind"] == "step"
+                               and e["rank"] == r, 60)
+            second.stacks(1)  # known as wrapped from its figures alone: it can be asked
+            stacks = wait_for_event(tmp_path / "2.jsonl", lambda e: e.get("stacks_of") == 1, 30)
+            assert "plain_ddp.py" in stacks["stacks"]
+        finally:
+            second.stop()
+        assert job.poll() is None  # the job never noticed
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.communicate(timeout=60)

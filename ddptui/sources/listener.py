@@ -5,6 +5,7 @@ for torchrun and srun jobs; `ddptui run SCRIPT` for its ranks that call ddptui.i
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from multiprocessing import AuthenticationError
@@ -38,6 +39,15 @@ class ReportListener:
     def close(self) -> None:
         """Stop listening and close every connection."""
         self._closing = True
+        # A socket closed while a thread blocks in accept() on it stays bound until that call
+        # returns (Linux): shutdown() wakes it, so the port is free at once (attach restarted
+        # in one process, tests).
+        sock = getattr(getattr(self._listener, "_listener", None), "_socket", None)
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self._listener.close()
         except OSError:
@@ -115,9 +125,10 @@ class ReportListener:
         except MessageTooLong:
             self.note("warning", f"dropped the connection from {peer}: message over the size "
                       "limit")
-        except OSError as e:
+        except (OSError, TypeError) as e:  # TypeError: closed by close() while reading
             if not self._closing:  # after close() every connection is closed on purpose
-                self.note("warning", f"lost the connection from {peer}: {e.strerror or e}")
+                self.note("warning", f"lost the connection from {peer}: "
+                          f"{getattr(e, 'strerror', None) or e}")
         except EOFError:
             pass
         finally:
