@@ -30,8 +30,8 @@ def main(argv: list[str]) -> int:
     for name, slurm in SLURM.items():
         if name not in os.environ and slurm in os.environ:
             os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
+    sys.argv = [target, *args]  # as the script sees it, and as attach names the job
     watch = _watch(target)
-    sys.argv = [target, *args]
     if not module:  # as `python train.py`: its folder first on the path
         sys.path[0] = os.path.dirname(os.path.abspath(target))
     try:
