@@ -26,6 +26,7 @@ from trainer.telemetry.remote import RemoteLink, node_name
 
 SAMPLE_EVERY_S = 1.0  # the process's figures, as ddptui run samples a script's ranks
 LINE_EVERY_S = 0.5  # the latest line at most this often (ddptui/script/watch.py)
+LINES_KEPT = 500  # whole lines sent a second at most: a flood is cut, and the cut counted
 
 
 class Tee(threading.Thread):
@@ -79,6 +80,8 @@ class RankWatch:
                                     lambda text: self.emit("message", level="warning", text=text),
                                     self.gpu)
         self.tees: list[Tee] = []
+        self._lines: list[str] = []  # whole lines not sent yet (attach keeps them per rank)
+        self._dropped = 0
 
     def start(self, label: str) -> None:
         self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
@@ -105,6 +108,12 @@ class RankWatch:
             with self._lock:
                 self.reader.line(plain(text), final)
         self._line = (text, final)
+        if final:
+            with self._lock:
+                if len(self._lines) < LINES_KEPT:
+                    self._lines.append(text)
+                else:
+                    self._dropped += 1
         now = time.monotonic()
         if now - self._line_t >= LINE_EVERY_S:
             self._send_line(now)
@@ -115,6 +124,12 @@ class RankWatch:
             self._line_t = now
             self.emit("output", text=line[0], final=line[1])
 
+    def _send_lines(self) -> None:
+        with self._lock:
+            lines, dropped, self._lines, self._dropped = self._lines, self._dropped, [], 0
+        if lines or dropped:
+            self.emit("lines", lines=lines, **({"dropped": dropped} if dropped else {}))
+
     def _emit_figure(self, kind: str, **fields) -> None:  # under self._lock already
         self.link.put(event(kind, self.rank, **fields))
 
@@ -123,6 +138,7 @@ class RankWatch:
         me.cpu_percent()  # psutil's first reading is meaningless
         while not self._halt.wait(SAMPLE_EVERY_S):
             self._send_line(time.monotonic())
+            self._send_lines()
             with self._lock:
                 self.reader.flush()
             try:
@@ -173,6 +189,7 @@ class RankWatch:
         with self._lock:
             self.reader.finish_epoch(partial=False)
         self._send_line(time.monotonic())
+        self._send_lines()
         self.link.close()
 
 

@@ -67,6 +67,12 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
         {(r, ep) for r in (0, 1) for ep in (0, 1)}
     assert {e["rank"] for e in evs if e["kind"] == "process"} == {0, 1}
     assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
+    # Each rank's whole output, kept beside attach's log as ddptui run keeps it.
+    for rank in (0, 1):
+        kept = (tmp_path / f"attach.rank{rank}.out").read_text().splitlines()
+        printed = outs[rank].splitlines()  # its stdout, as its node printed it
+        assert f"rank {rank} epoch 1 step 0 loss:" in outs[rank]
+        assert [line for line in kept if line in printed] == printed
     assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
 
 

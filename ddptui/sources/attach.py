@@ -5,6 +5,7 @@ world's rank 0; the processes belong to their launcher, so it never starts or st
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -13,6 +14,7 @@ from ddptui.source import RunSource
 from ddptui.sources.listener import ReportListener
 from ddptui.sources.remote_watch import RemoteWatch
 from ddptui.view.runstate import RunState
+from ddptui.view.text import plain
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 CHECK_EVERY_S = 0.5
@@ -70,9 +72,23 @@ class Attach(RunSource):
         return self._link.send(rank, {"op": "stacks"})
 
     def _received(self, ev: dict) -> None:
+        if ev["kind"] == "lines":  # a wrapped rank's output, kept as ddptui run keeps it
+            self._keep_lines(ev)
+            return
         with self._lock:
             self._watch.observe(ev, time.time())
             self._record(ev)
+
+    def _keep_lines(self, ev: dict) -> None:
+        path = f"{os.path.splitext(self.log_path)[0]}.rank{ev['rank']}.out"
+        text = "".join(f"{plain(line)}\n" for line in ev.get("lines") or [])
+        if ev.get("dropped"):
+            text += f"[ddptui: {ev['dropped']} lines left out here: over 500 a second]\n"
+        try:
+            with open(path, "a") as f:
+                f.write(text)
+        except OSError as e:
+            self._note("warning", f"cannot keep rank {ev['rank']}'s output in {path}: {e}")
 
     def _judge(self) -> None:
         while not self.done.wait(CHECK_EVERY_S):

@@ -245,6 +245,14 @@ class OutputEvent(Event):
     final: Annotated[bool, "a whole line (false: a progress bar's latest state)"]
 
 
+class LinesEvent(Event):
+    """A rank under `python -m ddptui.wrap`: its whole lines since the last, about once a
+    second; attach appends them to that rank's .rankN.out beside its log (not to the log)."""
+
+    lines: Annotated[list, "the lines, in order (stdout and stderr as they came)"]
+    dropped: NotRequired[Annotated[int, "lines left out since the last: more than 500 a second"]]
+
+
 class ProcessEvent(Event):
     """A script rank's process, as the parent sees it, once a second."""
 
@@ -269,7 +277,8 @@ class ErrorEvent(Event):
 EVENTS: dict[str, type] = {
     "step": StepEvent, "gpu": GpuEvent, "epoch": EpochEvent, "settings": SettingsEvent,
     "rank": RankEvent, "world": WorldEvent, "run": RunEvent, "message": MessageEvent,
-    "checkpoint": CheckpointEvent, "output": OutputEvent, "process": ProcessEvent,
+    "checkpoint": CheckpointEvent, "output": OutputEvent, "lines": LinesEvent,
+    "process": ProcessEvent,
     "error": ErrorEvent,
 }
 
