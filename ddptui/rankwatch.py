@@ -17,7 +17,8 @@ import time
 import psutil
 
 from ddptui.script.metrics import MetricReader, compile_metrics
-from ddptui.script.output import CHUNK, Lines, _write_all
+from ddptui.script.output import LINE_EVERY_S, StreamReader
+from ddptui.script.streams import Route
 from ddptui.view.text import plain
 from trainer.protocol.channel import load_key, parse_address
 from trainer.protocol.events import event
@@ -25,41 +26,28 @@ from trainer.telemetry.gpu import DeviceSampler, physical_index
 from trainer.telemetry.remote import RemoteLink, node_name
 
 SAMPLE_EVERY_S = 1.0  # the process's figures, as ddptui run samples a script's ranks
-LINE_EVERY_S = 0.5  # the latest line at most this often (ddptui/script/watch.py)
 LINES_KEPT = 500  # whole lines sent a second at most: a flood is cut, and the cut counted
 
 
-class Tee(threading.Thread):
-    """One of the process's own streams (fd 1 or 2) made a pipe: every byte still goes where
-    the stream went, and each line is handed to `on_line` as well."""
+class Tee:
+    """One of the process's own streams (fd 1 or 2) made a pipe, read by a StreamReader that
+    passes every byte on to where the stream went and hands each line to `on_line`."""
 
     def __init__(self, fd: int, on_line):
-        super().__init__(name=f"ddptui-tee-{fd}", daemon=True)
-        self.fd, self.on_line = fd, on_line
+        self.fd = fd
         self.original = os.dup(fd)
         read, write = os.pipe()
         os.dup2(write, fd)
         os.close(write)
-        self.read_fd = read
-
-    def run(self) -> None:
-        lines = Lines()
-        try:
-            while data := os.read(self.read_fd, CHUNK):
-                _write_all(self.original, data)
-                done, live = lines.feed(data)
-                for line in done:
-                    self.on_line(line, True)
-                if live:
-                    self.on_line(live, False)
-        except OSError:
-            pass
+        self.reader = StreamReader(read, None, Route(console=True), self.original, False,
+                                   on_line, f"ddptui-tee-{fd}")
+        self.reader.start()
 
     def restore(self) -> None:
         """The stream back where it was; what is still in the pipe is read (children that
         inherited the pipe may keep it open: not waited for long)."""
         os.dup2(self.original, self.fd)
-        self.join(1.0)
+        self.reader.join(1.0)
 
 
 class RankWatch:
@@ -91,9 +79,7 @@ class RankWatch:
             self.emit("run", status="started", model=label, script=" ".join(sys.argv), data="",
                       epochs=0, world_size=self.world_size,
                       device_kind="cuda" if self.gpu is not None else "cpu")
-        for fd in (1, 2):
-            self.tees.append(Tee(fd, self._on_line))
-            self.tees[-1].start()
+        self.tees = [Tee(fd, self._on_line) for fd in (1, 2)]
         self.device.start()
         threading.Thread(target=self._sample, name="ddptui-wrap-sampler", daemon=True).start()
         threading.Thread(target=self._commands, name="ddptui-wrap-commands", daemon=True).start()

@@ -16,6 +16,7 @@ from ddptui.script.streams import Route
 from ddptui.view.text import keep_colours, plain
 
 CHUNK = 1 << 16
+LINE_EVERY_S = 0.5  # a rank's latest line goes to the log and the screen at most this often
 TAIL_LINES = 60  # kept per stream: the last lines of a traceback
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 # What torch's C++ logging (c10: `[rank0]:[E1126 10:00:00.123 ProcessGroupNCCL.cpp:...]`) and
@@ -59,13 +60,13 @@ def _latest(line: str) -> str:
 class StreamReader(threading.Thread):
     """Reads one pipe (a rank's stdout or stderr) until EOF."""
 
-    def __init__(self, fd: int, out_path: str, route: Route, echo: int, colours_only: bool,
-                 on_line: Callable[[str, bool], None], name: str):
+    def __init__(self, fd: int, out_path: str | None, route: Route, echo: int,
+                 colours_only: bool, on_line: Callable[[str, bool], None], name: str):
         """`on_line(text, final)`: a finished line (final) or a progress line's latest state.
-        `route`: whether the bytes go on to `echo` (headless: our stdout or stderr) as they
-        come, or line by line after a prefix (torchrun's --tee), and to which file besides;
-        escape sequences other than colours are removed on the way when `colours_only` (a
-        terminal)."""
+        `out_path`: the file that keeps it all (None: none). `route`: whether the bytes go on
+        to `echo` (headless: our stdout or stderr) as they come, or line by line after a prefix
+        (torchrun's --tee), and to which file besides; escape sequences other than colours are
+        removed on the way when `colours_only` (a terminal)."""
         super().__init__(name=name, daemon=True)
         self.fd, self.out_path, self.route, self.echo = fd, out_path, route, echo
         self.colours_only = colours_only

@@ -13,13 +13,12 @@ from ddptui.script.flight import FlightDumps, behind, summary
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
-from ddptui.script.output import library_log
+from ddptui.script.output import LINE_EVERY_S, library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.view.text import plain
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 
-LINE_EVERY_S = 0.5  # a rank's latest line goes to the log and the screen at most this often
 # A script that prints this many lines, or goes on this long, with no loss among them is told
 # how to show one, rather than left with an empty chart.
 NO_LOSS_LINES, NO_LOSS_S = 50, 30.0
