@@ -5,7 +5,9 @@ repeated when the world shrinks or goes back to a rollback point."""
 from __future__ import annotations
 
 import os
+import signal
 
+import psutil
 import pytest
 import torch
 from torch.utils.data import TensorDataset
@@ -13,10 +15,20 @@ from torch.utils.data import TensorDataset
 from ddptui.loader import LiveLoader
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
-from tests.conftest import ROOT, assert_gone, ddptui, events, rank_pids, run_pids
+from tests.conftest import (
+    ROOT,
+    assert_gone,
+    ddptui,
+    events,
+    rank_pids,
+    run_pids,
+    start_ddptui,
+    wait_for_event,
+)
 from tests.test_script_live import _row, _run, _until, script_env  # noqa: F401 (a fixture)
 
 ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
+CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
 
 
 @pytest.mark.timeout(120)
@@ -91,6 +103,34 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     assert error["rank"] == 1 and error["text"] == "killed with k"
     assert any(e["text"].startswith("recovered on 1 rank") for e in events(log, "message"))
     assert_gone(pids)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_outside_ddptui_leaves_nothing_behind_when_the_others_go_on(env, tmp_path):
+    """kill -9 of a rank (the OOM killer, a segfault) leaves its children: DataLoader workers
+    held its output open until their next check of their parent, up to 5 s, and the survivor
+    waited for them before it could go on. Here the child would stay for ever."""
+    log = tmp_path / "kill.jsonl"
+    proc = start_ddptui(["run", CHILD, "--cpus", "2", "--log", str(log), "--", "--epochs",
+                         "1000", "--samples", "2048", "--image-size", "16"],
+                        dict(env, OMP_NUM_THREADS="1"), tmp_path)
+    try:
+        for rank in (0, 1):
+            wait_for_event(log, lambda e, rank=rank: e["kind"] == "step" and e["rank"] == rank)
+        (rank1,) = {e["pid"] for e in events(log, "rank") if e["rank"] == 1 and e.get("pid")}
+        children = {c.pid for c in psutil.Process(rank1).children(recursive=True)}
+        assert children, "rank 1's child"
+        os.kill(rank1, signal.SIGKILL)
+        wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] == 0 and e["size"] == 1)
+        assert not [p for p in children if psutil.pid_exists(p) and
+                    psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        (error,) = events(log, "error")
+        assert error["rank"] == 1 and error["text"].startswith("killed by SIGKILL")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert_gone(run_pids(log))
 
 
 def _loader(world: tuple[int, int]) -> LiveLoader:

@@ -149,12 +149,18 @@ class RankGroup:
         return [r for r in self.ranks if r.alive]
 
     def ended(self) -> list[ScriptRank]:
-        """Ranks that exited since the last call, once their output has been read to the end."""
+        """Ranks that exited since the last call, once their output has been read to the end.
+        What a failed rank leaves behind (its DataLoader workers) is killed first: they hold
+        its output open, and noticed their parent's death only after up to 5 s (a survivor's
+        recovery waited for it: 4.3-4.6 s on the CPU machine, 0.3 s since)."""
         done = []
         for r in self.ranks:
             if r.pid not in self._reported and not r.alive:
-                for reader in r.readers:
-                    reader.join(2.0)  # the last lines (a traceback) before the verdict
+                if r.popen.returncode != 0:
+                    _killpg(r.pid, signal.SIGKILL)
+                until = time.monotonic() + 2.0
+                for reader in r.readers:  # the last lines (a traceback) before the verdict
+                    reader.join(max(0.0, until - time.monotonic()))
                 self._reported.add(r.pid)
                 done.append(r)
         return done
