@@ -5,7 +5,6 @@ run.ddp(), the DistributedDataParallel model that is built again over each new w
 
 from __future__ import annotations
 
-import copy
 import os
 import urllib.parse
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ddptui.figures import Figures
+from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
 from trainer.elastic import world
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import Snapshots, WorldLost, agree
@@ -102,7 +102,7 @@ class Elastic:
         """A point after `step`: your state's tensors copied out (on a side stream on GPUs),
         its other values and the run's position kept beside them."""
         tensors, skeleton, buffers = self._read()
-        if self.points is None or not _alike(self.points.live, tensors):
+        if self.points is None or not alike(self.points.live, tensors):
             self.points = Snapshots(tensors, self.cuda, buffers)  # e.g. the optimizer's first step
         self.points.live = tensors
         self.points.take(step, {**host, "yours": skeleton}, agreed)
@@ -181,12 +181,12 @@ class Elastic:
         """state_fn()'s tensors (your model's buffers first: a forward writes them), its structure
         with them taken out, and how many are buffers."""
         tensors: list[torch.Tensor] = []
-        skeleton = _take_out(self.state_fn(), tensors)
+        skeleton = take_out(self.state_fn(), tensors)
         written = {b.data_ptr() for b in self.model.module.buffers()}
         first = [i for i, t in enumerate(tensors) if t.data_ptr() in written]
         rest = [i for i, t in enumerate(tensors) if t.data_ptr() not in written]
         where = {old: new for new, old in enumerate(first + rest)}
-        renumbered = _map_slots(skeleton, lambda slot: _Slot(where[slot.index]))
+        renumbered = map_slots(skeleton, lambda slot: Slot(where[slot.index]))
         return [tensors[i].detach() for i in first + rest], renumbered, len(first)
 
     # -- world changes ---------------------------------------------------------------------------
@@ -217,20 +217,24 @@ class Elastic:
             run._leave(f"left the world at global step {run.global_step}")
         entered = self._enter(order)
         if order.get("joiner") is not None:
-            self._share(order)
+            self._share(order, entered[2])
         self._settle(entered, order, leftover)
 
     def join(self, order: dict) -> None:
         """A standby's script formed the order's world (ddptui.init() set its environment):
         the group orders are agreed in, as form() makes it on the members, then the state."""
         group = dist.new_group(backend="gloo")
-        self._share(order)
+        if self.cuda and not self.eager:
+            world.make_communicator(self.device)
+        self._share(order, group)
         self._settle((self.run.rank, self.run.world_size, group), order, [])
 
-    def _share(self, order: dict) -> None:
+    def _share(self, order: dict, group) -> None:
         """The first member that is not the joiner sends the joiner its state and position,
         point to point: what state_fn() returns (the joiner's own has no optimizer state yet),
-        its device tensors one by one, the rest in one pickled message."""
+        the rest in one pickled message over the gloo `group`, then its device tensors in one
+        batch over the world's communicator (a plain send/recv pair would make a communicator
+        of their own, one more place for a peer's death to leave a rank in NCCL's init)."""
         members, run = order["members"], self.run
         src = members.index(next(s for s in members if s != order["joiner"]))
         dst = members.index(order["joiner"])
@@ -241,22 +245,17 @@ class Elastic:
             meta = {"skeleton": skeleton, "position": run._position(),
                     "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
                     "host": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
-            dist.send_object_list([meta], dst=dst)
-            for t in tensors:
-                if t.is_cuda:
-                    dist.send(t, dst=dst)
+            dist.send_object_list([meta], dst=dst, group=group)
+            _exchange([dist.P2POp(dist.isend, t, dst) for t in tensors if t.is_cuda])
             return
         box: list = [None]
-        dist.recv_object_list(box, src=src)
+        dist.recv_object_list(box, src=src, group=group)
         meta = box[0]
-        tensors = []
-        for i, (shape, dtype, kind) in enumerate(meta["specs"]):
-            if kind == "cpu":
-                tensors.append(meta["host"][i])
-                continue
-            tensors.append(torch.empty(shape, dtype=dtype, device=self.device))
-            dist.recv(tensors[-1], src=src)
-        self.load_fn(_put_back(meta["skeleton"], tensors))
+        tensors = [meta["host"][i] if kind == "cpu" else
+                   torch.empty(shape, dtype=dtype, device=self.device)
+                   for i, (shape, dtype, kind) in enumerate(meta["specs"])]
+        _exchange([dist.P2POp(dist.irecv, t, src) for t in tensors if t.is_cuda])
+        self.load_fn(put_back(meta["skeleton"], tensors))
         run._resume = meta["position"]  # for its epochs and run.loader()s
         run.global_step = meta["position"]["global_step"]
 
@@ -276,7 +275,7 @@ class Elastic:
             raise RuntimeError("a rank died and the survivors share no rollback point")
         redone = run.global_step - target
         host = self.points.restore(target)
-        self.load_fn(_put_back(host["yours"], self.points.live))
+        self.load_fn(put_back(host["yours"], self.points.live))
         self._go_back(host)
         self._settle(entered, order, [])
         run._say(f"recovered on {count(run.world_size, 'rank')}: back to global step "
@@ -342,43 +341,10 @@ def await_join(run: ElasticRun) -> dict:
     return order
 
 
-class _Slot:
-    """Where a tensor was in your state (an index into the points' tensors)."""
-
-    def __init__(self, index: int):
-        self.index = index
-
-
-def _take_out(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    """`obj` with each tensor replaced by its _Slot (appended to `tensors`); the rest copied."""
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _Slot(len(tensors) - 1)
-    if isinstance(obj, dict):
-        return type(obj)((k, _take_out(v, tensors)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_take_out(v, tensors) for v in obj)
-    return copy.deepcopy(obj)
-
-
-def _map_slots(obj: Any, fn: Callable[[_Slot], Any]) -> Any:
-    """`obj` with fn(slot) in each _Slot's place."""
-    if isinstance(obj, _Slot):
-        return fn(obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _map_slots(v, fn)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_slots(v, fn) for v in obj)
-    return obj
-
-
-def _put_back(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    return _map_slots(skeleton, lambda slot: tensors[slot.index])
-
-
-def _alike(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(x.shape == y.shape and x.dtype == y.dtype and
-                                    x.device == y.device for x, y in zip(a, b, strict=False))
+def _exchange(ops: list) -> None:
+    """Point-to-point operations as one batch, waited for."""
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
 
 
 class Guard:

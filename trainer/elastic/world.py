@@ -38,8 +38,9 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
-    `eager`: NCCL's communicator is made now, which blocks until every member makes its own;
-    every member must choose alike (a script's joiner forms its world as the script does).
+    `eager`: NCCL's communicator is made inside init_process_group (device_id), otherwise by a
+    collective after the gloo group; every member must choose alike (a script's joiner forms its
+    world as the script does, then make_communicator()).
     `give_up`: rank 0 may have died before its store listened (then ddptui orders a recovery)."""
     before = open_sockets()
     store = meet(init_method, rank, world_size, give_up)
@@ -55,7 +56,17 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world_size, **where)
         group = dist.new_group(backend="gloo")
+        if device.type == "cuda" and not eager:
+            make_communicator(device)
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
+
+
+def make_communicator(device: torch.device) -> None:
+    """A lazily formed NCCL world's communicator, made now by every member (a joiner as soon
+    as it made its world's gloo group, as form() does): made at the first step instead, a peer
+    that died before it made its part left the others inside NCCL's init, where the abort could
+    not reach them (2 x H200: a script's rank killed as the world of 2 formed lost the run)."""
+    dist.all_reduce(torch.zeros(1, device=device))
 
 
 def meet(init_method: str, rank: int, world_size: int,
