@@ -6,8 +6,9 @@ python bench/faults.py builtin --gpus 0,1 --cycles 10   # resnet18, synthetic da
 python bench/faults.py script --gpus 0,1 --cycles 10    # examples/elastic_ddp.py
 Each cycle: rank 1 joins again (r) and is killed at the cycle's moment, in turn: while it joins
 (0, 0.15 or 0.3 s after its join was ordered) or 0, 0.2, 0.5, 1 or 2 s after the world of 2
-formed, or it is stopped (s) 1 s after the world of 2 formed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
-ends the bench with a non-zero exit.
+formed, or it is stopped (s) 1 s after the world of 2 formed; a row per cycle, then a
+Markdown summary. A cycle that does not recover within 60 s ends the bench with a non-zero
+exit; one slower than 8 s prints every rank's stacks. The run's log: $OUT/faults-KIND.jsonl.
 """
 
 from __future__ import annotations
@@ -77,12 +78,17 @@ def worlds(log: Log) -> list[dict]:
     return [e for e in log.read() if e["kind"] == "world" and e["rank"] >= 0]
 
 
-def wait(run, predicate, what: str, timeout: float = 60.0) -> float:
-    t0 = time.monotonic()
+def wait(run, predicate, what: str, timeout: float = 60.0, slow: float = float("inf")) -> float:
+    """Until predicate(); where every rank is, once, when it takes longer than `slow` s."""
+    t0, told = time.monotonic(), False
     while not predicate():
         if time.monotonic() - t0 > timeout or run.done.is_set():
             print_stacks(run)
             raise SystemExit(f"faults bench: {what} not seen within {timeout:.0f} s")
+        if not told and time.monotonic() - t0 > slow:
+            print(f"{what}: not seen after {slow:.0f} s; the ranks' stacks:", flush=True)
+            print_stacks(run)
+            told = True
         time.sleep(0.02)
     return time.monotonic() - t0
 
@@ -129,7 +135,7 @@ def main() -> int:
     p.add_argument("--cycles", type=int, default=10)
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults.json"))
     args = p.parse_args()
-    path = f"/tmp/faults-{args.kind}.jsonl"
+    path = os.path.join(os.environ.get("OUT", "/tmp"), f"faults-{args.kind}.jsonl")
     if os.path.exists(path):
         os.remove(path)
     run = start(args.kind, args.gpus, path)
@@ -161,7 +167,7 @@ def main() -> int:
         else:
             os.kill(pid_of(run, 1), signal.SIGKILL)
         wait(run, lambda seen=seen: any(w["size"] == 1 for w in worlds(log)[seen:]),
-             "the world of 1 again")
+             "the world of 1 again", slow=8)
         smaller = [w for w in worlds(log)[seen:] if w["size"] == 1][0]["t"]
         rows.append({"cycle": cycle, "moment": f"{after}+{delay}",
                      "after_world_s": None if formed is None else round(killed - formed, 2),

@@ -278,6 +278,19 @@ def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
     assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in cpu
 
 
+def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_told_otherwise():
+    from ddptui.script.launch import Attempt, rank_env
+    from ddptui.script.options import ScriptConfig
+
+    attempt = Attempt("id", 0, 29500, "127.0.0.1:1", "k")
+    gpu = ScriptConfig(target="t.py", gpus=(0, 1))
+    env = rank_env(gpu, attempt, 1, "s", base={})
+    tries, sleep = int(env["NCCL_SOCKET_RETRY_CNT"]), int(env["NCCL_SOCKET_RETRY_SLEEP_MSEC"])
+    assert sleep * tries * (tries + 1) / 2 < 5000  # NCCL waits a little longer at each try
+    mine = rank_env(gpu, attempt, 1, "s", base={"NCCL_SOCKET_RETRY_CNT": "34"})
+    assert mine["NCCL_SOCKET_RETRY_CNT"] == "34"
+
+
 def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
     """Both ranks stalled, both stacks in user code: the dumps show rank 0 inside all_reduce #42
     that rank 1 never joined, so rank 0 is `waiting` for rank 1 and rank 1 stays `stalled`."""

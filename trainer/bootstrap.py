@@ -54,6 +54,19 @@ def cuda_defaults() -> None:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
 
 
+# NCCL retries a refused connection for about 60 s (34 tries, each waiting 100 ms longer). On
+# one machine a refusal means the peer died (its listening socket was there before anyone knew
+# its address), and a survivor forming a world with a rank that died inside NCCL's set-up sat
+# out those 60 s (2 x H200: a kill 0.3 s after a join; docs/benchmarks.md). ~3.9 s here.
+NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
+
+
+def nccl_defaults(env: dict) -> None:
+    """What ddptui's ranks on one machine start with unless the user chose otherwise."""
+    for name, value in NCCL_CONNECT_RETRIES.items():
+        env.setdefault(name, value)
+
+
 def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is rank_main.main's."""
     write_bytecode_to_the_cache()
@@ -78,6 +91,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+        nccl_defaults(os.environ)
         cuda_defaults()
         if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
             start_worker_server()

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ddptui.script.flight import trace_env
 from ddptui.script.options import ScriptConfig
+from trainer.bootstrap import nccl_defaults
 
 INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")
 
@@ -88,6 +89,7 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
     if config.gpus:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # nvidia-smi's order, as --gpus names them
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, config.gpus))
+        nccl_defaults(env)  # a run.elastic() survivor of a death inside NCCL's set-up
         if trace_prefix and not {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DUMP_TEMP_FILE",
                                  "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"} & set(env):
             env.update(trace_env(trace_prefix, env))
