@@ -133,8 +133,12 @@ def main() -> int:
     p.add_argument("kind", choices=("builtin", "script"))
     p.add_argument("--gpus", default="0,1", help="GPU indices, or cpu (2 CPU ranks, to try it)")
     p.add_argument("--cycles", type=int, default=10)
+    p.add_argument("--moments", default=None, help="the cycles' moments in turn, e.g. "
+                   "join:0.3,world:0 (default: all of them)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults.json"))
     args = p.parse_args()
+    moments = MOMENTS if args.moments is None else [
+        (m.split(":")[0], float(m.split(":")[1])) for m in args.moments.split(",")]
     path = os.path.join(os.environ.get("OUT", "/tmp"), f"faults-{args.kind}.jsonl")
     if os.path.exists(path):
         os.remove(path)
@@ -148,7 +152,7 @@ def main() -> int:
     os.kill(pid_of(run, 1), signal.SIGKILL)  # the first kill: mid-step
     wait(run, lambda: len(worlds(log)) >= 1, "the world of 1")
     for cycle in range(args.cycles):
-        after, delay = MOMENTS[cycle % len(MOMENTS)]
+        after, delay = moments[cycle % len(moments)]
         seen, asked = len(worlds(log)), time.time()
         run.restart_rank(1)  # it joins as soon as its standby is warm
         if after == "join":
