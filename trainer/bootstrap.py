@@ -92,6 +92,11 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         nccl_defaults(os.environ)
+        # Every connection made inside the world's forming, none at a first collective: a
+        # joiner that died between its init and the state it is sent left the survivor inside
+        # its first broadcast for good, where the abort did not reach it (2 x H200, 1 kill in
+        # 12 at 0.2-0.5 s after a join was ordered; docs/benchmarks.md).
+        os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
         cuda_defaults()
         if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
             start_worker_server()
