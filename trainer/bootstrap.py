@@ -59,7 +59,6 @@ def cuda_defaults() -> None:
 # its address), and a survivor forming a world with a rank that died inside NCCL's set-up sat
 # out those 60 s (2 x H200: a kill 0.3 s after a join recovered after 59.7 s). ~3.9 s here.
 NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
-NONBLOCKING_TIMEOUT_S = 20  # built-in ranks: torch's wait for a non-blocking NCCL call
 
 
 def nccl_defaults(env: dict) -> None:
@@ -93,11 +92,6 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         # NCCL's watchdog must not tear the process down first.
         os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
         nccl_defaults(os.environ)
-        # torch waits for a non-blocking communicator's work in a loop that an abort does not
-        # end: a joiner that died between its init and the state it is sent left the survivor
-        # in its first broadcast for good (2 x H200: 1 kill in 12 at 0.2-0.5 s after a join
-        # was ordered). This makes the loop give up; nothing ddptui's ranks do waits that long.
-        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(NONBLOCKING_TIMEOUT_S))
         cuda_defaults()
         if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
             start_worker_server()
