@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,11 +55,23 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
                                     pg_options=nonblocking(), rank=rank, world_size=world_size,
                                     **where)
         else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, **where)
-        group = dist.new_group(backend="gloo")
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=CONNECT,
+                                    **where)
+        group = dist.new_group(backend="gloo", timeout=CONNECT)
         if device.type == "cuda" and not eager:
             make_communicator(device)
+    for made in (group, None if device.type == "cuda" else dist.group.WORLD):
+        if made is not None:
+            set_timeout(dist.default_pg_timeout, made)
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
+
+
+# How long gloo may take to connect a world's members, who have all met at its store by then: a
+# member that died after the meeting was waited for until gloo's 30-minute timeout (the change
+# timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
+# carried out). Their collectives get the default back once connected.
+CONNECT = timedelta(seconds=30)
+set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
 
 
 def make_communicator(device: torch.device) -> None:
