@@ -85,8 +85,8 @@ def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_p
     rates = {int(t["text"].split(", ")[1].split()[0]): float(t["text"].rsplit(": ", 1)[1]
                                                               .split()[0].replace(",", ""))
              for t in trials}
-    best = max(rates, key=rates.get)
-    assert verdict["autotune"]["workers"] == best
+    best = verdict["autotune"]["workers"]
+    assert rates[best] == max(rates.values())  # as the trials said (a tie at whole img/s: either)
     _wait(lambda: sup.state.view().settings["workers"] == best and
           not sup.state.view().pending, "the kept setting in force")
     applied = [e for e in events(log, "settings") if e.get("status") == "applied"]
