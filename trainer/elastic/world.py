@@ -25,6 +25,13 @@ from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
 
 ARRIVED = "ddptui/arrived"  # a world's members that came to its store
+# How long gloo may take to connect a world's members, who have all met at its store by then: a
+# member that died after the meeting was waited for until gloo's 30-minute timeout (the change
+# timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
+# carried out). Their collectives get the default back once connected.
+CONNECT = timedelta(seconds=30)
+set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+
 # The stores of worlds that failed to form, never freed: freeing a rank 0's store then
 # corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
 ABANDONED: list = []
@@ -65,13 +72,6 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
             set_timeout(dist.default_pg_timeout, made)
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
-
-# How long gloo may take to connect a world's members, who have all met at its store by then: a
-# member that died after the meeting was waited for until gloo's 30-minute timeout (the change
-# timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
-# carried out). Their collectives get the default back once connected.
-CONNECT = timedelta(seconds=30)
-set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
 
 
 def make_communicator(device: torch.device) -> None:
