@@ -177,15 +177,22 @@ def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_retur
 def test_a_recover_order_while_a_world_forms_cuts_its_store_connections_and_aborts_nothing():
     """A member died before the new world was made: this rank's connections to the world's
     store are cut (a get waiting there for the dead one wakes), nothing else is, and the half
-    made world is not aborted (the main thread is registering it). A change ordered before the
-    recovery is void; one ordered after it is not."""
+    made world is not aborted (the main thread is registering it). On the store's own rank,
+    only once the members met there (it waits for them polling; a request cut under it
+    corrupted its heap). A change ordered before the recovery is void; one after is not."""
     store, elsewhere = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
     ours, supervisor = multiprocessing.Pipe()
     box = Mailbox(ours)
     aborted = []
     box.abort = lambda: aborted.append(True)
-    with box.forming(store.getsockname()[1]):
+    with box.forming(store.getsockname()[1], own_store=True):
         client = socket.create_connection(store.getsockname())
+        server_end, _ = store.accept()
+        supervisor.send({"op": "recover", "gen": 4})
+        assert box.wait_urgent(30) == {"op": "recover", "gen": 4}
+        client.sendall(b"x")
+        assert server_end.recv(1) == b"x"
+        box.met()
         bystander = socket.create_connection(elsewhere.getsockname())
         far_end, _ = elsewhere.accept()
         supervisor.send({"op": "recover", "gen": 5})
@@ -198,7 +205,7 @@ def test_a_recover_order_while_a_world_forms_cuts_its_store_connections_and_abor
     assert box.wait_urgent(30) == {"op": "recover", "gen": 6}
     assert aborted == [True]
     assert box.void({"op": "reform", "gen": 4}) and not box.void({"op": "reform", "gen": 7})
-    for s in (store, elsewhere, client, bystander, far_end):
+    for s in (store, elsewhere, client, server_end, bystander, far_end):
         s.close()
 
 

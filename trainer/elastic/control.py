@@ -7,6 +7,7 @@ read it one interval later, so control costs no device sync and almost no step t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -24,6 +25,19 @@ OFFER_S = 0.05  # commands are offered about this often (a key waits about two o
 MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
 
 
+@dataclasses.dataclass
+class FormingWorld:
+    """A world being formed: the sockets this rank had open before (none of them is the
+    world's), its store's port, whose it is and whether every member came there."""
+    before: Sockets
+    store_port: int | None
+    own_store: bool = False
+    met: bool = False
+
+    def cut_store(self) -> bool:
+        return self.store_port is not None and (self.met or not self.own_store)
+
+
 class Mailbox:
     """Reads this rank's command pipe on a thread: urgent orders are kept apart (and announced
     through `on_urgent` at once), everything else waits for the agreed step."""
@@ -36,8 +50,7 @@ class Mailbox:
         self.has_urgent = False  # read every step: a plain attribute, no lock
         # The connections of the world this rank is in, cut as soon as a peer is known dead.
         self.world_sockets: Sockets = Sockets()
-        self._forming: tuple[Sockets, int] | None = None  # while a world forms: the sockets
-        # open before, and its store's port
+        self._forming: FormingWorld | None = None  # while a world forms
         self._lock = threading.Lock()  # between has_urgent and _forming
         self.generation = 0  # the newest recover order's: a change ordered before it is void
         self.abort: Callable[[], None] | None = None  # unblocks NCCL collectives (world.abort)
@@ -63,8 +76,8 @@ class Mailbox:
                 if msg["op"] == "recover":
                     self.generation = max(self.generation, msg.get("gen", 0))
                     sever(self.world_sockets)
-                    if forming is not None and forming[1] is not None:
-                        sever(open_sockets() - forming[0], peer_port=forming[1])
+                    if forming is not None and forming.cut_store():
+                        sever(open_sockets() - forming.before, peer_port=forming.store_port)
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
@@ -75,18 +88,26 @@ class Mailbox:
                 self.commands.put(msg)
 
     @contextlib.contextmanager
-    def forming(self, store_port: int | None) -> Iterator[None]:
+    def forming(self, store_port: int | None, own_store: bool = False) -> Iterator[None]:
         """While this rank forms an ordered world: a recover order (a member died before the
         world was made) cuts its connections to the world's store at `store_port`, so that a
         rank waiting there for the dead one (its address, NCCL's id) is woken now, not at a
-        timeout. Not on the store's own rank: its store, failed so, corrupted the heap."""
+        timeout. The store's own rank (`own_store`) waits polling for the others to come to
+        it (meet()): its connections are cut only once they have (met()), as a request of its
+        own cut then corrupted its heap (2 x H100, a joiner killed before it came)."""
         with self._lock:
-            self._forming = open_sockets(), store_port
+            self._forming = FormingWorld(open_sockets(), store_port, own_store)
         try:
             yield
         finally:
             with self._lock:
                 self._forming = None
+
+    def met(self) -> None:
+        """Every member of the world being formed has come to its store."""
+        with self._lock:
+            if self._forming is not None:
+                self._forming.met = True
 
     def void(self, order: dict) -> bool:
         """A world change that a rank's death overtook: the supervisor dropped it (its joiner is

@@ -42,16 +42,20 @@ if TYPE_CHECKING:
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,
-         eager: bool = True, give_up: Callable[[], bool] = lambda: False):
+         eager: bool = True, mailbox: Mailbox | None = None):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
     `eager`: NCCL's communicator is made inside init_process_group (device_id), otherwise by a
     collective after the gloo group; every member must choose alike (a script's joiner forms its
     world as the script does, then make_communicator()).
-    `give_up`: rank 0 may have died before its store listened (then ddptui orders a recovery)."""
+    `mailbox`: where a world ddptui ordered learns that a member died meanwhile (then a
+    recovery follows): rank 0 may have died before its store listened."""
+    give_up = (lambda: mailbox.has_urgent) if mailbox is not None else (lambda: False)
     before = open_sockets()
     store = meet(init_method, rank, world_size, give_up)
+    if mailbox is not None:
+        mailbox.met()
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     where = {"init_method": init_method} if store is None else {
         "store": dist.PrefixStore("default_pg", store)}
@@ -127,12 +131,12 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
                  init_method: str, eager: bool = True):
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
-    lost = lambda: mailbox.has_urgent  # noqa: E731
-    with mailbox.forming(urllib.parse.urlsplit(init_method).port):
-        if lost():
+    with mailbox.forming(urllib.parse.urlsplit(init_method).port, own_store=rank == 0):
+        if mailbox.has_urgent:
             raise WorldLost("a peer died before the world formed")
-        group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager, lost)
-    if lost():  # formed as the order came: not aborted then (control.py), so not usable
+        group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager,
+                                            mailbox)
+    if mailbox.has_urgent:  # formed as the order came: not aborted then (control.py)
         raise WorldLost("a peer died as the world formed")
     return group
 
