@@ -168,13 +168,21 @@ def run_case(case: str, runtime_connect: str, port: int) -> dict:
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["--rank"]:
+    if sys.argv[1:2] == ["--rank"]:  # one of a case's two processes
         case, rank, port, out = sys.argv[2:6]
         rank_main(case, int(rank), int(port), out)
         return 0
-    cases = sys.argv[1:] or CASES
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("cases", nargs="*", metavar="CASE",
+                   help=f"the cases to run, of {', '.join(CASES)} (default: every one)")
+    args = p.parse_args()
+    unknown = sorted(set(args.cases) - set(CASES))
+    if unknown:
+        p.error(f"unknown case {', '.join(unknown)} (of {', '.join(CASES)})")
     port = 29611
-    for case in cases:
+    for case in args.cases or CASES:
         for rc in ("1", "0"):
             port += 1
             print(json.dumps(run_case(case, rc, port)), flush=True)
