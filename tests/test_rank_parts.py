@@ -19,8 +19,8 @@ from trainer.build import build_optimizer
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import DataOptions, RunConfig, TrainOptions
 from trainer.elastic.control import Mailbox
-from trainer.elastic.snapshot import Snapshots, agree, buffer_count, state_tensors
-from trainer.elastic.world import await_store
+from trainer.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
+from trainer.elastic.world import await_store, meet
 from trainer.loop import padded
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.telemetry.reporter import EventBuffer
@@ -225,6 +225,25 @@ def test_a_rank_connects_to_the_store_only_once_it_listens():
     assert returned.is_set()
     server.close()
     await_store("env://")  # torchrun's rendezvous: nothing to wait for
+
+
+@pytest.mark.timeout(60)
+def test_a_store_that_died_once_it_listened_is_given_up_on_not_waited_for():
+    """Rank 0 died just after its store was seen listening: the member's store client is
+    refused from then on, and the death (give_up) ends its wait instead of torch's 30-minute
+    timeout. The one probe connection is let in, then the port closes."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    dead = threading.Event()
+
+    def die_after_the_probe() -> None:
+        listener.accept()[0].close()
+        listener.close()
+        dead.set()
+
+    threading.Thread(target=die_after_the_probe, daemon=True).start()
+    with pytest.raises(WorldLost):
+        meet(f"tcp://127.0.0.1:{port}", 1, 2, give_up=dead.is_set)
 
 
 def test_ranks_get_cuda_defaults_unless_the_user_chose(monkeypatch):

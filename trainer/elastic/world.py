@@ -30,6 +30,7 @@ ARRIVED = "ddptui/arrived"  # a world's members that came to its store
 # timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
 # carried out). Their collectives get the default back once connected.
 CONNECT = timedelta(seconds=30)
+STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0's store
 set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
 
 # The stores of worlds that failed to form, never freed: freeing a rank 0's store then
@@ -95,10 +96,9 @@ def meet(init_method: str, rank: int, world_size: int,
     url = urllib.parse.urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
         return None
-    if rank != 0:
-        await_store(init_method, give_up)
-    store = dist.TCPStore(url.hostname, url.port, world_size, is_master=rank == 0,
-                          timeout=dist.default_pg_timeout, wait_for_workers=False)
+    store = dist.TCPStore(url.hostname, url.port, world_size, is_master=True,
+                          timeout=dist.default_pg_timeout, wait_for_workers=False) \
+        if rank == 0 else store_client(init_method, world_size, give_up)
     with kept_on_failure(store):
         store.add(ARRIVED, 1)
         while store.add(ARRIVED, 0) < world_size:
@@ -139,6 +139,26 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
     if mailbox.has_urgent:  # formed as the order came: not aborted then (control.py)
         raise WorldLost("a peer died as the world formed")
     return group
+
+
+def store_client(init_method: str, world_size: int,
+                 give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
+    """A client of rank 0's store, once it listens. Its constructor tries for STORE_CONNECT at a
+    time: rank 0 dead after its port was seen listening was otherwise tried for the default 30
+    minutes, out of reach of `give_up` (CPU machine: the survivor stuck in the constructor, the
+    run lost after the 60 s change timeout)."""
+    url = urllib.parse.urlsplit(init_method)
+    while True:
+        await_store(init_method, give_up)
+        try:
+            store = dist.TCPStore(url.hostname, url.port, world_size, is_master=False,
+                                  timeout=STORE_CONNECT, wait_for_workers=False)
+        except RuntimeError:  # DistNetworkError: refused, or timed out
+            if give_up():
+                raise WorldLost("a peer died before the world formed") from None
+            continue
+        store.set_timeout(dist.default_pg_timeout)
+        return store
 
 
 def await_store(init_method: str, give_up: Callable[[], bool] = lambda: False,
