@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 
 from torch import nn
-from torchvision import models
 
 from trainer.errors import UsageError
 from trainer.parse import check_model_name
@@ -34,6 +33,8 @@ def build_model(name: str, num_classes: int, in_channels: int, image_size: int) 
         if name in ("inception_v3", "googlenet"):
             kwargs["aux_logits"] = False
             kwargs["init_weights"] = True
+        from torchvision import models  # 1.1 s: a user's own model never pays it
+
         model = models.get_model(name, weights=None, num_classes=num_classes, **kwargs)
     if in_channels != 3:
         adapt_first_conv(model, in_channels)

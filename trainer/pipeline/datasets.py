@@ -1,7 +1,9 @@
 """Datasets and loaders for every --data kind, with the transforms and the sampler wired in.
 
 Image sets yield uint8 CHW tensors (normalisation happens on the device, see prefetch.py);
-`synthetic` makes its batches on the device and measures compute alone.
+`synthetic` makes its batches on the device and measures compute alone. torchvision is imported
+where it is used: it costs a rank 1.1 s (torch._dynamo, through its ops), which a user's own
+model and data never need.
 """
 
 from __future__ import annotations
@@ -17,9 +19,6 @@ from functools import partial
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
-from torchvision import datasets, transforms
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms import v2
 
 from trainer.config import RunConfig
 from trainer.elastic.lifeline import descends_from, die_with_parent
@@ -99,6 +98,8 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
                                 gpu)
         return _imagefolder(path, None, size, seed, gpu)
     if kind in ("cifar10", "mnist", "fashion-mnist"):
+        from torchvision import datasets, transforms
+
         cls = {"cifar10": datasets.CIFAR10, "mnist": datasets.MNIST,
                "fashion-mnist": datasets.FashionMNIST}[kind]
         try:  # never downloaded: torchvision's "not found or corrupted" is the user's to fix
@@ -118,6 +119,9 @@ def _first_line(e: Exception) -> str:
 
 def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None,
                  gpu_collate: Callable | None = None) -> DataBundle:
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
     try:
         train = datasets.ImageFolder(train_dir, loader=load_image)
     except (FileNotFoundError, RuntimeError) as e:
@@ -150,6 +154,9 @@ def load_image(path: str) -> torch.Tensor:
     (libjpeg-turbo, libpng), which with the tensor transforms does 1.5x the images a second of
     PIL's path (docs/benchmarks.md, the input pipeline); PIL for the rest, and to name what is wrong
     with a file neither can read."""
+    from torchvision import transforms
+    from torchvision.io import ImageReadMode, decode_image
+
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -165,6 +172,8 @@ def load_image(path: str) -> torch.Tensor:
 
 def _small(train: Dataset, val: Dataset, channels: int, aug: list, size: int, native: int,
            seed: int | None) -> DataBundle:
+    from torchvision import transforms
+
     resize = [transforms.Resize(size, antialias=True)] if size != native else []
     train_tf = transforms.Compose(resize + aug + [transforms.PILToTensor()])
     val_tf = transforms.Compose(resize + [transforms.PILToTensor()])
@@ -182,6 +191,8 @@ def _custom(spec: str, size: int, seed: int | None) -> DataBundle:
                             "non-empty map-style Dataset, or a (train, val) pair of them")
     image = _sample_image(spec, train[0])
     if isinstance(image, Image.Image):  # PIL: give it the ImageFolder treatment
+        from torchvision import transforms
+
         channels = 1 if image.mode in ("L", "I", "F") else 3
         tf = transforms.Compose([transforms.Resize((size, size), antialias=True),
                                  transforms.PILToTensor()])
