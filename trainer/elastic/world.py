@@ -143,10 +143,9 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
 
 def store_client(init_method: str, world_size: int,
                  give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
-    """A client of rank 0's store, once it listens. Its constructor tries for STORE_CONNECT at a
-    time: rank 0 dead after its port was seen listening was otherwise tried for the default 30
-    minutes, out of reach of `give_up` (CPU machine: the survivor stuck in the constructor, the
-    run lost after the 60 s change timeout)."""
+    """A client of rank 0's store, once it listens, tried for STORE_CONNECT at a time: rank 0 dead
+    once its port listened was tried for the default 30 minutes, out of `give_up`'s reach (CPU
+    machine: the survivor stuck there, the run lost after the 60 s change timeout)."""
     url = urllib.parse.urlsplit(init_method)
     while True:
         await_store(init_method, give_up)
