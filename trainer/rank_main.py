@@ -21,7 +21,6 @@ from trainer.errors import DataError, UsageError
 from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
 from trainer.parts import Parts
-from trainer.pipeline.gpudecode import Decoder
 from trainer.protocol.channel import load_key, parse_address
 from trainer.protocol.events import count
 from trainer.rank import Rank
@@ -198,7 +197,7 @@ def describe_start(p: Parts) -> None:
     if config.devices.strategy == "dp":
         me.say("--strategy dp: cudnn.benchmark is off (DataParallel's per-step threads "
                "would autotune again every step)")
-    if isinstance(p.loaders.prepare, Decoder):  # --decode gpu
+    if p.loaders.bundle.collate is not None:  # --decode gpu: JPEGs to the rank
         codec = p.loaders.prepare.codec.name
         where = "on the GPU" if me.device.type == "cuda" else "in the rank process (CPU rank)"
         me.say(f"--decode gpu: JPEGs decoded {where} by {codec}", decoder=codec)

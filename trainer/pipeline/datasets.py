@@ -26,7 +26,6 @@ from trainer.errors import DataError, UsageError
 from trainer.parse import importable_from_cwd
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.forkserver import worker_context
-from trainer.pipeline.gpudecode import JpegFiles, collate
 from trainer.pipeline.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.pipeline.shapes import ensure_shapes
 
@@ -86,7 +85,7 @@ def build_datasets(config: RunConfig, progress: Callable[[str], None] = print) -
     seed = config.train.seed if config.train.deterministic else None
     if kind == "synthetic":
         return DataBundle(None, None, SYNTHETIC_SAMPLES, SYNTHETIC_CLASSES, 3)
-    gpu = collate if config.data.decode == "gpu" else None
+    gpu = config.data.decode == "gpu"
     if kind == "shapes":
         root = ensure_shapes(lambda done, total: progress(f"generating shapes dataset {done}/{total}"))
         return _imagefolder(os.path.join(root, "train"), os.path.join(root, "val"), size, seed, gpu)
@@ -118,7 +117,7 @@ def _first_line(e: Exception) -> str:
 
 
 def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | None,
-                 gpu_collate: Callable | None = None) -> DataBundle:
+                 gpu: bool = False) -> DataBundle:
     from torchvision import datasets
     from torchvision.transforms import v2
 
@@ -141,10 +140,12 @@ def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | Non
         train.samples = [train.dataset.samples[i] for i in train.indices]
         val.samples = [val.dataset.samples[i] for i in val.indices]
     classes = train.classes if hasattr(train, "classes") else train.dataset.classes
-    if gpu_collate is not None:
+    if gpu:
+        from trainer.pipeline.gpudecode import JpegFiles, collate
+
         return DataBundle(JpegFiles(train.samples, size, True, seed),
                           JpegFiles(val.samples, size, False), len(train), len(classes), 3,
-                          collate=gpu_collate)
+                          collate=collate)
     return DataBundle(KeyedDataset(train, train_tf, seed), KeyedDataset(val, val_tf), len(train),
                       len(classes), 3)
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
+from torchvision.io import ImageReadMode, decode_jpeg
+from torchvision.ops import roi_align
 
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.prefetch import Normalize
@@ -156,8 +158,6 @@ class Decoder:
         top, left, h, w = boxes[index, :4].to(torch.float32).unbind(1)
         regions = torch.stack([torch.arange(len(index), dtype=torch.float32), left, top,
                                left + w, top + h], 1).to(self.device, non_blocking=True)
-        from torchvision.ops import roi_align  # imported where used: trainer/pipeline/datasets.py
-
         # sampling_ratio -1: as many samples per output pixel as the crop is larger, an average
         # like antialiased resizing.
         resized = roi_align(stack, regions, (self.size, self.size), aligned=True,
@@ -203,16 +203,12 @@ class TorchvisionCodec:
         return images
 
     def _decode(self, data: list[torch.Tensor]) -> list[torch.Tensor | None]:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:  # one broken file fails the whole batch: decode it image by image
             return [self._one(d) for d in data]
 
     def _one(self, data: torch.Tensor) -> torch.Tensor | None:
-        from torchvision.io import ImageReadMode, decode_jpeg
-
         try:
             return decode_jpeg(data, mode=ImageReadMode.RGB, device=self.device)
         except RuntimeError:

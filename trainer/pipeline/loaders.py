@@ -9,7 +9,6 @@ import torch
 from trainer.config import RunConfig
 from trainer.pipeline.badsamples import BadSamples, skip
 from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
 from trainer.pipeline.prefetch import (
     Normalize,
     ToDevice,
@@ -34,9 +33,13 @@ class Loaders:
         normalize = Normalize(bundle.in_channels, me.device, config.model.channels_last,
                               batch_dtype or torch.float32)
         self.bad = BadSamples(config.data.bad_sample_limit(bundle.num_train))
-        self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
-                               TorchvisionCodec(me.device), self._undecodable) \
-            if bundle.collate is not None else ToDevice(me.device, normalize)
+        if bundle.collate is not None:  # --decode gpu (torchvision: imported only then)
+            from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
+
+            self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
+                                   TorchvisionCodec(me.device), self._undecodable)
+        else:
+            self.prepare = ToDevice(me.device, normalize)
         for dataset in (bundle.train, bundle.val):
             if dataset is not None and hasattr(dataset, "notes"):  # set before workers start
                 dataset.notes = self.bad.notes
