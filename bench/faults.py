@@ -188,10 +188,14 @@ def main() -> int:
     print("\n| run | kills survived | rejoins | join: median, max (s) | recovery after a kill: "
           "median, max (s) |\n|---|---|---|---|---|")
     print(f"| {args.kind} | {len(kills) + 1} of {len(kills) + 1} | {len(rows)} | "
-          f"{statistics.median(join):.2f}, {max(join):.2f} | {statistics.median(kills):.2f}, "
-          f"{max(kills):.2f} |")
+          f"{spread(join)} | {spread(kills)} |")
     print(f"exit {code}")
     return 0
+
+
+def spread(seconds: list[float]) -> str:
+    """'median, max' of some seconds; '-' for none (every kill came before its world formed)."""
+    return f"{statistics.median(seconds):.2f}, {max(seconds):.2f}" if seconds else "-"
 
 
 if __name__ == "__main__":

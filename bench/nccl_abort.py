@@ -12,6 +12,10 @@ Cases (rank 1 is the peer that dies; rank 0 reports):
               rank 0's first all-reduce, aborted the same way
   *_cut       the same, but NCCL's sockets (those made since the store) are shut down instead
               of the abort; the abort follows once the collective has ended
+  *_timeout   init_dead, and rank 1 killed 0.1 s into its init (init_killed), with
+              TORCH_NCCL_NONBLOCKING_TIMEOUT=5 and no abort while rank 0 waits: its first
+              all-reduce, on the main thread, must fail by itself; then the abort, from the
+              same thread, as ddptui's ranks do it (trainer/elastic/world.py)
 Each case also with NCCL_RUNTIME_CONNECT=0 (connections made at init instead of first use).
 """
 
@@ -28,7 +32,8 @@ from datetime import timedelta
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from trainer.elastic.sockets import open_sockets  # noqa: E402
 
-CASES = ("ready", "init_dead", "first_dead", "init_dead_cut", "first_dead_cut")
+CASES = ("ready", "init_dead", "first_dead", "init_dead_cut", "first_dead_cut",
+         "init_dead_timeout", "init_killed_timeout")
 LIMIT_S = 40  # a case still running then is reported hung
 
 
@@ -52,6 +57,9 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
                             pg_options=opts)
     backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
     report["init_returned_s"] = round(time.perf_counter() - t0, 3)
+    if case == "init_killed_timeout" and rank == 1:
+        time.sleep(0.1)
+        os._exit(0)
     deadline = time.perf_counter() + (2 if rank == 1 or case == "ready" else 0)
     while not backend._is_initialized() and time.perf_counter() < deadline:
         time.sleep(0.001)
@@ -64,7 +72,9 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
         dist.barrier()
     if case.startswith("first_dead"):
         time.sleep(2.5)
-    if case != "ready":
+    if case.endswith("_timeout"):
+        report.update(fail_by_itself(dist, torch, dev))
+    elif case != "ready":
         cut = (lambda: shut(open_sockets() - before, port)) if case.endswith("_cut") else None
         report.update(first_collective(dist, torch, dev, cut))
         if report["collective"] == "stuck":  # the process cannot go on: report as it is
@@ -144,6 +154,22 @@ def first_collective(dist, torch, dev, cut=None) -> dict:
     return {**box, **result}
 
 
+def fail_by_itself(dist, torch, dev) -> dict:
+    """Rank 0's first all-reduce on this thread, left to end by itself, then the abort."""
+    t0 = time.perf_counter()
+    try:
+        dist.all_reduce(torch.ones(1 << 20, device=dev))
+        torch.cuda.synchronize()
+        result = {"collective": "completed"}
+    except Exception as e:
+        result = {"collective": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
+    result["ended_s"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    dist.distributed_c10d._abort_process_group()
+    result.update(abort="returned", abort_s=round(time.perf_counter() - t0, 3))
+    return result
+
+
 def run_case(case: str, runtime_connect: str, port: int) -> dict:
     import subprocess
 
@@ -151,7 +177,8 @@ def run_case(case: str, runtime_connect: str, port: int) -> dict:
     if os.path.exists(out):
         os.remove(out)
     env = {**os.environ, "NCCL_RUNTIME_CONNECT": runtime_connect,
-           "NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
+           "NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50",
+           **({"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"} if case.endswith("_timeout") else {})}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", case, str(r), str(port), out],
                               env=env) for r in (0, 1)]
     start = time.perf_counter()

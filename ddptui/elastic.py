@@ -17,7 +17,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ddptui.figures import Figures
 from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
-from trainer.elastic import world
+from trainer.elastic import store, world
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import Snapshots, WorldLost, agree
 from trainer.protocol.events import count
@@ -224,7 +224,7 @@ class Elastic:
         """A standby's script formed the order's world (ddptui.init() set its environment):
         the group orders are agreed in, as form() makes it on the members, then the state."""
         group = dist.new_group(backend="gloo")
-        if self.cuda and not self.eager:
+        if self.cuda:
             world.make_communicator(self.device)
         self._share(order, group)
         self._settle((self.run.rank, self.run.world_size, group), order, [])
@@ -336,7 +336,7 @@ def await_join(run: ElasticRun) -> dict:
     os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    world.meet(order["init"], run.rank, run.world_size)  # as the members do in world.form()
+    store.meet(order["init"], run.rank, run.world_size)  # as the members do in world.form()
     run.reporter.emit("rank", state="restarting", pid=os.getpid())
     return order
 

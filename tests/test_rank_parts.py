@@ -20,7 +20,7 @@ from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import DataOptions, RunConfig, TrainOptions
 from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
-from trainer.elastic.world import await_store, meet
+from trainer.elastic.store import await_store, meet
 from trainer.loop import padded
 from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.telemetry.reporter import EventBuffer

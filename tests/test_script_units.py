@@ -377,10 +377,27 @@ def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
     assert crash_cause(-11, ["CUDA error: an illegal memory access was encountered"]) == \
         "killed by SIGSEGV: CUDA error: an illegal memory access was encountered"
     assert crash_cause(-6, ["nothing said"]) == "killed by SIGABRT"
+    assert crash_cause(-6, ["malloc(): unsorted double linked list corrupted",
+                            "Fatal Python error: Aborted"]) == \
+        "killed by SIGABRT: malloc(): unsorted double linked list corrupted"
     assert crash_cause(-6, ["RuntimeError: rank 1 gave up at epoch 1",
                             "terminate called without an active exception"]) == \
         "killed by SIGABRT: RuntimeError: rank 1 gave up at epoch 1"
     assert crash_cause(1, ["ValueError: bad"]) == "ValueError: bad"
+
+
+def test_a_rendezvous_port_is_free_and_out_of_the_kernels_range_for_other_sockets():
+    """Ports the kernel hands out to any connection or bind(0) were taken between the pick and
+    rank 0's store listening (EADDRINUSE lost a GPU run): the pick comes from below them."""
+    import socket
+
+    from ddptui.run.processes import ephemeral_ports, free_port
+
+    low, _ = ephemeral_ports()
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= port < low for port in ports) and len(ports) > 1
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
 
 
 def test_torchs_and_ncclss_own_log_lines_are_told_from_the_scripts_output():

@@ -61,10 +61,33 @@ def cuda_defaults() -> None:
 NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
 
 
-def nccl_defaults(env: dict) -> None:
-    """What ddptui's ranks on one machine start with unless the user chose otherwise."""
-    for name, value in NCCL_CONNECT_RETRIES.items():
+# The built-in loop's worlds are abortable once formed only if NCCL made every connection at
+# init (a peer dead before a collective's connections were made left the survivor waiting in
+# torch for ever, abort or not: bench/nccl_abort.py); no abort reaches a set-up, so it ends by
+# itself when a member never comes. Costs ~0.5 GiB of GPU memory per communicator.
+NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "10"}
+
+
+def nccl_defaults(env: dict, abortable: bool = False) -> None:
+    """What ddptui's ranks on one machine start with unless the user chose otherwise;
+    `abortable`: the built-in loop's (a script's own communicators keep NCCL's defaults)."""
+    for name, value in {**NCCL_CONNECT_RETRIES, **(NCCL_ABORTABLE if abortable else {})}.items():
         env.setdefault(name, value)
+
+
+def gpu_environment(spec: RankSpec) -> None:
+    """A GPU rank's environment, before torch is imported."""
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    dp = spec.config.devices.strategy == "dp"
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \
+        else str(spec.physical_gpu)
+    # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
+    # NCCL's watchdog must not tear the process down first.
+    os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
+    nccl_defaults(os.environ, abortable=True)
+    cuda_defaults()
+    if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
+        start_worker_server()
 
 
 def run_rank(spec: RankSpec, channel, inbox) -> None:
@@ -83,18 +106,10 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     # works even while the main thread holds the GIL in a call that never returns. Appending:
     # the supervisor empties the file before each request.
     faulthandler.register(signal.SIGUSR1, file=open(spec.stacks_path, "a"), all_threads=True)
+    # A rank that crashes (a heap corruption, a segfault) leaves where each thread was.
+    faulthandler.enable(all_threads=True)
     if spec.physical_gpu is not None:
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        dp = spec.config.devices.strategy == "dp"
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \
-            else str(spec.physical_gpu)
-        # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
-        # NCCL's watchdog must not tear the process down first.
-        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
-        nccl_defaults(os.environ)
-        cuda_defaults()
-        if spec.config.data.kind != "synthetic" and spec.config.data.resolved_workers(spec.world_size):
-            start_worker_server()
+        gpu_environment(spec)
     if spec.rank == 0 and not spec.standby:
         channel.send(event("message", 0, level="info", text="importing torch"))
     import torch

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import random
 import re
 import signal
 import socket
@@ -177,7 +178,8 @@ def ended_how(code: int | None) -> str:
 # those another process sends (SIGKILL, SIGTERM): only then does its output say why.
 SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
 _DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
-                           r"illegal (?:memory access|address|instruction)|NCCL error", re.I)
+                           r"illegal (?:memory access|address|instruction)|NCCL error|"
+                           r"^(?:malloc|free|realloc)\(\): |double free or corruption", re.I)
 _SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 
@@ -192,7 +194,7 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
     how = ended_how(code)
     if -code not in SELF_INFLICTED:
         return how
-    found = [line.strip() for line in lines if _DEVICE_ERROR.search(line)]
+    found = [line.strip() for line in lines if _DEVICE_ERROR.search(line.strip())]
     asserts = [line for line in found if "Assertion" in line]
     raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
     cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
@@ -234,10 +236,32 @@ def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
 
 
 def free_port() -> int:
-    """A loopback port nobody listens on now (the rendezvous; a busy port is never our failure)."""
-    with socket.socket() as s:
+    """A loopback port for a rendezvous, free now and below the range the kernel hands out to
+    connections and to bind(0) (as torchrun's 29500 is): one from that range was taken by some
+    other socket between this pick and rank 0's store listening on it (EADDRINUSE, the run
+    lost: 2 x H100, a recovery after a joiner was killed)."""
+    low = ephemeral_ports()[0]
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or held in TIME_WAIT
+                continue
+            return port
+    with socket.socket() as s:  # every one tried was busy: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for connections and bind(0) (Linux's default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def end_resource_tracker() -> None:

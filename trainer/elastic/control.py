@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from trainer.elastic.snapshot import WorldLost
 from trainer.elastic.sockets import Sockets, open_sockets, sever
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
@@ -54,6 +55,7 @@ class Mailbox:
         self._lock = threading.Lock()  # between has_urgent and _forming
         self.generation = 0  # the newest recover order's: a change ordered before it is void
         self.abort: Callable[[], None] | None = None  # unblocks NCCL collectives (world.abort)
+        self._abort_lock = threading.Lock()  # held by an abort, or by a world change
         threading.Thread(target=self._read, name="mailbox", daemon=True).start()
 
     def _read(self) -> None:
@@ -82,10 +84,30 @@ class Mailbox:
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
                 if msg["op"] == "recover" and self.abort is not None and forming is None:
-                    self.abort()
+                    self._abort_unless_changing()
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)
+
+    def _abort_unless_changing(self) -> None:
+        if self._abort_lock.acquire(blocking=False):
+            try:
+                self.abort()
+            finally:
+                self._abort_lock.release()
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        """While the main thread changes its world (closes, forms, shares state, settles), no
+        abort comes from this thread: one that freed the communicator under the main thread's
+        own NCCL calls (a joiner's state, sent tensor by tensor) corrupted the heap (2 x H100,
+        1 joiner killed in 12 as it joined). The change waits on no collective that only an
+        abort would end (a set-up ends by itself, objects go over gloo), and a death meanwhile
+        is raised when it is done: the recovery then aborts from the main thread."""
+        with self._abort_lock:  # an abort under way is finished first
+            yield
+        if self.has_urgent:
+            raise WorldLost("a peer died as the world changed")
 
     @contextlib.contextmanager
     def forming(self, store_port: int | None, own_store: bool = False) -> Iterator[None]:

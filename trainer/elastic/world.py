@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -23,19 +22,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
+from trainer.elastic.store import kept_on_failure, meet
 
-ARRIVED = "ddptui/arrived"  # a world's members that came to its store
 # How long gloo may take to connect a world's members, who have all met at its store by then: a
 # member that died after the meeting was waited for until gloo's 30-minute timeout (the change
 # timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
 # carried out). Their collectives get the default back once connected.
 CONNECT = timedelta(seconds=30)
-STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0's store
 set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
-
-# The stores of worlds that failed to form, never freed: freeing a rank 0's store then
-# corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
-ABANDONED: list = []
 
 if TYPE_CHECKING:
     from trainer.parts import Parts
@@ -47,9 +41,8 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
-    `eager`: NCCL's communicator is made inside init_process_group (device_id), otherwise by a
-    collective after the gloo group; every member must choose alike (a script's joiner forms its
-    world as the script does, then make_communicator()).
+    `eager`: NCCL's communicator is begun inside init_process_group (device_id); every member
+    must choose alike (a script's joiner forms its world as the script does).
     `mailbox`: where a world ddptui ordered learns that a member died meanwhile (then a
     recovery follows): rank 0 may have died before its store listened."""
     give_up = (lambda: mailbox.has_urgent) if mailbox is not None else (lambda: False)
@@ -70,7 +63,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=CONNECT,
                                     **where)
         group = dist.new_group(backend="gloo", timeout=CONNECT)
-        if device.type == "cuda" and not eager:
+        if device.type == "cuda":
             make_communicator(device)
     for made in (group, None if device.type == "cuda" else dist.group.WORLD):
         if made is not None:
@@ -78,45 +71,14 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
-
 def make_communicator(device: torch.device) -> None:
-    """A lazily formed NCCL world's communicator, made now by every member (a joiner as soon
-    as it made its world's gloo group, as form() does): made at the first step instead, a peer
-    that died before it made its part left the others inside NCCL's init, where the abort could
-    not reach them (2 x H200: a script's rank killed as the world of 2 formed lost the run)."""
+    """The world's NCCL communicator, made (or, eager, waited for) now by every member (a
+    joiner as soon as it made its world's gloo group, as form() does), while the world forms
+    and no abort comes: a peer that died before it made its part left the others inside NCCL's
+    set-up, where the abort could not reach them (2 x H200: a script's rank killed as the world
+    of 2 formed lost the run). A set-up that waits for a dead member ends by itself
+    (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
     dist.all_reduce(torch.zeros(1, device=device))
-
-
-def meet(init_method: str, rank: int, world_size: int,
-         give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
-    """The store at a tcp:// address ddptui gave (None for env://, torchrun's), once every
-    member has come to it. Rank 0's does not wait for the others, as tcp://'s does: a member
-    that died before it came is noticed here (`give_up`), not inside torch's constructors,
-    whose failure halfway corrupted the heap or hung their destruction (NCCL, 2 x H200)."""
-    url = urllib.parse.urlsplit(init_method)
-    if url.scheme != "tcp" or url.hostname is None or url.port is None:
-        return None
-    store = dist.TCPStore(url.hostname, url.port, world_size, is_master=True,
-                          timeout=dist.default_pg_timeout, wait_for_workers=False) \
-        if rank == 0 else store_client(init_method, world_size, give_up)
-    with kept_on_failure(store):
-        store.add(ARRIVED, 1)
-        while store.add(ARRIVED, 0) < world_size:
-            if give_up():
-                raise WorldLost("a peer died before the world formed")
-            time.sleep(0.002)
-    return store
-
-
-@contextlib.contextmanager
-def kept_on_failure(store: dist.TCPStore | None) -> Iterator[None]:
-    """A world's store that failed to form is never freed (ABANDONED)."""
-    try:
-        yield
-    except BaseException:
-        if store is not None:
-            ABANDONED.append(store)
-        raise
 
 
 def nonblocking():
@@ -139,46 +101,6 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
     if mailbox.has_urgent:  # formed as the order came: not aborted then (control.py)
         raise WorldLost("a peer died as the world formed")
     return group
-
-
-def store_client(init_method: str, world_size: int,
-                 give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
-    """A client of rank 0's store, once it listens, tried for STORE_CONNECT at a time: rank 0 dead
-    once its port listened was tried for the default 30 minutes, out of `give_up`'s reach (CPU
-    machine: the survivor stuck there, the run lost after the 60 s change timeout)."""
-    url = urllib.parse.urlsplit(init_method)
-    while True:
-        await_store(init_method, give_up)
-        try:
-            store = dist.TCPStore(url.hostname, url.port, world_size, is_master=False,
-                                  timeout=STORE_CONNECT, wait_for_workers=False)
-        except RuntimeError:  # DistNetworkError: refused, or timed out
-            if give_up():
-                raise WorldLost("a peer died before the world formed") from None
-            continue
-        store.set_timeout(dist.default_pg_timeout)
-        return store
-
-
-def await_store(init_method: str, give_up: Callable[[], bool] = lambda: False,
-                patience: float = 60.0) -> None:
-    """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
-    tries again only after a back-off: rank 0 entering 50 ms after the others formed the group
-    0.6 s later, 0.02 s with this wait (gloo, CPU machine). Joins on 2 x H200 lost 0.1-0.9 s
-    to it while rank 0 closed its old group; rank 0's form phase takes 0.04-0.06 s since.
-    Anything else is left to init_process_group to report."""
-    url = urllib.parse.urlsplit(init_method)
-    if url.scheme != "tcp" or url.hostname is None or url.port is None:
-        return
-    deadline = time.monotonic() + patience
-    while time.monotonic() < deadline:
-        if give_up():
-            raise WorldLost("a peer died before the world formed")
-        try:
-            socket.create_connection((url.hostname, url.port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.002)
 
 
 def preload_nccl(device: torch.device) -> None:
@@ -269,16 +191,17 @@ def reform(p: Parts, order: dict) -> bool:
     p.state.mark("agree")
     old_world = p.me.world_size
     p.ddp = p.control = None
-    dismantle(lambda text: p.me.say(text, "warning"), collect=False)
-    p.state.mark("close")
-    if p.me.slot not in order["members"]:
-        return False
-    group = enter(p, order)
-    p.state.mark("form")
-    if order.get("joiner") is not None:
-        share_state(p, order)
-        p.state.mark("state")
-    settle(p, group, old_world, leftover, order)
+    with changing(p):
+        dismantle(lambda text: p.me.say(text, "warning"), collect=False)
+        p.state.mark("close")
+        if p.me.slot not in order["members"]:
+            return False
+        group = enter(p, order)
+        p.state.mark("form")
+        if order.get("joiner") is not None:
+            share_state(p, order, group)
+            p.state.mark("state")
+        settle(p, group, old_world, leftover, order)
     return True
 
 
@@ -289,11 +212,12 @@ def join(p: Parts) -> bool:
     if order is None or order.get("op") != "join":
         return False
     p.state.changed_at = time.time()
-    group = enter(p, order)
-    p.state.mark("form")
-    trained_under = share_state(p, order)
-    p.state.mark("state")
-    settle(p, group, trained_under, [], order)
+    with changing(p):
+        group = enter(p, order)
+        p.state.mark("form")
+        trained_under = share_state(p, order, group)
+        p.state.mark("state")
+        settle(p, group, trained_under, [], order)
     return True
 
 
@@ -302,21 +226,27 @@ def recover(p: Parts, order: dict) -> int:
     hold and know to be good; returns the number of steps that will be redone."""
     p.me.pulse.phase = "world"
     p.ddp = p.control = p.state.reform = None  # a change agreed before the death is void
-    dismantle(lambda text: p.me.say(text, "warning"), collect=True)
-    p.state.mark("close")
-    old_world = p.me.world_size
-    group = enter(p, order)
-    p.state.mark("form")
-    summaries: list = [None] * p.me.world_size
-    dist.all_gather_object(summaries, p.snapshots.summary())
-    target = agree(summaries)
-    if target is None:
-        raise RuntimeError("a rank died and the survivors share no rollback point")
-    redone = p.state.global_step - target
-    load_host_state(p, p.snapshots.restore(target))
-    p.state.mark("rollback")
-    settle(p, group, old_world, [], order)
+    with changing(p):
+        dismantle(lambda text: p.me.say(text, "warning"), collect=True)
+        p.state.mark("close")
+        old_world = p.me.world_size
+        group = enter(p, order)
+        p.state.mark("form")
+        summaries: list = [None] * p.me.world_size
+        dist.all_gather_object(summaries, p.snapshots.summary(), group=group)
+        target = agree(summaries)
+        if target is None:
+            raise RuntimeError("a rank died and the survivors share no rollback point")
+        redone = p.state.global_step - target
+        load_host_state(p, p.snapshots.restore(target))
+        p.state.mark("rollback")
+        settle(p, group, old_world, [], order)
     return redone
+
+
+def changing(p: Parts) -> contextlib.AbstractContextManager:
+    """Mailbox.changing, where a supervisor sends orders."""
+    return p.mailbox.changing() if p.mailbox is not None else contextlib.nullcontext()
 
 
 def enter(p: Parts, order: dict):
@@ -373,9 +303,11 @@ def load_host_state(p: Parts, host: dict) -> None:
         g["lr"], g["initial_lr"] = lr, initial
 
 
-def share_state(p: Parts, order: dict) -> int:
+def share_state(p: Parts, order: dict, group) -> int:
     """The first member that is not the joiner sends its whole training state; returns the
-    world size it was trained under (the lr in that state is scaled for it)."""
+    world size it was trained under (the lr in that state is scaled for it). Its host part
+    goes over the gloo `group`, which a dead member fails at once, not over NCCL, where it
+    waited in a device sync that only an abort would end."""
     members = order["members"]
     src = members.index(next(s for s in members if s != order["joiner"]))
     sending = p.me.rank == src
@@ -384,7 +316,7 @@ def share_state(p: Parts, order: dict) -> int:
         box = [{**host_state(p), "world_size": p.me.world_size, "paused": p.state.paused,
                 "settings": dict(p.state.settings), "pending": dict(p.state.pending),
                 "best_val_acc": p.state.best_val_acc}]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=group)
     if p.snapshots is not None:  # a rollback point still being copied out reads these
         p.snapshots.before_update()
     for t in state_tensors(p.model, p.optimizer, p.scaler):
