@@ -289,6 +289,13 @@ def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_
     assert sleep * tries * (tries + 1) / 2 < 5000  # NCCL waits a little longer at each try
     mine = rank_env(gpu, attempt, 1, "s", base={"NCCL_SOCKET_RETRY_CNT": "34"})
     assert mine["NCCL_SOCKET_RETRY_CNT"] == "34"
+    # The built-in loop's worlds are made abortable; a script's own communicators are not touched.
+    from trainer.bootstrap import nccl_defaults
+
+    assert "NCCL_RUNTIME_CONNECT" not in env and "TORCH_NCCL_NONBLOCKING_TIMEOUT" not in env
+    builtin = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
+    nccl_defaults(builtin, abortable=True)
+    assert builtin["NCCL_RUNTIME_CONNECT"] == "0" and builtin["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "60"
 
 
 def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):

@@ -57,15 +57,16 @@ def cuda_defaults() -> None:
 # NCCL retries a refused connection for about 60 s (34 tries, each waiting 100 ms longer). On
 # one machine a refusal means the peer died (its listening socket was there before anyone knew
 # its address), and a survivor forming a world with a rank that died inside NCCL's set-up sat
-# out those 60 s (2 x H200: a kill 0.3 s after a join recovered after 59.7 s). ~3.9 s here.
-NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
+# out those 60 s (2 x H200: a kill 0.3 s after a join recovered after 59.7 s; 4.7 s with 12
+# tries of 50 ms more each). ~1 s here.
+NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "6", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
 
 
 # The built-in loop's worlds are abortable once formed only if NCCL made every connection at
 # init (a peer dead before a collective's connections were made left the survivor waiting in
 # torch for ever, abort or not: bench/nccl_abort.py); no abort reaches a set-up, so it ends by
 # itself when a member never comes. Costs ~0.5 GiB of GPU memory per communicator.
-NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "10"}
+NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
 
 
 def nccl_defaults(env: dict, abortable: bool = False) -> None:
