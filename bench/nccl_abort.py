@@ -72,11 +72,12 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
         dist.barrier()
     if case.startswith("first_dead"):
         time.sleep(2.5)
-    if case.endswith("_timeout"):
-        report.update(fail_by_itself(dist, torch, dev))
-    elif case != "ready":
-        cut = (lambda: shut(open_sockets() - before, port)) if case.endswith("_cut") else None
-        report.update(first_collective(dist, torch, dev, cut))
+    if case != "ready":
+        if case.endswith("_timeout"):
+            report.update(fail_by_itself(dist, torch, dev))
+        else:
+            cut = (lambda: shut(open_sockets() - before, port)) if case.endswith("_cut") else None
+            report.update(first_collective(dist, torch, dev, cut))
         if report["collective"] == "stuck":  # the process cannot go on: report as it is
             with open(out, "w") as f:
                 json.dump(report, f)
