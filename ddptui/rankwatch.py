@@ -1,12 +1,13 @@
 """What `python -m ddptui.wrap` sends `ddptui attach` from inside a rank it wraps: the rank and
 its node, its output (passed through unchanged, read line by line for loss), its process and
-GPU figures, its Python stacks when attach asks, and its exception when it fails.
+GPU figures, its Python stacks and NCCL flight recorder when attach asks, its exception.
 """
 
 from __future__ import annotations
 
 import faulthandler
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -16,6 +17,7 @@ import time
 
 import psutil
 
+from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary, trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.output import LINE_EVERY_S, StreamReader
 from ddptui.script.streams import Route
@@ -70,6 +72,7 @@ class RankWatch:
         self.tees: list[Tee] = []
         self._lines: list[str] = []  # whole lines not sent yet (attach keeps them per rank)
         self._dropped = 0
+        self.flight, self._trace_dir = _flight_recorder()
 
     def start(self, label: str) -> None:
         self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
@@ -140,12 +143,30 @@ class RankWatch:
             while True:
                 cmd = self.link.inbox.recv()
                 if cmd.get("op") == "stacks":
+                    stacks = _stacks()
                     self.emit("message", level="info", text=f"rank {self.rank}'s stacks",
-                              stacks_of=self.rank, stacks=_stacks())
+                              stacks_of=self.rank, stacks=stacks)
+                    if self.flight is not None and self.flight.ask(self.rank, time.monotonic()):
+                        threading.Thread(target=self._send_flight, args=(stacks,), daemon=True,
+                                         name="ddptui-wrap-flight").start()
                 elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
                     os.kill(os.getpid(), signal.SIGKILL)
         except EOFError:
             pass
+
+    def _send_flight(self, stacks: str) -> None:
+        """The flight recorder's dump, once torch's watchdog has written it: where this rank is
+        in NCCL, shown above its stacks, and the little attach needs to blame across nodes."""
+        deadline = time.monotonic() + DUMP_WAIT_S + 1
+        while time.monotonic() < deadline:
+            for _, trace in self.flight.collect(time.monotonic()):
+                nccl = summary(trace)
+                if nccl is not None:
+                    self.emit("message", level="info", text=f"rank {self.rank}: {nccl}",
+                              stacks_of=self.rank, stacks=f"{nccl}\n\n{stacks}",
+                              flight=compact(trace))
+                return
+            time.sleep(0.2)
 
     # -- the end ---------------------------------------------------------------------------
     def failed(self, exc: BaseException, lines: list[str], code: int) -> None:
@@ -177,6 +198,8 @@ class RankWatch:
         self._send_line(time.monotonic())
         self._send_lines()
         self.link.close()
+        if self._trace_dir is not None:
+            shutil.rmtree(self._trace_dir, ignore_errors=True)
 
 
 def _stacks() -> str:
@@ -186,6 +209,18 @@ def _stacks() -> str:
         faulthandler.dump_traceback(f, all_threads=True)
         f.seek(0)
         return f.read()
+
+
+def _flight_recorder() -> tuple[FlightDumps | None, str | None]:
+    """torch's NCCL flight recorder turned on for the script's process groups, dumped through
+    its pipe in a folder of the rank's own; left alone where the user set it up."""
+    _, dump_file, pipe = trace_env("", {})
+    if dump_file in os.environ or pipe in os.environ:
+        return None, None
+    folder = tempfile.mkdtemp(prefix="ddptui-wrap-")
+    prefix = os.path.join(folder, "nccl-trace-rank")
+    os.environ.update(trace_env(prefix, os.environ))
+    return FlightDumps(prefix), folder
 
 
 def _reporting() -> bool:

@@ -3,6 +3,8 @@ escape sequences made inert, stall verdicts and who waits for whom. No process i
 
 from __future__ import annotations
 
+import os
+
 from ddptui.script.metrics import MetricReader, compile_metrics, read_line
 from ddptui.script.output import Lines, last_traceback
 from ddptui.script.stalls import Reading, ScriptStalls, blame
@@ -247,11 +249,12 @@ def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_tor
 def test_the_nccl_dumps_name_the_rank_that_never_joined_the_collective_the_others_are_in():
     """DDP's all-reduce runs behind the Python: a rank that waits for a peer shows user code in
     its stacks, but its dump has all_reduce #42 open while the peer never enqueued #42."""
-    from ddptui.script.flight import behind
+    from ddptui.script.flight import behind, compact
 
-    def trace(*entries):
-        return {"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
-                             "collective_seq_id": seq, "state": state} for seq, state in entries]}
+    def trace(*entries):  # compact: as attach gets it from a wrapped rank, too
+        return compact({"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
+                                     "collective_seq_id": seq, "state": state}
+                                    for seq, state in entries]})
 
     done41 = [(40, "completed"), (41, "completed")]
     assert behind({0: trace(*done41, (42, "started")), 1: trace(*done41),
@@ -325,6 +328,56 @@ def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
     assert verdicts == [(0, "waiting", [1])] and watch.flags == {0: "waiting", 1: "stalled"}
     assert "rank 1: NCCL: in no collective; the last, all_reduce #41, completed" in \
         [e.get("text") for e in said]
+
+
+def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collective():
+    """Wrapped ranks on two nodes, both stalled with stacks in user code: their flight recorders
+    (sent compact over the link) show rank 0 in all_reduce #42, which rank 1 on the other node
+    never enqueued: rank 0 is `waiting` for rank 1, named with its node; rank 1 stays stalled."""
+    from ddptui.script.flight import compact
+    from ddptui.sources.remote_watch import RemoteWatch
+
+    recorded: list[dict] = []
+    watch = RemoteWatch(10.0, recorded.append, lambda rank: True)
+
+    def trace(*entries):
+        return {"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
+                             "collective_seq_id": seq, "state": state} for seq, state in entries]}
+
+    for rank in (0, 1):
+        watch.observe({"kind": "rank", "rank": rank, "state": "running", "api": "ddptui.wrap",
+                       "host": "vm", "node": f"vm/{rank}", "local_rank": 0}, 0.0)
+    watch.flags = {0: ("stalled", 1.0), 1: ("stalled", 1.0)}
+    dumps = {0: trace((41, "completed"), (42, "started")), 1: trace((41, "completed"))}
+    for rank in (0, 1):
+        watch.observe({"kind": "message", "rank": rank, "stacks_of": rank,
+                       "stacks": 'File "train.py", line 3 in misbehave'}, 2.0)
+    assert recorded == []  # both in the script's own code: the stacks alone blame nobody
+    for rank, dump in dumps.items():
+        watch.observe({"kind": "message", "rank": rank, "stacks_of": rank, "stacks": "NCCL: ...",
+                       "flight": compact(dump)}, 3.0)
+    assert [(e["rank"], e["state"], e["waiting_for"]) for e in recorded] == [(0, "waiting", [1])]
+    assert recorded[0]["reason"] == \
+        "in all_reduce #42 (NCCL): waiting for rank 1 (node vm/1, local 0)"
+    assert watch.flags[1][0] == "stalled"
+
+
+def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch):
+    from ddptui import rankwatch
+    from ddptui.script.flight import trace_env
+
+    size, dump_file, pipe = trace_env("", {})
+    for name in (size, dump_file, pipe):
+        monkeypatch.delenv(name, raising=False)
+    flight, folder = rankwatch._flight_recorder()
+    try:
+        assert os.environ[pipe] == os.environ[dump_file] == flight.prefix
+        assert flight.prefix.startswith(folder) and os.path.isdir(folder)
+        assert flight.ask(0, 0.0) is False  # no process group listens: nothing is waited for
+    finally:
+        os.rmdir(folder)
+    monkeypatch.setenv(pipe, "/mine/trace")
+    assert rankwatch._flight_recorder() == (None, None)
 
 
 def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():

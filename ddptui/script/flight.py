@@ -101,26 +101,36 @@ def summary(trace: dict | None) -> str | None:
     return f"NCCL: in no collective; the last, {_name(e)} #{_seq(e)}, completed{group}"
 
 
-def behind(traces: dict[int, dict]) -> dict[int, tuple[str, list[int]]]:
-    """From several ranks' dumps: a rank with a collective open (#N of a process group) waits
-    for the ranks that never enqueued #N there; slot -> (where it waits, those ranks)."""
+def compact(trace: dict | None) -> dict | None:
+    """What blame needs of a rank's dump, small enough to send over attach's link (a dump holds
+    up to 2,000 entries with their C++ stacks): its summary, the last sequence number each
+    process group enqueued, and the oldest collective still open there."""
+    if not trace:
+        return None
+    entries = [e for e in trace.get("entries") or [] if not e.get("is_p2p")]
     # Collectives only: send/recv count in a sequence of their own.
-    collectives = {slot: [e for e in trace.get("entries") or [] if not e.get("is_p2p")]
-                   for slot, trace in traces.items()}
-    highest: dict[int, dict] = {}  # slot -> process group -> the last sequence number enqueued
-    for slot, entries in collectives.items():
-        seqs = highest.setdefault(slot, {})
-        for e in entries:
-            seqs[e.get("pg_id")] = max(seqs.get(e.get("pg_id"), 0), _seq(e))
+    highest: dict[str, int] = {}
+    for e in entries:
+        highest[str(e.get("pg_id"))] = max(highest.get(str(e.get("pg_id")), 0), _seq(e))
+    e = _oldest_open(entries)
+    return {"summary": summary(trace), "highest": highest,
+            "open": None if e is None else {"where": f"{_name(e)} #{_seq(e)} (NCCL)",
+                                            "pg": str(e.get("pg_id")), "seq": _seq(e)}}
+
+
+def behind(compacts: dict[int, dict]) -> dict[int, tuple[str, list[int]]]:
+    """From several ranks' compact dumps (`compact`): a rank with a collective open (#N of a
+    process group) waits for the ranks that never enqueued #N there; rank -> (where it waits,
+    those ranks)."""
     waits = {}
-    for slot, entries in collectives.items():
-        e = _oldest_open(entries)
+    for rank, mine in compacts.items():
+        e = mine.get("open")
         if e is None:
             continue
-        late = sorted(other for other, seqs in highest.items()
-                      if other != slot and seqs.get(e.get("pg_id"), 0) < _seq(e))
+        late = sorted(other for other, theirs in compacts.items()
+                      if other != rank and theirs["highest"].get(e["pg"], 0) < e["seq"])
         if late:
-            waits[slot] = (f"{_name(e)} #{_seq(e)} (NCCL)", late)
+            waits[rank] = (e["where"], late)
     return waits
 
 

@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ddptui.run.stacks import StackRequests, innermost
-from ddptui.script.flight import FlightDumps, behind, summary
+from ddptui.script.flight import FlightDumps, behind, compact, summary
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
@@ -225,7 +225,7 @@ class ScriptWatch:
             self.say(f"rank {slot}: {nccl}", "info", stacks_of=slot,
                      stacks=f"{nccl}\n\n{stacks}" if stacks else nccl)
             if slot in self.flags:
-                self.traces[slot] = trace
+                self.traces[slot] = compact(trace)
                 self._blame(ranks)
 
     def _blame(self, ranks: dict[int, ScriptRank]) -> None:

@@ -1,12 +1,14 @@
 """Stall verdicts in `ddptui attach` for ranks under `python -m ddptui.wrap`, from what they
 report: their process figures and output say whether one is stuck (the rules of ddptui run's
-script ranks, ddptui/script/stalls.py); one that stops reporting at all is unreachable.
+script ranks, ddptui/script/stalls.py); one that stops reporting at all is unreachable. Their
+stacks and NCCL flight recorders say which rank, on whichever node, the others wait for.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from ddptui.script.flight import behind
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.script.watch import Silence
 from trainer.protocol.events import PARENT, event
@@ -27,6 +29,8 @@ class RemoteWatch:
         self.gpu_util: dict[int, float] = {}
         self.flags: dict[int, tuple[str, float]] = {}  # rank -> (state, since)
         self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
+        self.traces: dict[int, dict] = {}  # its flight recorder's, compact (script/flight.py)
+        self.places: dict[int, str] = {}  # rank -> "node vm2, local 1"
         self.ended: set[int] = set()
 
     def observe(self, ev: dict, now: float) -> None:
@@ -41,6 +45,9 @@ class RemoteWatch:
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
         self.heard[rank] = now
+        if kind == "rank" and (ev.get("node") or ev.get("host")) is not None:
+            node = ev.get("node") or ev["host"]  # the host, and the launcher's node rank
+            self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
         if kind == "rank" and ev.get("state") in ("done", "crashed"):
             self.ended.add(rank)
         elif kind in ("output", "step"):
@@ -52,7 +59,10 @@ class RemoteWatch:
         elif kind == "gpu" and ev.get("util") is not None:
             self.gpu_util[rank] = ev["util"]
         elif kind == "message" and ev.get("stacks_of") == rank and rank in self.flags:
-            self.stacks[rank] = ev.get("stacks") or ""
+            if ev.get("flight"):
+                self.traces[rank] = ev["flight"]
+            else:
+                self.stacks[rank] = ev.get("stacks") or ""
             self._blame()
 
     def check(self, now: float) -> None:
@@ -79,11 +89,18 @@ class RemoteWatch:
                 self.ask_stacks(rank)
 
     def _blame(self) -> None:
-        """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it."""
+        """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it;
+        the flight recorders name a rank that never entered the collective the others are in
+        (DDP's all-reduce runs behind the Python, so stacks alone may not)."""
         stalled = {r: text for r, text in self.stacks.items()
                    if self.flags.get(r, ("",))[0] == "stalled"}
-        for rank, (where, culprits) in blame(stalled).items():
-            names = ", ".join(str(c) for c in culprits)
+        found = blame(stalled)
+        found.update(behind(self.traces))
+        for rank, (where, culprits) in found.items():
+            if self.flags.get(rank, ("",))[0] != "stalled":
+                continue
+            names = ", ".join(f"{c} ({self.places[c]})" if c in self.places else str(c)
+                              for c in culprits)
             self.flags[rank] = ("waiting", self.flags[rank][1])
             self.record(event("rank", rank, state="waiting", reason=f"in {where}: waiting for "
                               f"rank {names}", waiting_for=culprits))
@@ -95,5 +112,6 @@ class RemoteWatch:
     def _clear(self, rank: int, reason: str) -> None:
         self.flags.pop(rank, None)
         self.stacks.pop(rank, None)
+        self.traces.pop(rank, None)
         self.stalls.forget(rank)
         self.record(event("rank", rank, state="running", reason=reason))
