@@ -211,6 +211,9 @@ class MessageEvent(Event):
     text: Annotated[str, "the line"]
     stacks_of: NotRequired[Annotated[int, "the rank whose stacks these are"]]
     stacks: NotRequired[Stacks]
+    flight: NotRequired[Annotated[dict, "a wrapped rank's NCCL flight recorder, compact: its "
+                                        "summary, the last collective each process group "
+                                        "enqueued, the oldest still open"]]
     change_s: NotRequired[Annotated[float, "first step after a world change: what it cost, s"]]
     phases: NotRequired[Annotated[dict, "... phase by phase, s"]]
     redone: NotRequired[Annotated[int, "a rollback: steps to train again"]]
