@@ -440,6 +440,16 @@ def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
     assert crash_cause(-6, ["malloc(): unsorted double linked list corrupted",
                             "Fatal Python error: Aborted"]) == \
         "killed by SIGABRT: malloc(): unsorted double linked list corrupted"
+    # A rank's faulthandler says where the crashing thread was (the main thread need not be it).
+    fatal = ["Fatal Python error: Segmentation fault", "",
+             "Thread 0x00007f1 (most recent call first):",
+             '  File "/x/threading.py", line 359 in wait', "",
+             "Current thread 0x00007f2 (most recent call first):",
+             '  File "/t/distributed_c10d.py", line 3068 in all_reduce',
+             '  File "/t/c10d_logger.py", line 83 in wrapper',
+             '  File "/w/world.py", line 81 in make_communicator', "", "Extension modules: x"]
+    assert crash_cause(-11, fatal) == \
+        "killed by SIGSEGV in all_reduce (distributed_c10d.py:3068) < wrapper (c10d_logger.py:83)"
     assert crash_cause(-6, ["RuntimeError: rank 1 gave up at epoch 1",
                             "terminate called without an active exception"]) == \
         "killed by SIGABRT: RuntimeError: rank 1 gave up at epoch 1"

@@ -17,6 +17,7 @@ from multiprocessing import resource_tracker
 
 import psutil
 
+from ddptui.run.stacks import innermost
 from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
@@ -198,9 +199,19 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
     asserts = [line for line in found if "Assertion" in line]
     raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
     cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
+    where = crashed_in(lines)
+    where = f" in {where}" if where else ""
     if cause is None:
-        return how
-    return f"{how}: {_SOURCE_FOLDERS.sub('', cause)[:240]}"
+        return f"{how}{where}"
+    return f"{how}: {_SOURCE_FOLDERS.sub('', cause)[:240]}{where}"
+
+
+def crashed_in(lines: list[str]) -> str:
+    """Where the thread that crashed was, from the stacks faulthandler prints on a fatal
+    signal (ranks enable it): 'all_reduce (distributed_c10d.py:3068) < ...'; '' if none."""
+    text = "\n".join(lines)
+    at = text.rfind("Current thread ")
+    return innermost(text[at:].split("\n\n")[0], frames=2) if at >= 0 else ""
 
 
 def tail_lines(path: str, size: int = 1 << 16) -> list[str]:
