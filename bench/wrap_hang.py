@@ -77,12 +77,15 @@ def main() -> int:
         try:
             result = watch(attach, log, args.timeout)
         finally:
+            errs = []
             for job in jobs:
                 if job.poll() is None:
                     os.killpg(job.pid, signal.SIGTERM)
-                job.communicate(timeout=60)
+                errs.append(job.communicate(timeout=60)[1])
             attach.stop()
     result["exit_codes"] = [job.returncode for job in jobs]
+    if not result.get("waiting"):  # what each node said, to see how far the job got
+        result["stderr_tails"] = [err.splitlines()[-15:] for err in errs]
     print(json.dumps(result, indent=1))
     if args.out:
         with open(args.out, "w") as f:
