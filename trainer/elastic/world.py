@@ -191,17 +191,23 @@ def reform(p: Parts, order: dict) -> bool:
     p.state.mark("agree")
     old_world = p.me.world_size
     p.ddp = p.control = None
-    with changing(p):
-        dismantle(lambda text: p.me.say(text, "warning"), collect=False)
-        p.state.mark("close")
-        if p.me.slot not in order["members"]:
+    leaving = p.me.slot not in order["members"]
+    try:
+        with changing(p):
+            dismantle(lambda text: p.me.say(text, "warning"), collect=False)
+            p.state.mark("close")
+            if leaving:
+                return False
+            group = enter(p, order)
+            p.state.mark("form")
+            if order.get("joiner") is not None:
+                share_state(p, order, group)
+                p.state.mark("state")
+            settle(p, group, old_world, leftover, order)
+    except WorldLost:
+        if leaving:  # a member died as this one left: the world it left is no concern of it
             return False
-        group = enter(p, order)
-        p.state.mark("form")
-        if order.get("joiner") is not None:
-            share_state(p, order, group)
-            p.state.mark("state")
-        settle(p, group, old_world, leftover, order)
+        raise
     return True
 
 
