@@ -1,33 +1,36 @@
 """What `python -m ddptui.wrap` sends `ddptui attach` from inside a rank it wraps: the rank and
-its node, its output (passed through unchanged, read line by line for loss), its process and
-GPU figures, its Python stacks and NCCL flight recorder when attach asks, its exception.
+its node, its output (passed through unchanged, read line by line for loss) and its exception,
+through the rank's sidecar process (ddptui/sidecar.py), which holds the link and does what must
+work while the rank is stuck: its process and GPU figures, its stacks and NCCL flight recorder.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-import psutil
-
-from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary, trace_env
+from ddptui.script.flight import trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.output import LINE_EVERY_S, StreamReader
 from ddptui.script.streams import Route
 from ddptui.view.text import plain
-from trainer.protocol.channel import load_key, parse_address
 from trainer.protocol.events import event
-from trainer.telemetry.gpu import DeviceSampler, physical_index
-from trainer.telemetry.remote import RemoteLink, node_name
+from trainer.telemetry.gpu import physical_index
 
-SAMPLE_EVERY_S = 1.0  # the process's figures, as ddptui run samples a script's ranks
+SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
+SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits
+# python -m would put the working folder first on the path, where a user's trainer.py would
+# shadow ddptui's own packages.
+SIDECAR = "import sys; del sys.path[0]; from ddptui.sidecar import main; sys.exit(main(sys.argv[1:]))"
 LINES_KEPT = 500  # whole lines sent a second at most: a flood is cut, and the cut counted
 
 
@@ -57,22 +60,28 @@ class RankWatch:
 
     def __init__(self, report: str, rank: int, local_rank: int, world_size: int):
         self.rank, self.local_rank, self.world_size = rank, local_rank, world_size
-        self.link = RemoteLink(parse_address(report, "DDPTUI_REPORT"), load_key()[0],
-                               node_name(), lambda text: print(f"ddptui.wrap: rank {rank}: "
-                                                               f"{text}", file=sys.stderr))
-        self._lock = threading.Lock()  # the tees, the sampler and the command thread emit
+        self._lock = threading.Lock()  # the tees and the sender emit
         self.reader = MetricReader(rank, compile_metrics(), self._emit_figure)
         self._line: tuple[str, bool] | None = None
         self._line_t = 0.0
         self._halt = threading.Event()
         self.gpu = _physical_gpu(local_rank)
-        self.device = DeviceSampler(lambda kind, **f: self.emit(kind, **f),
-                                    lambda text: self.emit("message", level="warning", text=text),
-                                    self.gpu)
         self.tees: list[Tee] = []
         self._lines: list[str] = []  # whole lines not sent yet (attach keeps them per rank)
         self._dropped = 0
-        self.flight, self._trace_dir = _flight_recorder()
+        self._dir = tempfile.mkdtemp(prefix="ddptui-wrap-")
+        flight = _flight_recorder(self._dir)
+        stacks = os.path.join(self._dir, "stacks")
+        sig = int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1))
+        # From C, on the sidecar's signal: it answers while this process's Python cannot.
+        faulthandler.register(sig, file=open(stacks, "a"), all_threads=True)
+        read, self._out = os.pipe()
+        self.sidecar = subprocess.Popen(
+            [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),
+             "--pid", str(os.getpid()), "--stacks", stacks, "--signal", str(sig),
+             "--events", str(read), *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
+             *(["--flight", flight] if flight else [])], pass_fds=(read,))
+        os.close(read)
 
     def start(self, label: str) -> None:
         self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
@@ -83,13 +92,17 @@ class RankWatch:
                       epochs=0, world_size=self.world_size,
                       device_kind="cuda" if self.gpu is not None else "cpu")
         self.tees = [Tee(fd, self._on_line) for fd in (1, 2)]
-        self.device.start()
-        threading.Thread(target=self._sample, name="ddptui-wrap-sampler", daemon=True).start()
-        threading.Thread(target=self._commands, name="ddptui-wrap-commands", daemon=True).start()
+        threading.Thread(target=self._send, name="ddptui-wrap-sender", daemon=True).start()
 
     def emit(self, kind: str, **fields) -> None:
         with self._lock:
-            self.link.put(event(kind, self.rank, **fields))
+            self._put(event(kind, self.rank, **fields))
+
+    def _put(self, ev: dict) -> None:  # under self._lock
+        try:
+            os.write(self._out, (json.dumps(ev) + "\n").encode())
+        except (OSError, ValueError):  # the sidecar is gone: nobody to tell
+            pass
 
     # -- what the rank prints --------------------------------------------------------------
     def _on_line(self, text: str, final: bool) -> None:
@@ -120,53 +133,14 @@ class RankWatch:
             self.emit("lines", lines=lines, **({"dropped": dropped} if dropped else {}))
 
     def _emit_figure(self, kind: str, **fields) -> None:  # under self._lock already
-        self.link.put(event(kind, self.rank, **fields))
+        self._put(event(kind, self.rank, **fields))
 
-    def _sample(self) -> None:
-        me = psutil.Process()
-        me.cpu_percent()  # psutil's first reading is meaningless
-        while not self._halt.wait(SAMPLE_EVERY_S):
+    def _send(self) -> None:
+        while not self._halt.wait(SEND_EVERY_S):
             self._send_line(time.monotonic())
             self._send_lines()
             with self._lock:
                 self.reader.flush()
-            try:
-                with me.oneshot():
-                    self.emit("process", pid=me.pid, status=me.status(),
-                              cpu_percent=me.cpu_percent(), rss=me.memory_info().rss >> 20)
-            except psutil.Error:
-                pass
-
-    # -- what attach asks ------------------------------------------------------------------
-    def _commands(self) -> None:
-        try:
-            while True:
-                cmd = self.link.inbox.recv()
-                if cmd.get("op") == "stacks":
-                    stacks = _stacks()
-                    self.emit("message", level="info", text=f"rank {self.rank}'s stacks",
-                              stacks_of=self.rank, stacks=stacks)
-                    if self.flight is not None and self.flight.ask(self.rank, time.monotonic()):
-                        threading.Thread(target=self._send_flight, args=(stacks,), daemon=True,
-                                         name="ddptui-wrap-flight").start()
-                elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
-                    os.kill(os.getpid(), signal.SIGKILL)
-        except EOFError:
-            pass
-
-    def _send_flight(self, stacks: str) -> None:
-        """The flight recorder's dump, once torch's watchdog has written it: where this rank is
-        in NCCL, shown above its stacks, and the little attach needs to blame across nodes."""
-        deadline = time.monotonic() + DUMP_WAIT_S + 1
-        while time.monotonic() < deadline:
-            for _, trace in self.flight.collect(time.monotonic()):
-                nccl = summary(trace)
-                if nccl is not None:
-                    self.emit("message", level="info", text=f"rank {self.rank}: {nccl}",
-                              stacks_of=self.rank, stacks=f"{nccl}\n\n{stacks}",
-                              flight=compact(trace))
-                return
-            time.sleep(0.2)
 
     # -- the end ---------------------------------------------------------------------------
     def failed(self, exc: BaseException, lines: list[str], code: int) -> None:
@@ -192,35 +166,28 @@ class RankWatch:
         for tee in self.tees:
             tee.restore()
         self._halt.set()
-        self.device.stop()
         with self._lock:
             self.reader.finish_epoch(partial=False)
         self._send_line(time.monotonic())
         self._send_lines()
-        self.link.close()
-        if self._trace_dir is not None:
-            shutil.rmtree(self._trace_dir, ignore_errors=True)
+        os.close(self._out)  # the sidecar sends what it holds and exits
+        try:
+            self.sidecar.wait(SIDECAR_EXIT_S)
+        except subprocess.TimeoutExpired:
+            self.sidecar.kill()
+            self.sidecar.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _stacks() -> str:
-    """Every thread's Python stack, as faulthandler writes it (from C: the main thread may be
-    anywhere)."""
-    with tempfile.TemporaryFile("w+") as f:
-        faulthandler.dump_traceback(f, all_threads=True)
-        f.seek(0)
-        return f.read()
-
-
-def _flight_recorder() -> tuple[FlightDumps | None, str | None]:
+def _flight_recorder(folder: str) -> str | None:
     """torch's NCCL flight recorder turned on for the script's process groups, dumped through
-    its pipe in a folder of the rank's own; left alone where the user set it up."""
+    its pipe in `folder`; its prefix, or None where the user set it up themselves."""
     _, dump_file, pipe = trace_env("", {})
     if dump_file in os.environ or pipe in os.environ:
-        return None, None
-    folder = tempfile.mkdtemp(prefix="ddptui-wrap-")
+        return None
     prefix = os.path.join(folder, "nccl-trace-rank")
     os.environ.update(trace_env(prefix, os.environ))
-    return FlightDumps(prefix), folder
+    return prefix
 
 
 def _reporting() -> bool:

@@ -362,22 +362,21 @@ def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collectiv
     assert watch.flags[1][0] == "stalled"
 
 
-def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch):
+def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch,
+                                                                            tmp_path):
     from ddptui import rankwatch
-    from ddptui.script.flight import trace_env
+    from ddptui.script.flight import FlightDumps, trace_env
 
     size, dump_file, pipe = trace_env("", {})
     for name in (size, dump_file, pipe):
         monkeypatch.delenv(name, raising=False)
-    flight, folder = rankwatch._flight_recorder()
-    try:
-        assert os.environ[pipe] == os.environ[dump_file] == flight.prefix
-        assert flight.prefix.startswith(folder) and os.path.isdir(folder)
-        assert flight.ask(0, 0.0) is False  # no process group listens: nothing is waited for
-    finally:
-        os.rmdir(folder)
+    prefix = rankwatch._flight_recorder(str(tmp_path))
+    assert os.environ[pipe] == os.environ[dump_file] == prefix
+    assert prefix.startswith(str(tmp_path)) and int(os.environ[size]) > 0
+    # no process group listens on its pipe: nothing is waited for
+    assert FlightDumps(prefix).ask(0, 0.0) is False
     monkeypatch.setenv(pipe, "/mine/trace")
-    assert rankwatch._flight_recorder() == (None, None)
+    assert rankwatch._flight_recorder(str(tmp_path)) is None
 
 
 def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from ddptui.sources.attach import Attach
@@ -77,7 +78,7 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_wrapped_rank_is_flagged_with_stacks_and_k_kills_it_and_sigstop_is_unreachable(
+def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_is_unreachable(
         keyed_env, tmp_path):
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
@@ -98,10 +99,18 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_and_k_kills_it_and_sigstop_i
                                  and e["state"] == "waiting", 30)
         assert waiting["waiting_for"] == [1]
         pids = {e["rank"]: e["pid"] for e in events(log, "rank") if e.get("api")}
-        os.kill(pids[0], signal.SIGSTOP)  # its wrapper's threads stop too: nothing comes
+        # Its sidecar watches from outside: a stopped rank is still reported, as stopped...
+        os.kill(pids[0], signal.SIGSTOP)
+        wait_for_event(log, lambda e: e["kind"] == "process" and e["rank"] == 0
+                       and e["status"] == "stopped", 30)
+        # ... and one that nothing is heard from at all (a dead node, a cut link) unreachable.
+        sidecar = next(c for c in psutil.Process(pids[0]).children()
+                       if "ddptui.sidecar" in " ".join(c.cmdline()))
+        sidecar.suspend()
         gone = wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
                               and e["state"] == "unreachable", 30)
         assert "no report" in gone["reason"]
+        sidecar.resume()
         os.kill(pids[0], signal.SIGCONT)
         attach.kill_rank(1)  # k: through its wrapper; torchrun then ends the job
         job.communicate(timeout=60)
@@ -114,6 +123,42 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_and_k_kills_it_and_sigstop_i
             job.communicate(timeout=60)
         attach.stop()
     assert_gone(set(pids.values()))
+
+
+BUSY = """
+import time
+for i in range(4):
+    print(f"step {i} loss: {1 / (i + 1):.3f}", flush=True)
+    time.sleep(0.2)
+sum(range(10**13))  # C code holding the GIL: no Python thread of this process runs
+"""
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_stuck_holding_the_gil_is_stalled_with_its_stacks_not_unreachable(keyed_env,
+                                                                                 tmp_path):
+    """Its sidecar reports from outside: the process is alive and busy (CPU), and its stacks
+    come from faulthandler in C. In-process threads would all have stopped."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    port = _port()
+    log = tmp_path / "a.jsonl"
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(log), "test", stall_after=2.0)
+    attach.start()
+    rank = subprocess.Popen([sys.executable, "-m", "ddptui.wrap", str(script)],
+                            env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "rank" and e["state"] == "stalled", 60)
+        stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 0 and e.get("stacks"), 30)
+        assert "busy.py" in stacks["stacks"]
+        pids = {rank.pid} | {c.pid for c in psutil.Process(rank.pid).children()}
+    finally:
+        rank.kill()
+        rank.communicate(timeout=30)
+        attach.stop()
+    assert not [e for e in events(log, "rank") if e["state"] == "unreachable"]
+    assert_gone(pids)
 
 
 @pytest.mark.timeout(120)
