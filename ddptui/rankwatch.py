@@ -82,6 +82,16 @@ class RankWatch:
              "--events", str(read), *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
              *(["--flight", flight] if flight else [])], pass_fds=(read,))
         os.close(read)
+        # A forked child (a DataLoader worker) would hold the pipe open past the rank's end,
+        # and the sidecar waits for its end to send what is left.
+        os.register_at_fork(after_in_child=self._forget_pipe)
+
+    def _forget_pipe(self) -> None:
+        try:
+            os.close(self._out)
+        except OSError:
+            pass
+        self._out = -1
 
     def start(self, label: str) -> None:
         self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
