@@ -82,8 +82,8 @@ def make_communicator(device: torch.device) -> None:
 
 
 def nonblocking():
-    """NCCL options under which a communicator still being made (its peer died meanwhile) can
-    be aborted: a blocking one waits in ncclCommInitRank for ever, abort or not."""
+    """NCCL options under which a communicator's set-up that waits for a dead member ends
+    (TORCH_NCCL_NONBLOCKING_TIMEOUT): a blocking one waits in ncclCommInitRank for ever."""
     options = dist.ProcessGroupNCCL.Options()
     options.config.blocking = 0
     return options
