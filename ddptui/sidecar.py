@@ -42,6 +42,7 @@ class Sidecar:
                                     lambda text: self.emit("message", level="warning", text=text),
                                     args.gpu)
         self.flight = FlightDumps(args.flight) if args.flight else None
+        self._asking = threading.Lock()  # one request at a time: they share the stacks file
 
     def emit(self, kind: str, **fields) -> None:
         self.put(event(kind, self.rank, **fields))
@@ -90,6 +91,10 @@ class Sidecar:
     def _stacks(self) -> None:
         """The rank's stacks (faulthandler answers from C, whatever its Python is doing), then
         its flight recorder's dump once torch's watchdog has written it."""
+        with self._asking:
+            self._ask_stacks()
+
+    def _ask_stacks(self) -> None:
         requests = StackRequests()
         asked = requests.ask(self.rank, self.pid, self.args.stacks, time.monotonic(),
                              self.args.signal)
