@@ -24,16 +24,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from ddptui.run.processes import free_port  # noqa: E402
 from ddptui.sources.attach import Attach  # noqa: E402
+from trainer.protocol.events import read_events  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "plain_ddp.py")
 
 
 def events(log: str) -> list[dict]:
-    try:
-        with open(log) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    except (OSError, ValueError):
-        return []
+    return read_events(log) if os.path.exists(log) else []  # a half-written line is skipped
 
 
 def wait_for(log: str, test, timeout: float) -> dict | None:

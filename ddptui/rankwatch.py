@@ -109,8 +109,10 @@ class RankWatch:
             self._put(event(kind, self.rank, **fields))
 
     def _put(self, ev: dict) -> None:  # under self._lock
-        try:
-            os.write(self._out, (json.dumps(ev) + "\n").encode())
+        data = (json.dumps(ev) + "\n").encode()
+        try:  # a signal (the sidecar's for stacks) can cut a long write short: the rest follows
+            while data:
+                data = data[os.write(self._out, data):]
         except (OSError, ValueError):  # the sidecar is gone: nobody to tell
             pass
 

@@ -45,8 +45,8 @@ class RemoteWatch:
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
         self.heard[rank] = now
-        if kind == "rank" and (ev.get("node") or ev.get("host")) is not None:
-            node = ev.get("node") or ev["host"]  # the host, and the launcher's node rank
+        node = ev.get("node") or ev.get("host")  # the host, and the launcher's node rank
+        if kind == "rank" and node:
             self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
         if kind == "rank" and ev.get("state") in ("done", "crashed"):
             self.ended.add(rank)
