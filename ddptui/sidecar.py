@@ -38,6 +38,7 @@ class Sidecar:
                                                                f"{text}", file=sys.stderr))
         self._lock = threading.Lock()
         self._halt = threading.Event()
+        self._sampled = threading.Event()
         self.device = DeviceSampler(lambda kind, **f: self.emit(kind, **f),
                                     lambda text: self.emit("message", level="warning", text=text),
                                     args.gpu)
@@ -62,19 +63,31 @@ class Sidecar:
             except ValueError:
                 pass
         self._halt.set()
+        self._sampled.wait(SAMPLE_EVERY_S)  # the last sample: the rank waits for this process
         self.device.stop()
         self.link.close()
 
     def _sample(self) -> None:
+        """The rank's process figures at once (a short rank may end within the first period),
+        every SAMPLE_EVERY_S after, and once more when its end of the pipe closes."""
         try:
             rank = psutil.Process(self.pid)
-            rank.cpu_percent()  # psutil's first reading is meaningless
+            times = rank.cpu_times()
+            since = max(time.time() - rank.create_time(), 1e-3)
+            self._send_sample(rank, 100.0 * (times.user + times.system) / since)
+            rank.cpu_percent()  # the periodic readings are over each period from here
             while not self._halt.wait(SAMPLE_EVERY_S):
-                with rank.oneshot():
-                    self.emit("process", pid=self.pid, status=rank.status(),
-                              cpu_percent=rank.cpu_percent(), rss=rank.memory_info().rss >> 20)
+                self._send_sample(rank, rank.cpu_percent())
+            self._send_sample(rank, rank.cpu_percent())
         except psutil.Error:  # the rank is gone: its end of the pipe closes too
             pass
+        finally:
+            self._sampled.set()
+
+    def _send_sample(self, rank: psutil.Process, cpu_percent: float) -> None:
+        with rank.oneshot():
+            self.emit("process", pid=self.pid, status=rank.status(), cpu_percent=cpu_percent,
+                      rss=rank.memory_info().rss >> 20)
 
     def _commands(self) -> None:
         try:
