@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +81,11 @@ def main() -> int:
                     os.killpg(job.pid, signal.SIGTERM)
                 errs.append(job.communicate(timeout=60)[1])
             attach.stop()
+            if args.out:  # attach's log and each rank's output as it kept them, to read after
+                os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+                for name in os.listdir(tmp):
+                    if name.startswith("attach."):
+                        shutil.copy(os.path.join(tmp, name), os.path.dirname(args.out) or ".")
     result["exit_codes"] = [job.returncode for job in jobs]
     if not result.get("waiting"):  # what each node said, to see how far the job got
         result["stderr_tails"] = [err.splitlines()[-15:] for err in errs]
@@ -87,7 +93,7 @@ def main() -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)
-    return 0 if result.get("waiting") else 1
+    return 0 if result.get("waiting") and not result["shown_running_after_flag"] else 1
 
 
 def watch(attach: Attach, log: str, timeout: float) -> dict:
@@ -125,6 +131,10 @@ def watch(attach: Attach, log: str, timeout: float) -> dict:
             "stalled_reason": {r: flags[r] and flags[r]["reason"] for r in (0, 1)},
             "stacks_s": {r: after(stacks[r]) for r in (0, 1)},
             "flight": flights, "waiting_s": after(waiting),
+            # a hung rank is never shown running again: 0 wanted
+            "shown_running_after_flag": [e["reason"] for e in evs if e["kind"] == "rank"
+                                         and e.get("state") == "running" and flags.get(e["rank"])
+                                         and e["t"] > flags[e["rank"]]["t"]],
             "waiting": waiting and waiting["reason"], "k": killed and killed["text"]}
 
 

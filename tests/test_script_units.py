@@ -362,6 +362,32 @@ def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collectiv
     assert watch.flags[1][0] == "stalled"
 
 
+def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
+    """Asking a stalled wrapped rank for its flight recorder makes torch log on its stderr (seen
+    on 2 x H100: both ranks shown running 0.5 s after the verdict): only the script's own output
+    or a step ends the verdict."""
+    from ddptui.sources.remote_watch import RemoteWatch
+
+    recorded: list[dict] = []
+    watch = RemoteWatch(10.0, recorded.append, lambda rank: True)
+    watch.observe({"kind": "rank", "rank": 1, "state": "running", "api": "ddptui.wrap"}, 0.0)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 0.5)
+    watch.observe({"kind": "output", "rank": 1, "text": "epoch 0 step 9 loss: 1.5"}, 1.0)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 12.0)
+    watch.check(12.0)
+    assert [e["state"] for e in recorded] == ["stalled"]
+    torch_says = "[rank1]:[W1126 14:16:43.123456789 ProcessGroupNCCL.cpp:1500] [PG 0 Rank 1] dump"
+    watch.observe({"kind": "output", "rank": 1, "text": torch_says, "final": True}, 12.4)
+    watch.observe({"kind": "lines", "rank": 1, "lines": [torch_says, torch_says]}, 12.5)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 13.0)
+    watch.check(13.0)
+    assert [e["state"] for e in recorded] == ["stalled"]
+    watch.observe({"kind": "lines", "rank": 1, "lines": [torch_says, "epoch 0 step 10 loss: 1.4"]},
+                  14.0)
+    assert [(e["state"], e.get("reason")) for e in recorded][1:] == \
+        [("running", "making progress again")]
+
+
 def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch,
                                                                             tmp_path):
     from ddptui import rankwatch

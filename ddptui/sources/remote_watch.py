@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddptui.script.flight import behind
+from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.script.watch import Silence
+from ddptui.view.text import plain
 from trainer.protocol.events import PARENT, event
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
@@ -50,7 +52,7 @@ class RemoteWatch:
             self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
         if kind == "rank" and ev.get("state") in ("done", "crashed"):
             self.ended.add(rank)
-        elif kind in ("output", "step"):
+        elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
             self.silence[rank].heard(now)
             if rank in self.flags and self.flags[rank][0] != "unreachable":
                 self._clear(rank, "making progress again")
@@ -115,3 +117,10 @@ class RemoteWatch:
         self.traces.pop(rank, None)
         self.stalls.forget(rank)
         self.record(event("rank", rank, state="running", reason=reason))
+
+
+def _the_scripts_own(ev: dict) -> bool:
+    """Whether an output or lines event holds a line of the script's own: torch's and NCCL's
+    logging is not its pace (asking a stalled rank for its flight recorder makes torch log)."""
+    lines = (ev.get("lines") or []) if ev["kind"] == "lines" else [ev.get("text") or ""]
+    return any(not library_log(plain(line)) for line in lines)
