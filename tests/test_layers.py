@@ -39,6 +39,12 @@ def test_import_ddptui_in_a_users_script_is_light():
     assert "ddptui.client" not in loaded
 
 
+def test_a_wrapped_ranks_sidecar_starts_without_torch():
+    """The sidecar beside each rank under `python -m ddptui.wrap` only watches: torch would cost
+    it 1.8 CPU-s and a few hundred MB a rank."""
+    assert "torch" not in _imported_after("import ddptui.sidecar")
+
+
 def test_a_scripts_run_starts_without_torch():
     loaded = _imported_after("import ddptui.script.run, ddptui.script.options, ddptui.cli")
     assert "torch" not in loaded

@@ -23,7 +23,7 @@ from trainer.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, 
 from trainer.elastic.store import await_store, meet
 from trainer.loop import padded
 from trainer.pipeline.sampler import ShardedBatchSampler
-from trainer.telemetry.reporter import EventBuffer
+from trainer.telemetry.buffer import EventBuffer
 
 
 def test_agreement_takes_the_newest_point_all_hold_and_one_knows_good():

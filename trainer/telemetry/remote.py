@@ -15,7 +15,7 @@ from multiprocessing import AuthenticationError
 
 from trainer.protocol.channel import connect, receive, send
 from trainer.protocol.events import event
-from trainer.telemetry.reporter import EventBuffer
+from trainer.telemetry.buffer import EventBuffer
 
 RETRY_S = 2.0
 
