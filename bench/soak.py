@@ -13,12 +13,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 
 from trainer.protocol.events import read_events
+
+RUNNING: set[subprocess.Popen] = set()  # the runs under way, ended with the soak
+
+
+def stop_runs(signum, frame) -> None:
+    """A soak cut short (bench/device.sh's timeout) ends its runs in order, not leave them on."""
+    for p in list(RUNNING):
+        p.terminate()
+    sys.exit(128 + signum)
 
 
 def run_once(args, model: str, data: str, gpus: str, root: str, n: int) -> dict:
@@ -35,7 +45,11 @@ def run_once(args, model: str, data: str, gpus: str, root: str, n: int) -> dict:
         [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p != os.getcwd()]
         + [root]))
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
+    p = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    RUNNING.add(p)
+    err = p.communicate()[1]
+    RUNNING.discard(p)
     evs = read_events(log) if os.path.exists(log) else []
     crashed = [e["reason"] for e in evs if e["kind"] == "rank" and e.get("state") == "crashed"]
     ended = [e for e in evs if e["kind"] == "run" and e.get("status") in ("done", "failed")]
@@ -43,7 +57,7 @@ def run_once(args, model: str, data: str, gpus: str, root: str, n: int) -> dict:
     return {"model": model, "data": data, "gpus": gpus, "root": root, "run": n,
             "exit": p.returncode, "seconds": round(time.time() - t0, 1), "epochs": len(epochs),
             "crashes": crashed, "reason": ended[-1].get("reason", "") if ended else "",
-            "stderr": p.stderr[-400:] if p.returncode else ""}
+            "stderr": err[-400:] if p.returncode else ""}
 
 
 def lane(args, spec: str, results: list) -> None:
@@ -66,6 +80,7 @@ def main() -> int:
     p.add_argument("extra", nargs="*", help="more ddptui options, after --")
     args = p.parse_args()
     os.makedirs(args.work, exist_ok=True)
+    signal.signal(signal.SIGTERM, stop_runs)
     results: list = []
     threads = [threading.Thread(target=lane, args=(args, spec, results)) for spec in args.lane]
     for t in threads:
