@@ -19,7 +19,7 @@ import time
 
 import psutil
 
-from ddptui.run.stacks import StackRequests
+from ddptui.run.stacks import StackRequests, innermost
 from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary
 from trainer.elastic.lifeline import die_with_parent
 from trainer.protocol.channel import load_key, parse_address
@@ -112,16 +112,17 @@ class Sidecar:
         asked = requests.ask(self.rank, self.pid, self.args.stacks, time.monotonic(),
                              self.args.signal)
         stacks = _wait(lambda: requests.collect(time.monotonic())) if asked else None
+        # The rank's number is the event's: the events pane puts "rank N: " before the text.
+        where = innermost(stacks) if stacks else ""
         self.emit("message", level="info" if stacks else "warning",
-                  text=f"rank {self.rank}'s stacks" if stacks else
-                  f"rank {self.rank}: no Python stacks: no answer", stacks_of=self.rank,
-                  stacks=stacks or "")
+                  text=(f"is in {where}" if where else "stacks taken") if stacks else
+                  "no Python stacks: no answer", stacks_of=self.rank, stacks=stacks or "")
         if self.flight is None or not self.flight.ask(self.rank, time.monotonic()):
             return
         trace = _wait(lambda: self.flight.collect(time.monotonic()), DUMP_WAIT_S + 1)
         nccl = summary(trace)
         if nccl is not None:
-            self.emit("message", level="info", text=f"rank {self.rank}: {nccl}",
+            self.emit("message", level="info", text=nccl,
                       stacks_of=self.rank, stacks=f"{nccl}\n\n{stacks}" if stacks else nccl,
                       flight=compact(trace))
 

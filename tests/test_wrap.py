@@ -93,6 +93,7 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_
     try:
         stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 60)
         assert "misbehave" in stacks["stacks"]  # rank 1 sleeps in the script's own function
+        assert stacks["text"].startswith("is in misbehave (plain_ddp.py:")  # "rank 1: is in..."
         flagged = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "stalled"]
         assert flagged and flagged[0]["cause"] in ("idle", "silent")
         waiting = wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
