@@ -124,19 +124,33 @@ def test_a_quit_does_not_wait_for_a_stalled_rank_and_checkpoints_from_a_live_one
 
 
 @pytest.mark.timeout(240)
-def test_a_rank_with_a_slow_input_pipeline_is_flagged_slow_with_cause_data_wait(env, tmp_path):
+async def test_a_straggler_is_flagged_slow_with_cause_data_wait_and_s_takes_it_out(tmp_path,
+                                                                                 monkeypatch):
+    """Rank 1's input pipeline is slow: it is flagged `slow` (cause data-wait), rank 0 never is.
+    `s` on it, a user's first answer to a straggler, takes it out (the key used to refuse any
+    rank not shown exactly `running`) and rank 0 goes on alone."""
+    monkeypatch.setenv("DDPTUI_TEST_SLOW_S", "0.004")
+    monkeypatch.setenv("DDPTUI_TEST_SLOW_RANK", "1")
     log = tmp_path / "x.jsonl"
-    env = dict(env, DDPTUI_TEST_SLOW_S="0.004", DDPTUI_TEST_SLOW_RANK="1")
-    p = start_ddptui(["run", "tests.helpers.userpkg:tiny_cnn", "--data",
-                      "tests.helpers.userpkg:slow_on_one_rank", "--batch-size", "16",
-                      "--workers", "0", "--cpus", "2", "--epochs", "50", "--log", str(log)],
-                     env, ROOT)
-    slow = wait_for_event(log, _rank_state(log, 1, "slow"), timeout=120)
-    pids = run_pids(log)
-    p.send_signal(signal.SIGINT)
-    p.communicate(timeout=60)
+    sup = Supervisor(run_config(*TINY, "--data", "tests.helpers.userpkg:slow_on_one_rank",
+                                "--epochs", "50"), str(log))
+    app = DashboardApp(sup)
+
+    def state(rank: int) -> str:
+        return next((r.state for r in app.view.ranks if r.rank == rank), "")
+
+    async with app.run_test(size=(140, 40)) as pilot:
+        await _until(pilot, lambda: app.view and state(1) == "slow", "rank 1 flagged slow", 120)
+        pids = sup.pids()
+        await pilot.press("down", "s")
+        await _until(pilot, lambda: _worlds(log)[-1:] == [1] and state(1) == "stopped",
+                     "rank 1 stopped, a world of 1")
+        await pilot.press("q")
+        await _until(pilot, sup.done.is_set, "quit", timeout=60)
+    slow = next(e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "slow")
     assert slow["cause"] == "data-wait", slow
     assert not [e for e in events(log, "rank") if e["rank"] == 0 and e["state"] == "slow"]
+    assert sup.exit_code == 130
     assert_gone(pids)
 
 

@@ -256,11 +256,14 @@ class DashboardApp(App[int]):
             self.source.stop_rank(self.selected_rank)
             return
         rank = self._selected()
-        running = [r.rank for r in self.view.ranks if r.state == "running"]
-        if rank is None or rank.rank not in running:
+        members = [r.rank for r in self.view.ranks if r.state.is_member]
+        if rank is None or rank.rank not in members:
             self.notify(f"rank {self.selected_rank} is not running", severity="warning")
-        elif running == [rank.rank]:
+        elif members == [rank.rank]:
             self.notify("that is the last running rank: q ends the run", severity="warning")
+        elif not rank.state.is_stepping:  # a slow rank leaves at the agreed step; a stuck one can't
+            self.notify(f"rank {rank.rank} is {rank.state}: it cannot reach the step where it "
+                        "would leave; k kills it", severity="warning")
         else:
             self.source.stop_rank(rank.rank)
             self.notify(f"rank {rank.rank} leaves at the next agreed step")
