@@ -34,6 +34,7 @@ def test_the_checker_names_what_breaks_the_contract():
     assert problems({**step, "kind": "stepp"}) == ["unknown kind 'stepp'"]
     assert problems(event("rank", 1, state="sleepy")) != []
     assert problems(event("rank", 1, state="stalled", waiting_for=[0], cause="x")) == []
+    assert problems(event("beat", 0, phase="step", global_step=3, phase_s=0.5)) == []
 
 
 def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_theirs(tmp_path):
@@ -75,3 +76,28 @@ def test_the_rank_states_the_schema_allows_are_rank_state_s():
 
     state = get_type_hints(RankEvent, include_extras=True)["state"]
     assert get_args(get_args(state)[0]) == tuple(s.value for s in RankState)
+
+
+def test_a_ranks_heartbeat_fits_the_contract():
+    """Beats go to the supervisor's watch only (never the log, which the events checker
+    reads): what the heartbeat thread sends is checked here."""
+    import threading
+
+    from trainer.telemetry.heartbeat import Heartbeat, Pulse
+
+    beats, two = [], threading.Event()
+
+    def emit(kind: str, **fields) -> None:
+        beats.append(event(kind, 0, **fields))
+        if len(beats) >= 2:
+            two.set()
+
+    pulse = Pulse()
+    pulse.phase, pulse.step = "compute", 3
+    beat = Heartbeat(pulse, emit, interval=0.01)
+    beat.start()
+    assert two.wait(30)
+    beat.stop()
+    beat.join()
+    assert beats and [p for b in beats for p in problems(b)] == []
+    assert beats[-1]["phase"] == "compute" and beats[-1]["global_step"] == 3

@@ -277,12 +277,22 @@ class ErrorEvent(Event):
     pid: NotRequired[Annotated[int, "its process"]]
 
 
+class BeatEvent(Event):
+    """A built-in rank's heartbeat, every 0.5 s, for the supervisor's stall watch only: it is
+    not written to the log (the `rank` events say what the watch concluded)."""
+
+    phase: Annotated[str, "where its loop is: starting, input, compute, checkpoint, control, "
+                           "paused, validate, world"]
+    global_step: Annotated[int, "steps done since the run began"]
+    phase_s: Annotated[float, "seconds it has been in that phase at that step"]
+
+
 EVENTS: dict[str, type] = {
     "step": StepEvent, "gpu": GpuEvent, "epoch": EpochEvent, "settings": SettingsEvent,
     "rank": RankEvent, "world": WorldEvent, "run": RunEvent, "message": MessageEvent,
     "checkpoint": CheckpointEvent, "output": OutputEvent, "lines": LinesEvent,
     "process": ProcessEvent,
-    "error": ErrorEvent,
+    "error": ErrorEvent, "beat": BeatEvent,
 }
 
 
