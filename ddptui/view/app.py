@@ -257,13 +257,14 @@ class DashboardApp(App[int]):
             return
         rank = self._selected()
         members = [r.rank for r in self.view.ranks if r.state.is_member]
+        stepping = [r.rank for r in self.view.ranks if r.state.is_stepping]  # running or slow
         if rank is None or rank.rank not in members:
             self.notify(f"rank {self.selected_rank} is not running", severity="warning")
-        elif members == [rank.rank]:
-            self.notify("that is the last running rank: q ends the run", severity="warning")
-        elif not rank.state.is_stepping:  # a slow rank leaves at the agreed step; a stuck one can't
+        elif not rank.state.is_stepping:  # it would leave at an agreed step, which it can't reach
             self.notify(f"rank {rank.rank} is {rank.state}: it cannot reach the step where it "
                         "would leave; k kills it", severity="warning")
+        elif stepping == [rank.rank]:
+            self.notify("that is the last running rank: q ends the run", severity="warning")
         else:
             self.source.stop_rank(rank.rank)
             self.notify(f"rank {rank.rank} leaves at the next agreed step")
