@@ -17,6 +17,7 @@ import pytest
 from ddptui.sources.attach import Attach
 from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
 from trainer.protocol.channel import MAX_MESSAGE
+from trainer.protocol.events import event
 
 KEY = "test-key-0123456789"
 
@@ -97,6 +98,41 @@ def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_pa
             assert time.monotonic() < deadline, "the dashboard stopped taking events"
             time.sleep(0.05)
     finally:
+        attach.stop()
+
+
+def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_goes_on(tmp_path):
+    """A wrapped rank or ddptui.init() reporting to DDPTUI_REPORT: nobody listening yet, or a
+    dashboard with another key, is one line each (not one a retry); the events wait for an
+    attach that comes later."""
+    from trainer.telemetry.remote import RETRY_S, RemoteLink
+
+    port = _port()
+    said: list[str] = []
+    link = RemoteLink(("127.0.0.1", port), KEY.encode(), "vm/0", said.append)
+    link.put(event("rank", 0, state="running", pid=7))
+    deadline = time.monotonic() + 10
+    while not said:
+        assert time.monotonic() < deadline, "an absent dashboard was not said"
+        time.sleep(0.05)
+    assert said == [f"no dashboard at 127.0.0.1:{port} yet: training goes on, and its latest "
+                    f"10,000 events wait for `ddptui attach --listen 127.0.0.1:{port}`"]
+    time.sleep(2.5 * RETRY_S)  # it retried meanwhile, silently
+    assert len(said) == 1
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    attach.start()
+    wrong: list[str] = []
+    other = RemoteLink(("127.0.0.1", port), b"another key", "vm/1", wrong.append)
+    try:
+        deadline = time.monotonic() + 20
+        while 0 not in {r.rank for r in attach.state.view().ranks} or not wrong:
+            assert time.monotonic() < deadline, (said, wrong)
+            time.sleep(0.05)
+        assert wrong == [f"the dashboard at 127.0.0.1:{port} refused our key: check "
+                         "DDPTUI_AUTHKEY or the key file"]
+    finally:
+        link.close()
+        other.close(timeout=0)
         attach.stop()
 
 

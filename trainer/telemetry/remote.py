@@ -47,20 +47,27 @@ class RemoteLink:
         self.inbox.close()
 
     def _run(self) -> None:
-        refused_once = False
+        where = f"{self.address[0]}:{self.address[1]}"
+        refused_once = connected_once = absent_once = False
         while not self.buffer.closing:
             try:
                 conn = connect(self.address, self.key)
             except AuthenticationError:
                 if not refused_once:
-                    self.warn(f"the dashboard at {self.address[0]}:{self.address[1]} refused "
-                              "our key: check DDPTUI_AUTHKEY or the key file")
+                    self.warn(f"the dashboard at {where} refused our key: check DDPTUI_AUTHKEY "
+                              "or the key file")
                 refused_once = True
                 time.sleep(RETRY_S)
                 continue
             except OSError:
+                if not (connected_once or absent_once):  # attach may come later: said once
+                    self.warn(f"no dashboard at {where} yet: training goes on, and its latest "
+                              f"{self.buffer.limit:,} events wait for `ddptui attach --listen "
+                              f"{where}`")
+                absent_once = True
                 time.sleep(RETRY_S)
                 continue
+            connected_once = True
             threading.Thread(target=self._read, args=(conn,), name="report-commands",
                              daemon=True).start()
             self._feed(conn)
