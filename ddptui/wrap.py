@@ -7,6 +7,7 @@ DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/rankwa
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import runpy
 import sys
@@ -27,6 +28,10 @@ def main(argv: list[str]) -> int:
     if not module and not os.path.isfile(target):
         print(f"ddptui.wrap: no such script: {target}", file=sys.stderr)
         return 2
+    missing = _missing_module(target) if module else None
+    if missing:
+        print(f"ddptui.wrap: {missing}", file=sys.stderr)
+        return 2
     for name, slurm in SLURM.items():
         if name not in os.environ and slurm in os.environ:
             os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
@@ -44,6 +49,19 @@ def main(argv: list[str]) -> int:
         sys.excepthook(type(failure), failure, failure.__traceback__)
         return 1
     return code
+
+
+def _missing_module(name: str) -> str | None:
+    """Why `python -m NAME` could not start, in one line (runpy would raise it with a
+    traceback); None when it can."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None and \
+                importlib.util.find_spec(f"{name}.__main__") is None:
+            return f"{name} is a package with no __main__ module to run"
+    except (ImportError, ValueError):
+        spec = None
+    return f"no module named {name}" if spec is None else None
 
 
 def _run(target: str, module: bool, watch) -> tuple[int, Exception | None]:

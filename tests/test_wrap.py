@@ -232,3 +232,20 @@ def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env
     finally:
         os.killpg(job.pid, signal.SIGTERM)
         job.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["nosuch.py"], "ddptui.wrap: no such script: nosuch.py"),
+    (["-m", "nosuch_module"], "ddptui.wrap: no module named nosuch_module"),
+    (["-m", "nosuch_package.train"], "ddptui.wrap: no module named nosuch_package.train"),
+    (["-m", "tests.helpers"], "ddptui.wrap: tests.helpers is a package with no __main__ module "
+                              "to run"),
+    ([], "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"),
+])
+def test_a_script_or_module_that_cannot_start_is_one_line_and_exit_2(argv, said, capsys,
+                                                                     monkeypatch):
+    from ddptui.wrap import main
+
+    monkeypatch.chdir(ROOT)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [said]
