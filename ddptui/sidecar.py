@@ -27,7 +27,7 @@ from trainer.protocol.events import event
 from trainer.telemetry.gpu import DeviceSampler
 from trainer.telemetry.remote import RemoteLink, node_name
 
-SAMPLE_EVERY_S = 1.0  # the process's figures, as ddptui run samples a script's ranks
+SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
 
 
 class Sidecar:

@@ -15,6 +15,8 @@ from ddptui.run.nvml import open_nvml
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 
+SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
+
 
 class RunSampler:
     """sample() emits one `gpu` event per GPU of the run (or per CPU rank); host() and

@@ -18,7 +18,7 @@ from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy
 from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
-from ddptui.run.readings import RunSampler
+from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.view.runstate import RunState
 from trainer.config import RunConfig
@@ -26,7 +26,6 @@ from trainer.protocol.events import PARENT, RankState, count, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
-SAMPLE_EVERY_S = 0.5  # GPU and process readings
 
 
 def default_log_path() -> str:

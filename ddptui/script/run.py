@@ -17,7 +17,7 @@ from ddptui.run.membership import Fail, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import crash_cause, free_port
-from ddptui.run.readings import RunSampler
+from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.supervisor import default_log_path
 from ddptui.script.flight import trace_prefix
 from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
@@ -29,8 +29,6 @@ from ddptui.sources.listener import ReportListener
 from ddptui.view.runstate import RunState
 from trainer.protocol.events import PARENT, count, event
 from trainer.telemetry.tensorboard import TensorBoardSink
-
-SAMPLE_EVERY_S = 0.5
 
 
 class ScriptRun(OwnedRun):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FROZEN = ("stopped", "tracing-stop", "zombie", "dead", "disk-sleep")
+from ddptui.run.health import FROZEN
+
 IDLE_CPU = 5.0  # % of one core, the process tree together: a Python loop doing anything is above
 IDLE_GPU = 10.0  # % utilisation
 SILENCE_GAPS = 3  # silent this many times its longest gap between lines so far
