@@ -28,14 +28,15 @@ def main(argv: list[str]) -> int:
     if not module and not os.path.isfile(target):
         print(f"ddptui.wrap: no such script: {target}", file=sys.stderr)
         return 2
-    missing = _missing_module(target) if module else None
-    if missing:
-        print(f"ddptui.wrap: {missing}", file=sys.stderr)
-        return 2
     for name, slurm in SLURM.items():
         if name not in os.environ and slurm in os.environ:
             os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
     sys.argv = [target, *args]  # as the script sees it, and as attach names the job
+    # As `python -m pkg.mod` would, this imports pkg (with the environment and argv above).
+    missing = _missing_module(target) if module else None
+    if missing:
+        print(f"ddptui.wrap: {missing}", file=sys.stderr)
+        return 2
     watch = _watch(target)
     if not module:  # as `python train.py`: its folder first on the path
         sys.path[0] = os.path.dirname(os.path.abspath(target))
@@ -59,8 +60,8 @@ def _missing_module(name: str) -> str | None:
         if spec is not None and spec.submodule_search_locations is not None and \
                 importlib.util.find_spec(f"{name}.__main__") is None:
             return f"{name} is a package with no __main__ module to run"
-    except (ImportError, ValueError):
-        spec = None
+    except (ImportError, ValueError) as e:  # its package is missing, or failed to import
+        return f"cannot find module {name}: {type(e).__name__}: {e}"
     return f"no module named {name}" if spec is None else None
 
 
