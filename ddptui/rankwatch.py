@@ -22,7 +22,7 @@ from ddptui.script.flight import trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.output import LINE_EVERY_S, StreamReader
 from ddptui.script.streams import Route
-from ddptui.view.text import plain
+from ddptui.text import plain
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import physical_index
 

@@ -13,9 +13,9 @@ import pytest
 
 from ddptui.run.supervisor import Supervisor
 from ddptui.script.run import ScriptRun
-from ddptui.source import RunSource
 from ddptui.sources.attach import Attach
 from ddptui.sources.replay import Replay
+from ddptui.state.source import RunSource
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable

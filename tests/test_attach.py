@@ -248,7 +248,7 @@ def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_en
 def test_the_ranks_table_groups_ranks_by_node():
     """srun's cyclic distribution puts ranks 0 and 2 on one node, 1 and 3 on the other; node 10
     comes after node 2."""
-    from ddptui.view.runstate import RunState
+    from ddptui.state.runstate import RunState
     from trainer.protocol.events import event
 
     state = RunState()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ddptui.run.health import Seen, Stragglers, judge_stalls, stall_limit
 from ddptui.run.stacks import innermost
-from ddptui.view.runstate import RunState
+from ddptui.state.runstate import RunState
 from ddptui.view.widgets.header import RunHeader
 
 NOW = 1000.0
@@ -218,7 +218,7 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
 
 
 def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
-    from ddptui.view.runstate import RunState
+    from ddptui.state.runstate import RunState
     from trainer.protocol.events import event
 
     state = RunState({"device_kind": "cpu"})

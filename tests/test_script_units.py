@@ -8,8 +8,8 @@ import os
 from ddptui.script.metrics import MetricReader, compile_metrics, read_line
 from ddptui.script.output import Lines, last_traceback
 from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.view.runstate import RunState
-from ddptui.view.text import keep_colours, plain
+from ddptui.state.runstate import RunState
+from ddptui.text import keep_colours, plain
 from trainer.protocol.events import event
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Iterator
 
 from ddptui.run.outcome import EXIT_INTERRUPTED
-from ddptui.source import RunSource
+from ddptui.state.source import RunSource
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 

@@ -20,7 +20,7 @@ from ddptui.run.policy import RunPolicy
 from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.watchdog import Member, Watchdog
-from ddptui.view.runstate import RunState
+from ddptui.state.runstate import RunState
 from trainer.config import RunConfig
 from trainer.protocol.events import PARENT, RankState, count, event
 

@@ -26,7 +26,7 @@ from ddptui.script.options import ScriptConfig
 from ddptui.script.watch import ScriptWatch
 from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
-from ddptui.view.runstate import RunState
+from ddptui.state.runstate import RunState
 from trainer.protocol.events import PARENT, count, event
 from trainer.telemetry.tensorboard import TensorBoardSink
 

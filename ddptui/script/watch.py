@@ -15,7 +15,7 @@ from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import LINE_EVERY_S, library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.view.text import plain
+from ddptui.text import plain
 from trainer.protocol.events import event
 from trainer.telemetry.gpu import ProcessTree
 

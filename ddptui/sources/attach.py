@@ -10,11 +10,11 @@ import threading
 import time
 
 from ddptui.script.options import STALL_S
-from ddptui.source import RunSource
 from ddptui.sources.listener import ReportListener
 from ddptui.sources.remote_watch import RemoteWatch
-from ddptui.view.runstate import RunState
-from ddptui.view.text import plain
+from ddptui.state.runstate import RunState
+from ddptui.state.source import RunSource
+from ddptui.text import plain
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 CHECK_EVERY_S = 0.5

@@ -12,7 +12,7 @@ from ddptui.script.flight import behind
 from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.script.watch import Silence
-from ddptui.view.text import plain
+from ddptui.text import plain
 from trainer.protocol.events import PARENT, event
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ddptui.source import RunSource
-from ddptui.view.runstate import RunState
+from ddptui.state.runstate import RunState
+from ddptui.state.source import RunSource
 from trainer.protocol.events import decode
 
 

@@ -1,1 +1,1 @@
-"""What is shown: the run state folded from events, the Textual dashboard, the headless console."""
+"""What is shown, read from the run's model (ddptui/state/): the Textual dashboard, the headless console."""

@@ -15,9 +15,9 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
-from ddptui.source import RunSource
+from ddptui.state.source import RunSource
+from ddptui.state.views import RankView, RunView
 from ddptui.view.keys import KEYS, NEEDS, key_rows
-from ddptui.view.views import RankView, RunView
 from ddptui.view.widgets.charts import RunCharts
 from ddptui.view.widgets.confirm import ConfirmQuit, ConfirmRestart
 from ddptui.view.widgets.devices import DevicePanel

@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 import time
 
-from ddptui.view.runstate import RunState
-from ddptui.view.views import RunView
+from ddptui.state.runstate import RunState
+from ddptui.state.views import RunView
 
 STATUS_EVERY_S = 5.0
 

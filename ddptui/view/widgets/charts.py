@@ -13,7 +13,7 @@ from textual.containers import Vertical
 from textual.geometry import Size
 from textual_plotext import PlotextPlot
 
-from ddptui.view.timeline import bins, smooth
+from ddptui.state.timeline import bins, smooth
 from ddptui.view.widgets.bars import duration
 
 RANK_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ddptui.view.views import RunView
+from ddptui.state.views import RunView
 from ddptui.view.widgets.bars import bar, mib, spark
 
 HISTORY_MIN = 8  # below this many cells the history column is left out

@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Label
 
-from ddptui.view.views import GPU_HISTORY_S, RunView
+from ddptui.state.views import GPU_HISTORY_S, RunView
 from ddptui.view.widgets.bars import mib
 from ddptui.view.widgets.charts import Chart
 

@@ -6,7 +6,7 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widgets import Static
 
-from ddptui.view.views import RunView
+from ddptui.state.views import RunView
 from ddptui.view.widgets.bars import bar, duration
 
 

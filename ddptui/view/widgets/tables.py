@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
-from ddptui.view.views import RunView
+from ddptui.state.views import RunView
 from ddptui.view.widgets.bars import duration, spark
 from trainer.protocol.events import figures, onoff
 

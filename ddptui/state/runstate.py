@@ -12,10 +12,10 @@ import time
 from collections import deque
 from dataclasses import replace
 
-from ddptui.view.epochs import EpochRow, LiveEpoch
-from ddptui.view.text import keep_colours, plain
-from ddptui.view.timeline import Timeline
-from ddptui.view.views import DeviceView, Progress, Pulse, RankView, RunView
+from ddptui.state.epochs import EpochRow, LiveEpoch
+from ddptui.state.timeline import Timeline
+from ddptui.state.views import DeviceView, Progress, Pulse, RankView, RunView
+from ddptui.text import keep_colours, plain
 from trainer.protocol.events import PARENT, RankState, count, describe
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming

@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ddptui.view.timeline import Recent
+from ddptui.state.timeline import Recent
 from trainer.protocol.events import RankState
 
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes

@@ -8,7 +8,7 @@ import threading
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-from ddptui.view.runstate import RunState
+from ddptui.state.runstate import RunState
 
 
 class RunSource(ABC):
