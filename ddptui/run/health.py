@@ -10,6 +10,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from trainer.protocol.events import RankState
+
 STALL_MIN_S = 10.0  # --stall-after's default floor ...
 STALL_STEPS = 20  # ... or this many median steps, whichever is longer
 FIRST_STEP_S = 60.0  # a process's first step may autotune or compile for a while
@@ -79,7 +81,7 @@ def judge_stalls(members: list[Seen], now: float, stall_after: float | None) -> 
     for m in members:
         if m.slot not in verdicts:
             verdicts[m.slot] = Verdict(
-                "waiting", f"waiting for rank {names}",
+                RankState.WAITING, f"waiting for rank {names}",
                 {"waiting_for": [c.slot for c in culprits], "seconds": round(now - m.since, 1)})
     return verdicts
 
@@ -108,7 +110,7 @@ def _stalled(m: Seen, now: float, why: str) -> Verdict:
         parts.append(f"in {m.phase}")
     if why and not why.startswith("process"):
         parts.append(why)
-    return Verdict("stalled", ", ".join(parts), {
+    return Verdict(RankState.STALLED, ", ".join(parts), {
         "seconds": seconds, "process": m.status, "cpu_percent": m.cpu_percent, "gpu_activity": gpu,
         "phase": m.phase, "global_step": m.global_step})
 

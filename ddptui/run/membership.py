@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from trainer.protocol.events import count
+from trainer.protocol.events import RankState, count
 
 CHANGE_TIMEOUT_S = 60.0
 
@@ -155,7 +155,7 @@ class Membership:
     def left(self, slot: int) -> list:
         """A leaving rank ended cleanly after the agreed step: its slot gets a standby."""
         self.leaving.discard(slot)
-        self.out[slot] = ("stopped", "left the world on request")
+        self.out[slot] = (RankState.STOPPED, "left the world on request")
         return [Standby(slot)]
 
     def died(self, slot: int, alive: set[int], recoverable: bool, why: str, now: float,
@@ -184,7 +184,7 @@ class Membership:
         if not (recoverable and survivors):
             return [Fail(f"rank {slot} {why}")]
         self.ready.discard(slot)
-        self.out[slot] = ("crashed", why)
+        self.out[slot] = (RankState.CRASHED, why)
         order = self._order("recover", survivors, now)
         actions += [Tell(s, order) for s in survivors]
         actions.append(Say(f"rank {slot} {why}: going on with {count(len(survivors), 'rank')} "

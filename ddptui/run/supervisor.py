@@ -120,11 +120,11 @@ class Supervisor(OwnedRun):
             return  # another rank met it too: each file is named once in the run
         if ev["kind"] == "rank" and slot in self.slots:
             rp, state = self.slots[slot], ev.get("state")
-            if state == "running" and not rp.state.is_final:
+            if state == RankState.RUNNING and not rp.state.is_final:
                 rp.state = RankState.RUNNING
                 self.world.entered(slot)
                 self.watchdog.restart_clock([slot], ev["t"])
-            elif state == "standby" and rp.state == RankState.STARTING:
+            elif state == RankState.STANDBY and rp.state == RankState.STARTING:
                 rp.state = RankState.STANDBY
                 self._handle(self._as_out(ev, "ready"))
                 if self._running():
@@ -195,7 +195,7 @@ class Supervisor(OwnedRun):
         rp = self.pool.start(slot, gpu, init, standby)
         self.outcome.errors.pop(slot, None)
         self.watchdog.forget(slot)
-        ev = event("rank", slot, state="starting", pid=rp.process.pid, gpu=gpu,
+        ev = event("rank", slot, state=RankState.STARTING, pid=rp.process.pid, gpu=gpu,
                    device=f"GPU {gpu}" if gpu is not None else "cpu")
         self._handle(self._as_out(ev, "warming") if standby else ev)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ddptui.run.health import Seen, Stragglers, judge_stalls
 from ddptui.run.stacks import StackRequests, innermost
+from trainer.protocol.events import RankState
 
 CHECK_EVERY_S = 0.5
 SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped
@@ -79,7 +80,7 @@ class Watchdog:
         self.stragglers.forget(slot)
 
     def stalled(self) -> list[int]:
-        return [s for s, state in self.flags.items() if state == "stalled"]
+        return [s for s, state in self.flags.items() if state == RankState.STALLED]
 
     def ask_stacks(self, m: Member, now: float) -> None:
         self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
@@ -126,7 +127,7 @@ class Watchdog:
             return
         self.flags[m.slot] = state
         self.emit_rank(m.slot, state, reason, **fields)
-        if state == "stalled":
+        if state == RankState.STALLED:
             self.ask_stacks(m, now)
             if self.recover:
                 self._kill_pending[m.slot] = reason
@@ -145,13 +146,13 @@ class Watchdog:
 
     def _stacks_in(self, slot: int, text: str | None) -> None:
         if text is None:
-            why = "its process is stopped (SIGSTOP?)" if self.flags.get(slot) == "stalled" \
+            why = "its process is stopped (SIGSTOP?)" if self.flags.get(slot) == RankState.STALLED \
                 else "no answer"
             self.say(f"rank {slot}: no Python stacks: {why}", level="warning", stacks_of=slot,
                      stacks="")
         else:
             where = innermost(text)
-            level = "warning" if self.flags.get(slot) == "stalled" else "info"
+            level = "warning" if self.flags.get(slot) == RankState.STALLED else "info"
             self.say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
                      level=level, stacks_of=slot, stacks=text)
         if slot in self._kill_pending:

@@ -27,7 +27,7 @@ from ddptui.script.watch import ScriptWatch
 from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
-from trainer.protocol.events import PARENT, count, event
+from trainer.protocol.events import PARENT, RankState, count, event
 from trainer.telemetry.tensorboard import TensorBoardSink
 
 
@@ -145,7 +145,7 @@ class ScriptRun(OwnedRun):
         self._attempt = attempt
         self.watch.attempt([r.slot for r in self.group.ranks], time.time())
         for r in self.group.ranks:
-            self._handle(event("rank", r.slot, state="starting", pid=r.pid, gpu=r.gpu,
+            self._handle(event("rank", r.slot, state=RankState.STARTING, pid=r.pid, gpu=r.gpu,
                                device=f"GPU {r.gpu}" if r.gpu is not None else "cpu"))
         self._handle(event("world", PARENT, size=n, ranks=list(range(n)), generation=0))
 
@@ -228,15 +228,15 @@ class ScriptRun(OwnedRun):
                 self.say(f"the standby for rank {r.slot} {r.death()}; r starts another",
                          "warning")
         elif code == 0 and r.pid in self.world.left:
-            self._rank_state(r, "stopped", "left the world on request")
+            self._rank_state(r, RankState.STOPPED, "left the world on request")
         elif code == 0:
-            self._rank_state(r, "done", "")
+            self._rank_state(r, RankState.DONE, "")
         elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
-            self._rank_state(r, "stopped", f"ended by ddptui ({r.death()})")
+            self._rank_state(r, RankState.STOPPED, f"ended by ddptui ({r.death()})")
         else:
             lines = r.traceback()
             text = crash_cause(code, lines)
-            self._rank_state(r, "crashed", text)
+            self._rank_state(r, RankState.CRASHED, text)
             if r.pid in self.world.killed:  # killed by ddptui: k, or a world that broke
                 text = self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,

@@ -16,7 +16,7 @@ from ddptui.script.options import ScriptConfig
 from ddptui.script.output import LINE_EVERY_S, library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.text import plain
-from trainer.protocol.events import event
+from trainer.protocol.events import RankState, event
 from trainer.telemetry.gpu import ProcessTree
 
 # A script that prints this many lines, or goes on this long, with no loss among them is told
@@ -104,7 +104,7 @@ class ScriptWatch:
         """A line or a step: the first one says the rank runs (its script got going)."""
         silence = self.silence[slot]
         if silence.last is None and slot not in self.flags:
-            self.handle(event("rank", slot, state="running"))
+            self.handle(event("rank", slot, state=RankState.RUNNING))
         silence.heard(now)
 
     def flush_lines(self, now: float, force: bool = False) -> None:
@@ -175,17 +175,17 @@ class ScriptWatch:
             heard = self.silence[r.slot].last
             if heard is not None and heard > self.flagged_at[r.slot]:
                 self._forget(r.slot)
-                self._rank(r, "running", "making progress again")
+                self._rank(r, RankState.RUNNING, "making progress again")
             return
         if verdict is None:
             return
         reason, fields = verdict
-        self.flags[r.slot] = "stalled"
+        self.flags[r.slot] = RankState.STALLED
         self.flagged_at[r.slot] = now
         if fields.get("cause") == "stopped":
             self.frozen.add(r.slot)
             self._blame({x.slot: x for x in self._ranks})
-        self._rank(r, "stalled", reason, **fields)
+        self._rank(r, RankState.STALLED, reason, **fields)
         self.ask_stacks(r, now)
 
     def _rank(self, r: ScriptRank, state: str, reason: str, **fields) -> None:
@@ -204,7 +204,7 @@ class ScriptWatch:
 
     def collect_stacks(self, ranks: dict[int, ScriptRank], now: float) -> None:
         for slot, text in self.stacks.collect(now):
-            stalled = self.flags.get(slot) == "stalled"
+            stalled = self.flags.get(slot) == RankState.STALLED
             self._stacks[slot] = text or ""
             if text is None:
                 why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
@@ -236,8 +236,8 @@ class ScriptWatch:
         found = blame(self.evidence, self.frozen)
         found.update(behind(self.traces))
         for slot, (where, culprits) in found.items():
-            if self.flags.get(slot) == "stalled" and slot in ranks:
-                self.flags[slot] = "waiting"
+            if self.flags.get(slot) == RankState.STALLED and slot in ranks:
+                self.flags[slot] = RankState.WAITING
                 names = ", ".join(map(str, culprits))
-                self._rank(ranks[slot], "waiting", f"in {where}: waiting for rank {names}",
+                self._rank(ranks[slot], RankState.WAITING, f"in {where}: waiting for rank {names}",
                            phase=where, waiting_for=culprits)

@@ -8,7 +8,7 @@ import time
 
 from ddptui.run.membership import Fail, Membership
 from ddptui.run.processes import free_port
-from trainer.protocol.events import PARENT
+from trainer.protocol.events import PARENT, RankState
 
 # What a script can take once it opted in through ddptui.init() (the ranks say which).
 NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
@@ -57,11 +57,11 @@ class ScriptWorld:
         slot, kind, state = ev["rank"], ev["kind"], ev.get("state")
         if kind == "rank" and ev.get("control"):
             self.controls[slot] = set(ev["control"])
-        if kind == "rank" and state == "standby" and self.is_standby(slot, ev.get("pid")):
+        if kind == "rank" and state == RankState.STANDBY and self.is_standby(slot, ev.get("pid")):
             return self.membership.standby_ready(slot, time.time())
-        if kind == "rank" and state == "running":
+        if kind == "rank" and state == RankState.RUNNING:
             self.membership.entered(slot)
-        elif kind == "rank" and state == "stopped" and slot in self.membership.leaving:
+        elif kind == "rank" and state == RankState.STOPPED and slot in self.membership.leaving:
             self.left.add(ev.get("pid"))  # out of the world; its process ends next
             return self.membership.left(slot)  # a standby, if r asked for it back
         elif kind == "world" and slot != PARENT and ev.get("generation"):
@@ -89,7 +89,7 @@ class ScriptWorld:
 
     def out_state(self, slot: int) -> tuple[str, str]:
         """How an out slot is shown while its standby waits: stopped or crashed, and why."""
-        return self.membership.out.get(slot, ("stopped", ""))
+        return self.membership.out.get(slot, (RankState.STOPPED, ""))
 
     def died(self, slot: int, alive: set[int], why: str) -> list:
         """A rank ended with an error: the others re-form without it, or [Fail] when they

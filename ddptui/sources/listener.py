@@ -12,8 +12,10 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
 from trainer.protocol.channel import MessageTooLong, handshake, receive, send
+from trainer.protocol.events import RankState
 
-TAKES_OVER = ("standby", "running", "restarting")  # rank states a process announces itself in
+# The rank states a process announces itself in.
+TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)
 
 
 class ReportListener:

@@ -13,7 +13,7 @@ from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.script.watch import Silence
 from ddptui.text import plain
-from trainer.protocol.events import PARENT, event
+from trainer.protocol.events import PARENT, RankState, event
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
 
@@ -54,7 +54,7 @@ class RemoteWatch:
             self.ended.add(rank)
         elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
             self.silence[rank].heard(now)
-            if rank in self.flags and self.flags[rank][0] != "unreachable":
+            if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
                 self._clear(rank, "making progress again")
         elif kind == "process":
             self.process[rank] = ev
@@ -73,11 +73,11 @@ class RemoteWatch:
                 continue
             state = self.flags.get(rank, ("", 0.0))[0]
             if now - self.heard.get(rank, now) > UNREACHABLE_S:
-                if state != "unreachable":
-                    self._flag(rank, "unreachable", now, f"no report for {UNREACHABLE_S:.0f} s: "
+                if state != RankState.UNREACHABLE:
+                    self._flag(rank, RankState.UNREACHABLE, now, f"no report for {UNREACHABLE_S:.0f} s: "
                                "its process stopped, its node is down or the link is cut")
                 continue
-            if state == "unreachable":
+            if state == RankState.UNREACHABLE:
                 self._clear(rank, "reporting again")
             p = self.process.get(rank)
             if p is None or rank in self.flags:
@@ -87,7 +87,7 @@ class RemoteWatch:
                                                 silence.longest), now)
             if verdict is not None:
                 reason, fields = verdict
-                self._flag(rank, "stalled", now, reason, **fields)
+                self._flag(rank, RankState.STALLED, now, reason, **fields)
                 self.ask_stacks(rank)
 
     def _blame(self) -> None:
@@ -95,16 +95,16 @@ class RemoteWatch:
         the flight recorders name a rank that never entered the collective the others are in
         (DDP's all-reduce runs behind the Python, so stacks alone may not)."""
         stalled = {r: text for r, text in self.stacks.items()
-                   if self.flags.get(r, ("",))[0] == "stalled"}
+                   if self.flags.get(r, ("",))[0] == RankState.STALLED}
         found = blame(stalled)
         found.update(behind(self.traces))
         for rank, (where, culprits) in found.items():
-            if self.flags.get(rank, ("",))[0] != "stalled":
+            if self.flags.get(rank, ("",))[0] != RankState.STALLED:
                 continue
             names = ", ".join(f"{c} ({self.places[c]})" if c in self.places else str(c)
                               for c in culprits)
-            self.flags[rank] = ("waiting", self.flags[rank][1])
-            self.record(event("rank", rank, state="waiting", reason=f"in {where}: waiting for "
+            self.flags[rank] = (RankState.WAITING, self.flags[rank][1])
+            self.record(event("rank", rank, state=RankState.WAITING, reason=f"in {where}: waiting for "
                               f"rank {names}", waiting_for=culprits))
 
     def _flag(self, rank: int, state: str, now: float, reason: str, **fields) -> None:
@@ -116,7 +116,7 @@ class RemoteWatch:
         self.stacks.pop(rank, None)
         self.traces.pop(rank, None)
         self.stalls.forget(rank)
-        self.record(event("rank", rank, state="running", reason=reason))
+        self.record(event("rank", rank, state=RankState.RUNNING, reason=reason))
 
 
 def _the_scripts_own(ev: dict) -> bool:
