@@ -256,3 +256,41 @@ def test_the_ranks_table_groups_ranks_by_node():
         state.apply({**event("rank", rank, state="running"), "node": node})
     assert [(r.host, r.rank) for r in state.view().ranks] == \
         [("gpu/2", 0), ("gpu/2", 2), ("gpu/10", 1), ("gpu/10", 3)]
+
+
+def test_closing_the_listener_ends_every_connection_once(monkeypatch):
+    """attach's q (or a restart) closes its listener while ranks are connected: each rank sees
+    the dashboard go at once, and no connection is closed twice. Before, close() closed each
+    connection under its reader blocked in recv(), which Linux does not wake: the ranks saw
+    nothing, and the reader closed the descriptor a second time when the next message came."""
+    import threading
+
+    from ddptui.sources.listener import ReportListener
+    from trainer.protocol.channel import connect, receive, send
+
+    failed: list = []
+    monkeypatch.setattr(threading, "excepthook", failed.append)
+    for _ in range(10):
+        got, ended = [], threading.Event()
+        listener = ReportListener(("127.0.0.1", 0), KEY.encode(), got.append,
+                                  lambda level, text: None)
+        listener.start()
+        ranks = [connect(listener.address, KEY.encode()) for _ in range(4)]
+        for rank, conn in enumerate(ranks):
+            send(conn, event("rank", rank, state="running", pid=rank))
+        deadline = time.monotonic() + 10
+        while len(listener.connected()) < 4:
+            assert time.monotonic() < deadline, listener.connected()
+            time.sleep(0.01)
+        listener.closed = ended.set
+        listener.close()
+        for conn in ranks:
+            assert conn.poll(10), "a rank did not see the dashboard go"
+            with pytest.raises(EOFError):
+                receive(conn)
+            conn.close()
+        deadline = time.monotonic() + 10
+        while not listener.idle():
+            assert time.monotonic() < deadline, "a reader did not end"
+            time.sleep(0.01)
+    assert failed == []

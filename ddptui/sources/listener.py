@@ -54,9 +54,9 @@ class ReportListener:
             self._listener.close()
         except OSError:
             pass
-        with self._lock:
-            for conn in list(self._open):
-                conn.close()
+        with self._lock:  # each reader closes its own connection, once (see _serve)
+            for conn in self._open:
+                _wake(conn)
 
     def idle(self) -> bool:
         with self._lock:
@@ -134,13 +134,29 @@ class ReportListener:
         except EOFError:
             pass
         finally:
-            conn.close()
+            # Closed here only, under the lock: close() closing it too raced this close (a
+            # second close of a number the system may already have given to another file).
             with self._lock:
                 self._open.discard(conn)
+                conn.close()
                 for r in ranks:
                     if self._conns.get(r) is conn:
                         del self._conns[r]
             self.closed()
+
+
+def _wake(conn: Connection) -> None:
+    """End a connection's blocking read (its reader then closes it) without closing it here."""
+    try:
+        sock = socket.socket(fileno=conn.fileno())
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()  # the descriptor stays the connection's
 
 
 def _peer(listener: Listener) -> str:
