@@ -7,11 +7,12 @@ DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/rankwa
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import runpy
 import sys
 import traceback
+
+from ddptui.script.target import module_problem
 
 USAGE = "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 # srun's variables as torchrun's, for a script that reads torchrun's (env:// rendezvous).
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
             os.environ[name] = os.environ[slurm].split("(")[0]  # '2(x3)': SLURM's repeat form
     sys.argv = [target, *args]  # as the script sees it, and as attach names the job
     # As `python -m pkg.mod` would, this imports pkg (with the environment and argv above).
-    missing = _missing_module(target) if module else None
+    missing = module_problem(target) if module else None
     if missing:
         print(f"ddptui.wrap: {missing}", file=sys.stderr)
         return 2
@@ -50,19 +51,6 @@ def main(argv: list[str]) -> int:
         sys.excepthook(type(failure), failure, failure.__traceback__)
         return 1
     return code
-
-
-def _missing_module(name: str) -> str | None:
-    """Why `python -m NAME` could not start, in one line (runpy would raise it with a
-    traceback); None when it can."""
-    try:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.submodule_search_locations is not None and \
-                importlib.util.find_spec(f"{name}.__main__") is None:
-            return f"{name} is a package with no __main__ module to run"
-    except (ImportError, ValueError) as e:  # its package is missing, or failed to import
-        return f"cannot find module {name}: {type(e).__name__}: {e}"
-    return f"no module named {name}" if spec is None else None
 
 
 def _run(target: str, module: bool, watch) -> tuple[int, Exception | None]:

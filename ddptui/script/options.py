@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 from ddptui.script.streams import Routing, ranks_filter, std_spec
+from ddptui.script.target import module_problem
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
 from trainer.options import Parser, add_sections, flags, from_args, option, switches
@@ -285,13 +285,10 @@ def _check_target(target: str, module: bool, no_python: bool) -> None:
             raise UsageError(f"--no-python: {target} is not a program this machine can run "
                              "(a path to an executable file, or a command on PATH)")
     elif module:
-        try:
-            found = importlib.util.find_spec(target) is not None
-        except (ImportError, ValueError):  # a parent package that is missing or broken
-            found = False
-        if not found:
-            raise UsageError(f"module not found: {target} (ddptui run -m imports it from "
-                             f"{os.getcwd()} and the installed packages)")
+        problem = module_problem(target)
+        if problem:
+            raise UsageError(f"{problem} (ddptui run -m imports it from {os.getcwd()} and the "
+                             "installed packages)")
     elif os.path.isdir(target):
         raise UsageError(f"{target} is a folder: name the script in it "
                          f"(ddptui run {os.path.join(target, 'train.py')})")
