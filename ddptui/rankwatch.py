@@ -79,7 +79,8 @@ class RankWatch:
         self.sidecar = subprocess.Popen(
             [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),
              "--pid", str(os.getpid()), "--stacks", stacks, "--signal", str(sig),
-             "--events", str(read), *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
+             "--events", str(read), "--scratch", self._dir,
+             *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
              *(["--flight", flight] if flight else [])], pass_fds=(read,))
         os.close(read)
         # A forked child (a DataLoader worker) would hold the pipe open past the rank's end,

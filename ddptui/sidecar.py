@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -147,11 +148,22 @@ def main(argv: list[str]) -> int:
     p.add_argument("--signal", type=int, default=int(signal.SIGUSR1))
     p.add_argument("--flight", default=None, help="the flight recorder's dump prefix")
     p.add_argument("--events", type=int, required=True, help="the fd the rank writes events to")
+    p.add_argument("--scratch", required=True,
+                   help="the rank's folder of stacks and dumps, removed when the rank is gone")
     args = p.parse_args(argv)
-    die_with_parent()
+
+    def rank_gone(signum, frame) -> None:  # killed outright, it could not remove it itself
+        shutil.rmtree(args.scratch, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, rank_gone)
+    die_with_parent(signal.SIGTERM)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the rank's to handle
-    with os.fdopen(args.events, encoding="utf-8", errors="replace") as events:
-        Sidecar(args).run(events)
+    try:
+        with os.fdopen(args.events, encoding="utf-8", errors="replace") as events:
+            Sidecar(args).run(events)
+    finally:
+        shutil.rmtree(args.scratch, ignore_errors=True)
     return 0
 
 

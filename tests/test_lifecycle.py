@@ -107,8 +107,10 @@ def test_workers_whose_rank_dies_while_they_start_end_too(env, tmp_path):
 
 def test_a_rank_killed_without_rollback_points_fails_the_run_quickly_with_the_reason(env,
                                                                                     tmp_path):
-    log = tmp_path / "x.jsonl"
-    p = start_ddptui(["run", *LONG, "--snapshot-every", "0", "--log", str(log)], env, ROOT)
+    log, scratch = tmp_path / "x.jsonl", tmp_path / "tmp"
+    scratch.mkdir()
+    p = start_ddptui(["run", *LONG, "--snapshot-every", "0", "--log", str(log)],
+                     dict(env, TMPDIR=str(scratch)), ROOT)
     wait_for_event(log, lambda e: e["kind"] == "step")
     pids = run_pids(log)
     victim = next(e["pid"] for e in events(log, "rank") if e["rank"] == 1)
@@ -118,6 +120,7 @@ def test_a_rank_killed_without_rollback_points_fails_the_run_quickly_with_the_re
     assert "rank 1 killed by SIGKILL" in err
     assert events(log, "run")[-1]["status"] == "failed"
     assert_gone(pids)
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("ddptui-")]
 
 
 def test_a_rank_that_crashes_is_survived_said_where_and_its_standby_ends_with_the_run(

@@ -84,11 +84,12 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
                     stall_after=2.0)
     attach.start()
-    log = tmp_path / "a.jsonl"
+    log, scratch = tmp_path / "a.jsonl", tmp_path / "tmp"
+    scratch.mkdir()
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          "-m", "ddptui.wrap", PLAIN, *SMALL, "--epochs", "50", "--hang-at-epoch", "1"],
-        env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
+        env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}", TMPDIR=str(scratch)), cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stacks = wait_for_event(log, lambda e: e.get("stacks_of") == 1 and e.get("stacks"), 60)
@@ -124,6 +125,8 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_
             job.communicate(timeout=60)
         attach.stop()
     assert_gone(set(pids.values()))
+    # Each wrapper's folder of stacks and dumps went with it, though rank 1 was killed outright.
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("ddptui-")]
 
 
 BUSY = """

@@ -12,11 +12,11 @@ import threading
 import time
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL us when the parent thread dies (Linux PR_SET_PDEATHSIG)."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send us `sig` when the parent thread dies (Linux PR_SET_PDEATHSIG)."""
     if sys.platform.startswith("linux"):
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
 
 
 def watch_parent(parent_pid: int, interval: float = 0.5) -> None:

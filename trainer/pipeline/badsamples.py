@@ -6,6 +6,7 @@ when it reports, names each file once and counts them per epoch.
 from __future__ import annotations
 
 import os
+import secrets
 import tempfile
 from collections import Counter
 from collections.abc import Callable
@@ -42,7 +43,7 @@ def skip(notes: str | None, epoch: int, name: str, why: str) -> None:
 
 def _note(path: str, epoch: int, name: str, why: str) -> None:
     line = "\t".join((str(epoch), name.replace("\t", " "), why.replace("\n", " "))) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, line.encode())  # one write on O_APPEND: workers' lines never interleave
     finally:
@@ -54,8 +55,10 @@ class BadSamples:
 
     def __init__(self, limit: int):
         self.limit = limit
-        fd, self.path = tempfile.mkstemp(prefix="ddptui-bad-", suffix=".tsv")
-        os.close(fd)
+        # Made by the first note: a rank killed outright (nothing of it runs close()) leaves a
+        # file behind only where it did meet a bad sample.
+        self.path = os.path.join(tempfile.gettempdir(),
+                                 f"ddptui-bad-{os.getpid()}-{secrets.token_hex(4)}.tsv")
         self.notes = self.path if limit > 0 else None
         self.seen: dict[str, str] = {}  # file -> why
         self.per_epoch: Counter = Counter()
@@ -63,11 +66,14 @@ class BadSamples:
 
     def read(self) -> list[tuple[str, str]]:
         """(file, why) for each sample skipped for the first time since the last read."""
-        if self.notes is None or os.path.getsize(self.path) <= self._offset:
+        if self.notes is None:
             return []
-        with open(self.path, "rb") as f:
-            f.seek(self._offset)
-            data = f.read()
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:  # nothing noted yet
+            return []
         complete = data[:data.rfind(b"\n") + 1]
         self._offset += len(complete)
         new = []
