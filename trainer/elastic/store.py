@@ -37,12 +37,19 @@ def meet(init_method: str, rank: int, world_size: int,
                           timeout=dist.default_pg_timeout, wait_for_workers=False) \
         if rank == 0 else store_client(init_method, world_size, give_up)
     with kept_on_failure(store):
-        store.add(ARRIVED, 1)
-        while store.add(ARRIVED, 0) < world_size:
-            if give_up():
-                raise WorldLost("a peer died before the world formed")
-            time.sleep(0.002)
+        arrive(store, ARRIVED, world_size, give_up)
     return store
+
+
+def arrive(store: dist.TCPStore, key: str, world_size: int,
+           give_up: Callable[[], bool] = lambda: False) -> None:
+    """Count this member in at `key` and wait for all `world_size`, or raise WorldLost as soon
+    as `give_up` says a member died."""
+    store.add(key, 1)
+    while store.add(key, 0) < world_size:
+        if give_up():
+            raise WorldLost("a peer died before the world formed")
+        time.sleep(0.002)
 
 
 @contextlib.contextmanager

@@ -22,13 +22,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
-from trainer.elastic.store import kept_on_failure, meet
+from trainer.elastic.store import arrive, kept_on_failure, meet
 
-# How long gloo may take to connect a world's members, who have all met at its store by then: a
-# member that died after the meeting was waited for until gloo's 30-minute timeout (the change
-# timeout then killed the survivor: the run lost, CPU machine, a leader killed as a join was
-# carried out). Their collectives get the default back once connected.
-CONNECT = timedelta(seconds=30)
+# How long gloo may take to connect a world's members, who have all met at its store by then
+# (and again before the control group: ARRIVED_AGAIN). gloo waits five times this for a pair's
+# peer to connect, and nothing else wakes that wait: a member that died after the meeting was
+# waited for until the timeout, with 30 s here 150 s, and the change timeout killed the survivor
+# (the run lost, CPU machine, a leader killed as a join was carried out; about 1 time in 10).
+# Live members that met connect in milliseconds. Their collectives get the default back once
+# connected. A world from env:// (a script's joiner) has no meeting first: it keeps 30 s.
+CONNECT = timedelta(seconds=1)
+CONNECT_UNMET = timedelta(seconds=30)
+ARRIVED_AGAIN = "ddptui/arrived-control"
 set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
 
 if TYPE_CHECKING:
@@ -53,6 +58,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     where = {"init_method": init_method} if store is None else {
         "store": dist.PrefixStore("default_pg", store)}
+    connect = CONNECT if store is not None else CONNECT_UNMET
     with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -60,9 +66,11 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
                                     pg_options=nonblocking(), rank=rank, world_size=world_size,
                                     **where)
         else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=CONNECT,
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=connect,
                                     **where)
-        group = dist.new_group(backend="gloo", timeout=CONNECT)
+        if store is not None:  # NCCL's set-up takes each member its own time
+            arrive(store, ARRIVED_AGAIN, world_size, give_up)
+        group = dist.new_group(backend="gloo", timeout=connect)
         if device.type == "cuda":
             make_communicator(device)
     for made in (group, None if device.type == "cuda" else dist.group.WORLD):
