@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    from ddptui.run.processes import end_resource_tracker
+    from ddptui.run.processes import end_helpers
     from ddptui.run.supervisor import Supervisor, default_log_path
 
     policy = from_args(RunPolicy, args)
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return run_headless(supervisor)
         return run_dashboard(supervisor)
     finally:
-        end_resource_tracker()
+        end_helpers()
 
 
 def cmd_run_script(argv: list[str]) -> int:
@@ -196,9 +196,9 @@ def _exit_when_done(supervisor, code: int) -> None:
     log is closed, so after a grace period for the app to restore the terminal, the process ends."""
     supervisor.wait()
     time.sleep(EXIT_GRACE_S)
-    from ddptui.run.processes import end_resource_tracker
+    from ddptui.run.processes import end_helpers
 
-    end_resource_tracker()
+    end_helpers()
     os._exit(code)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from ddptui.run.processes import is_helper
 from ddptui.view.widgets.charts import Chart
 from trainer.protocol.contract import problems
 from trainer.protocol.events import read_events
@@ -256,8 +257,9 @@ def _end_what_a_failed_test_left(monkeypatch):
             sup.stop()  # the second stop ends every process at once
             sup.wait(30)
     me = psutil.Process()
-    left = [p for p in me.children(recursive=True)
-            if "resource_tracker" not in " ".join(_cmdline(p))]
+    # multiprocessing's helpers serve every in-process run of this worker: the fork server's
+    # preloaded torch is the point of it
+    left = [p for p in me.children(recursive=True) if p.ppid() != me.pid or not is_helper(p)]
     for p in left:
         try:
             p.kill()

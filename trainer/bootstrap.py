@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from multiprocessing import forkserver as mp_forkserver
 
 from trainer.config import RunConfig
 from trainer.elastic.lifeline import die_with_parent, watch_parent
@@ -32,6 +33,7 @@ class RankSpec:
     output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
     stacks_path: str  # where SIGUSR1 makes faulthandler write every thread's Python stack
     standby: bool = False  # warm up, then wait for the supervisor's join order
+    environ: dict[str, str] | None = None  # the supervisor's, as the rank is started
 
 
 def write_bytecode_to_the_cache() -> None:
@@ -91,10 +93,23 @@ def gpu_environment(spec: RankSpec) -> None:
         start_worker_server()
 
 
+def leave_the_fork_server() -> None:
+    """A rank forked from the server dies with it (the server ends with the supervisor), and does
+    not keep it alive: every child holds the pipe whose end tells the server its clients are gone."""
+    die_with_parent()
+    alive = getattr(mp_forkserver._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        mp_forkserver._forkserver._forkserver_alive_fd = None
+
+
 def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is rank_main.main's."""
+    if spec.environ is not None:  # forked from a server started earlier: the environment now
+        os.environ.clear()
+        os.environ.update(spec.environ)
     write_bytecode_to_the_cache()
-    die_with_parent()
+    leave_the_fork_server()
     watch_parent(spec.parent_pid)
     # The supervisor orders every shutdown; a terminal Ctrl-C reaches the whole process group,
     # and a rank interrupted mid-collective would leave the others hanging.

@@ -21,15 +21,16 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
 
 def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     """Belt and braces for PDEATHSIG (other OSes, a parent that died before prctl): a daemon
-    thread that ends the process within `interval` of the parent disappearing."""
+    thread that ends the process within `interval` of the parent (or the parent of the fork
+    server it came from) disappearing."""
 
     def watch() -> None:
         while True:
-            if os.getppid() != parent_pid:
+            if not descends_from(parent_pid):
                 os._exit(1)
             time.sleep(interval)
 
-    if os.getppid() != parent_pid:
+    if not descends_from(parent_pid):
         os._exit(1)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
