@@ -297,7 +297,7 @@ class Elastic:
         """Form the order's world; returns the gloo group that orders are agreed in."""
         rank, size = order["members"].index(self.run.slot), len(order["members"])
         group = world.form_ordered(self.run._mailbox, rank, size, self.device, order["init"],
-                                   self.eager)
+                                   self.eager, alike=order.get("joiner") is None)
         return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:

@@ -11,6 +11,7 @@ import random
 import re
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,14 +24,14 @@ from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to the temp dir
 
 # What a rank imports before its first step, imported once per run by the fork server every rank
 # is forked from, instead of by each rank: torch (1.9 CPU-s), and torch._dynamo (1.7 more),
 # which DDP's constructor and the optimizers import. The server is a fresh interpreter (started
 # as spawn starts one) that never touches CUDA or runs a thread of Textual's, so forking it is
 # as safe as spawning; a rank or a standby is ready seconds sooner, and shares those pages.
-RANK_PRELOAD = ["trainer.bootstrap", "trainer.rank_main", "trainer.elastic.world",
-                "torch._dynamo", "torchvision.models"]
+RANK_PRELOAD = ["trainer.preload"]
 
 
 @dataclass
@@ -327,12 +328,17 @@ def start_helpers(path: str) -> mp.context.BaseContext:
     ctx.set_forkserver_preload(RANK_PRELOAD)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    saved = os.dup(2)
+    saved, tempdir = os.dup(2), tempfile.tempdir
+    # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
+    # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
+    if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
+        tempfile.tempdir = "/tmp"
     try:
         os.dup2(fd, 2)
         resource_tracker.ensure_running()
         forkserver.ensure_running()
     finally:
+        tempfile.tempdir = tempdir
         os.dup2(saved, 2)
         os.close(saved)
         os.close(fd)

@@ -30,7 +30,8 @@ from trainer.elastic.store import arrive, kept_on_failure, meet
 # waited for until the timeout, with 30 s here 150 s, and the change timeout killed the survivor
 # (the run lost, CPU machine, a leader killed as a join was carried out; about 1 time in 10).
 # Live members that met connect in milliseconds. Their collectives get the default back once
-# connected. A world from env:// (a script's joiner) has no meeting first: it keeps 30 s.
+# connected. A world whose members do not all form it here (a script's joiner forms it from
+# env:// as the script does) meets once, and keeps 30 s.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
@@ -42,14 +43,15 @@ if TYPE_CHECKING:
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,
-         eager: bool = True, mailbox: Mailbox | None = None):
+         eager: bool = True, mailbox: Mailbox | None = None, alike: bool = True):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
     `eager`: NCCL's communicator is begun inside init_process_group (device_id); every member
     must choose alike (a script's joiner forms its world as the script does).
     `mailbox`: where a world ddptui ordered learns that a member died meanwhile (then a
-    recovery follows): rank 0 may have died before its store listened."""
+    recovery follows): rank 0 may have died before its store listened.
+    `alike`: every member forms the world here (not so a script's joiner)."""
     give_up = (lambda: mailbox.has_urgent) if mailbox is not None else (lambda: False)
     before = open_sockets()
     store = meet(init_method, rank, world_size, give_up)
@@ -58,7 +60,8 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     where = {"init_method": init_method} if store is None else {
         "store": dist.PrefixStore("default_pg", store)}
-    connect = CONNECT if store is not None else CONNECT_UNMET
+    alike = alike and store is not None
+    connect = CONNECT if alike else CONNECT_UNMET
     with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -68,7 +71,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=connect,
                                     **where)
-        if store is not None:  # NCCL's set-up takes each member its own time
+        if alike:  # NCCL's set-up takes each member its own time
             arrive(store, ARRIVED_AGAIN, world_size, give_up)
         group = dist.new_group(backend="gloo", timeout=connect)
         if device.type == "cuda":
@@ -98,14 +101,14 @@ def nonblocking():
 
 
 def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.device,
-                 init_method: str, eager: bool = True):
+                 init_method: str, eager: bool = True, alike: bool = True):
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
     with mailbox.forming(urllib.parse.urlsplit(init_method).port, own_store=rank == 0):
         if mailbox.has_urgent:
             raise WorldLost("a peer died before the world formed")
         group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager,
-                                            mailbox)
+                                            mailbox, alike)
     if mailbox.has_urgent:  # formed as the order came: not aborted then (control.py)
         raise WorldLost("a peer died as the world formed")
     return group
