@@ -103,6 +103,21 @@ def leave_the_fork_server() -> None:
         mp_forkserver._forkserver._forkserver_alive_fd = None
 
 
+# What makes torch's import start CUDA: the fork server ranks come from must not see it (a rank
+# forked from a process that started CUDA cannot use it), so the rank does what the import would.
+RANK_ONLY_VARIABLES = ("TORCH_CUDA_SANITIZER",)
+
+
+def sanitize_if_asked() -> None:
+    """PyTorch's CUDA sanitizer where TORCH_CUDA_SANITIZER asks for it, as importing torch in a
+    fresh process would have turned it on."""
+    if "TORCH_CUDA_SANITIZER" in os.environ:
+        import torch.cuda._sanitizer as csan
+
+        if not csan.cuda_sanitizer.enabled:
+            csan.enable_cuda_sanitizer()
+
+
 def run_rank(spec: RankSpec, channel, inbox) -> None:
     """multiprocessing target; the exit code is rank_main.main's."""
     if spec.environ is not None:  # forked from a server started earlier: the environment now
@@ -131,6 +146,8 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     import torch
 
     from trainer.elastic import world
+
+    sanitize_if_asked()
 
     forming = None
     if not spec.standby:  # the rest of the imports overlap forming the world

@@ -20,6 +20,7 @@ from multiprocessing import forkserver, resource_tracker
 import psutil
 
 from ddptui.run.stacks import innermost
+from trainer.bootstrap import RANK_ONLY_VARIABLES
 from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
@@ -322,13 +323,15 @@ def start_helpers(path: str) -> mp.context.BaseContext:
     rank we had to kill, or a warning of an import in the server, would garble the one-line
     error promise and the dashboard. And they must start before Textual runs, since starting
     asks sys.stderr for a file descriptor. A server already running (a second run in this
-    process) is kept.
+    process) is kept. The server's environment lacks what would make its import of torch start
+    CUDA (RANK_ONLY_VARIABLES: each rank gets the whole environment as it starts).
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(RANK_PRELOAD)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     saved, tempdir = os.dup(2), tempfile.tempdir
+    rank_only = {name: os.environ.pop(name) for name in RANK_ONLY_VARIABLES if name in os.environ}
     # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
     # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
     if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
@@ -338,6 +341,7 @@ def start_helpers(path: str) -> mp.context.BaseContext:
         resource_tracker.ensure_running()
         forkserver.ensure_running()
     finally:
+        os.environ.update(rank_only)
         tempfile.tempdir = tempdir
         os.dup2(saved, 2)
         os.close(saved)
