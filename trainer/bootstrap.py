@@ -1,6 +1,7 @@
-"""The first code a rank spawned by ddptui runs: it ties the rank's life to the parent, pins its
-GPU, silences the terminal and starts its workers' fork server, all before torch is imported;
-then it forms the world on a thread while the rest imports, and hands over to rank_main.main.
+"""The first code a rank started by ddptui runs: it takes the supervisor's environment, ties the
+rank's life to ddptui, pins its GPU, silences the terminal and starts its workers' fork server,
+all before CUDA starts; then it forms the world on a thread while whatever its fork server did
+not import imports, and hands over to rank_main.main.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def nccl_defaults(env: dict, abortable: bool = False) -> None:
 
 
 def gpu_environment(spec: RankSpec) -> None:
-    """A GPU rank's environment, before torch is imported."""
+    """A GPU rank's environment, before CUDA starts."""
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     dp = spec.config.devices.strategy == "dp"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \

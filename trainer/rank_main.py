@@ -1,7 +1,7 @@
 """One DDP rank's process: who it is, its process group, its reporting threads, then the
 built pieces handed to the training loop (loop.py).
 
-`main()` is the entry for ranks spawned by ddptui's supervisor and, through __main__.py, for
+`main()` is the entry for ranks started by ddptui's supervisor and, through __main__.py, for
 ranks started by torchrun or srun. Everything is built by plain functions from one RunConfig.
 """
 

@@ -69,7 +69,7 @@ class RankProcess:
 
 
 class ProcessPool:
-    """Starts rank processes with the spawn context and ends every one of them (and their
+    """Starts rank processes from the fork server and ends every one of them (and their
     workers) on the way out."""
 
     def __init__(self, config: RunConfig, log_path: str):

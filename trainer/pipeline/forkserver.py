@@ -15,7 +15,7 @@ def worker_context(cuda: bool):
     """How DataLoader workers start. A rank holding a CUDA context and NCCL maps so much memory
     that each fork() takes seconds (measured on H200: ~5 s a worker, one after another), so CUDA
     ranks start workers from a clean fork server that has torch preloaded; CPU ranks fork,
-    explicitly: a spawned rank's default is spawn, a fresh interpreter importing torch for each
+    explicitly: a rank's default may be spawn, a fresh interpreter importing torch for each
     worker (2.3 s a worker on the 2-core CI machine)."""
     if not cuda:
         return mp.get_context("fork")
