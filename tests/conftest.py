@@ -259,13 +259,20 @@ def _end_what_a_failed_test_left(monkeypatch):
     me = psutil.Process()
     # multiprocessing's helpers serve every in-process run of this worker: the fork server's
     # preloaded torch is the point of it
-    left = [p for p in me.children(recursive=True) if p.ppid() != me.pid or not is_helper(p)]
+    left = [p for p in me.children(recursive=True) if not _a_helper_of(me, p)]
     for p in left:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(left, timeout=10)
+
+
+def _a_helper_of(me: psutil.Process, p: psutil.Process) -> bool:
+    try:
+        return p.ppid() == me.pid and is_helper(p)
+    except psutil.Error:  # gone meanwhile
+        return False
 
 
 @pytest.fixture

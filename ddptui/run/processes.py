@@ -292,15 +292,15 @@ def end_helpers() -> None:
     with the tracker (pipes, no Queues), so closing our end is safe here; no process may be
     started after this."""
     helpers = [p for p in psutil.Process().children() if is_helper(p)]
-    if helpers:
-        server = forkserver._forkserver  # multiprocessing's own _stop() waits without a limit
-        if server._forkserver_alive_fd is not None:
-            os.close(server._forkserver_alive_fd)
-            server._forkserver_alive_fd = None
+    server = forkserver._forkserver  # multiprocessing's own _stop() waits without a limit
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+        server._forkserver_alive_fd = None
+    if any("resource_tracker" in " ".join(_cmdline(p)) for p in helpers):
         os.close(resource_tracker.getfd())
-        _, left = psutil.wait_procs(helpers, timeout=5)
-        for p in left:
-            p.kill()
+    _, left = psutil.wait_procs(helpers, timeout=5)
+    for p in left:
+        p.kill()
 
 
 def is_helper(p: psutil.Process) -> bool:
