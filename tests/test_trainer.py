@@ -15,6 +15,19 @@ from PIL import Image
 from tests.conftest import ROOT, TINY, ddptui, events, run_env
 
 
+
+def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_path):
+    """`ddptui`, the installed command, in a project with a trainer.py of its own in the working
+    folder (a common name): the ranks import ddptui's trainer package, never the user's."""
+    (tmp_path / "trainer.py").write_text("raise SystemExit(\"the user's trainer.py ran\")\n")
+    command = os.path.join(os.path.dirname(sys.executable), "ddptui")
+    log = tmp_path / "x.jsonl"
+    r = subprocess.run([command, "run", *TINY, "--cpus", "2", "--epochs", "1", "--headless",
+                        "--log", str(log)], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert events(log, "run")[-1]["status"] == "done"
+
 def test_torchrun_trains_on_synthetic_data_and_logs_both_ranks(env, tmp_path):
     """Under torchrun, without ddptui; --data synthetic: one batch made on the device, served
     every step (compute only), which the model learns."""

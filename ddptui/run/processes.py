@@ -332,6 +332,11 @@ def start_helpers(path: str) -> mp.context.BaseContext:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     saved, tempdir = os.dup(2), tempfile.tempdir
     rank_only = {name: os.environ.pop(name) for name in RANK_ONLY_VARIABLES if name in os.environ}
+    # The server starts as `python -c`, which puts the working folder first on sys.path (and
+    # multiprocessing's server keeps it): a user's trainer.py there was imported in place of
+    # ours, and no rank started. Each rank then takes ddptui's own path, as spawn gave it.
+    safe_path = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
     # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
     # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
     if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
@@ -342,6 +347,10 @@ def start_helpers(path: str) -> mp.context.BaseContext:
         forkserver.ensure_running()
     finally:
         os.environ.update(rank_only)
+        if safe_path is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_path
         tempfile.tempdir = tempdir
         os.dup2(saved, 2)
         os.close(saved)
