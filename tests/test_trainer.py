@@ -15,7 +15,6 @@ from PIL import Image
 from tests.conftest import ROOT, TINY, ddptui, events, run_env
 
 
-
 def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_path):
     """`ddptui`, the installed command, in a project with a trainer.py of its own in the working
     folder (a common name): the ranks import ddptui's trainer package, never the user's."""
@@ -27,6 +26,7 @@ def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_p
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert events(log, "run")[-1]["status"] == "done"
+
 
 def test_torchrun_trains_on_synthetic_data_and_logs_both_ranks(env, tmp_path):
     """Under torchrun, without ddptui; --data synthetic: one batch made on the device, served
