@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from tests.conftest import (
@@ -121,6 +122,21 @@ def test_a_rank_killed_without_rollback_points_fails_the_run_quickly_with_the_re
     assert events(log, "run")[-1]["status"] == "failed"
     assert_gone(pids)
     assert not [p.name for p in scratch.iterdir() if p.name.startswith("ddptui-")]
+
+
+def test_the_fork_server_killed_ends_the_run_with_that_reason_and_leaves_nothing(env, tmp_path):
+    """The ranks are forked from a server that ddptui starts; their exit status comes through
+    it, so they die with it: the run fails saying so, not with a bare exit code 255."""
+    log = tmp_path / "x.jsonl"
+    p = start_ddptui(["run", *LONG, "--log", str(log)], env, ROOT)
+    wait_for_event(log, lambda e: e["kind"] == "step")
+    pids = run_pids(log)
+    server = next(c for c in psutil.Process(p.pid).children() if "forkserver" in " ".join(c.cmdline()))
+    server.kill()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1
+    assert "fork server it was started from, which died" in err
+    assert_gone(pids | {server.pid})
 
 
 def test_a_rank_that_crashes_is_survived_said_where_and_its_standby_ends_with_the_run(

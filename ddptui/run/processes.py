@@ -25,6 +25,7 @@ from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+SERVER_GONE = 255  # the exit code multiprocessing gives a rank whose fork server died
 SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to the temp dir
 
 # What a rank imports before its first step, imported once per run by the fork server every rank
@@ -49,6 +50,7 @@ class RankProcess:
     standby: bool = False
     state: RankState = RankState.STARTING
     children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
+    server: int | None = None  # the pid of the fork server it was forked from
 
     @property
     def alive(self) -> bool:
@@ -65,6 +67,8 @@ class RankProcess:
         code = self.process.exitcode
         if code is not None and code < 0 and -code in SELF_INFLICTED:  # a device assert, say
             return crash_cause(code, tail_lines(self.out_path))
+        if code == SERVER_GONE and not _running(self.server):
+            return "ended with the fork server it was started from, which died (killed?)"
         return ended_how(code)
 
 
@@ -96,7 +100,9 @@ class ProcessPool:
         p.start()
         telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
         inbox_end.close()
-        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby)
+        # A rank's status comes through its server, and the rank dies with it
+        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby,
+                         server=forkserver._forkserver._forkserver_pid)
         self.procs.append(rp)
         self.slots[slot] = rp
         return rp
@@ -301,6 +307,13 @@ def end_helpers() -> None:
     _, left = psutil.wait_procs(helpers, timeout=5)
     for p in left:
         p.kill()
+
+
+def _running(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def is_helper(p: psutil.Process) -> bool:
