@@ -25,6 +25,7 @@ from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked
 SERVER_GONE = 255  # the exit code multiprocessing gives a rank whose fork server died
 SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to the temp dir
 
@@ -97,7 +98,15 @@ class ProcessPool:
         inbox_end, inbox = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
                               name=f"ddptui-rank{slot}", daemon=False)
-        p.start()
+        for attempt in range(SERVER_TRIES):
+            try:
+                p.start()
+                break
+            except (EOFError, OSError):  # the server died as it was asked (killed?)
+                if attempt == SERVER_TRIES - 1:
+                    raise
+                time.sleep(0.2)  # until it is gone: then a new one starts as the first did
+                start_helpers(self.stem + ".tracker.out")
         telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
         inbox_end.close()
         # A rank's status comes through its server, and the rank dies with it
