@@ -313,6 +313,9 @@ def end_helpers() -> None:
         server._forkserver_alive_fd = None
     if any("resource_tracker" in " ".join(_cmdline(p)) for p in helpers):
         os.close(resource_tracker.getfd())
+    for p in helpers:  # the server holds nothing: not worth the second it takes to unload torch
+        if "forkserver" in " ".join(_cmdline(p)):
+            p.kill()
     _, left = psutil.wait_procs(helpers, timeout=5)
     for p in left:
         p.kill()
