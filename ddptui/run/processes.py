@@ -302,21 +302,22 @@ def ephemeral_ports() -> tuple[int, int]:
 
 def end_helpers() -> None:
     """End multiprocessing's resource tracker and the ranks' fork server and wait for them, once
-    a run is over and the process is about to exit. Left alone they end only after we do (the
-    end of a pipe is their signal), orphans for a moment. The parent itself registers nothing
-    with the tracker (pipes, no Queues), so closing our end is safe here; no process may be
-    started after this."""
-    helpers = [p for p in psutil.Process().children() if is_helper(p)]
-    server = forkserver._forkserver  # multiprocessing's own _stop() waits without a limit
-    if server._forkserver_alive_fd is not None:
-        os.close(server._forkserver_alive_fd)
-        server._forkserver_alive_fd = None
-    if any("resource_tracker" in " ".join(_cmdline(p)) for p in helpers):
-        os.close(resource_tracker.getfd())
-    for p in helpers:  # the server holds nothing: not worth the second it takes to unload torch
-        if "forkserver" in " ".join(_cmdline(p)):
+    a run is over and the process is about to exit; left alone they end only after we do (the
+    end of a pipe is their signal), orphans for a moment. The server holds nothing by then and
+    is killed: its interpreter took about a second to unload torch. The tracker is told by its
+    pipe: the parent registers nothing with it (pipes, no Queues), so closing our end is safe
+    here. No process may be started after this."""
+    helpers = [(p, " ".join(_cmdline(p))) for p in psutil.Process().children()]
+    servers = [p for p, cmdline in helpers if "forkserver" in cmdline]
+    trackers = [p for p, cmdline in helpers if "resource_tracker" in cmdline]
+    for p in servers:
+        try:
             p.kill()
-    _, left = psutil.wait_procs(helpers, timeout=5)
+        except psutil.Error:
+            pass
+    if trackers:
+        os.close(resource_tracker.getfd())
+    _, left = psutil.wait_procs(servers + trackers, timeout=5)
     for p in left:
         p.kill()
 

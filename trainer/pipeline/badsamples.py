@@ -66,14 +66,11 @@ class BadSamples:
 
     def read(self) -> list[tuple[str, str]]:
         """(file, why) for each sample skipped for the first time since the last read."""
-        if self.notes is None:
+        if self.notes is None or self._size() <= self._offset:  # a stat at each report
             return []
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:  # nothing noted yet
-            return []
+        with open(self.path, "rb") as f:
+            f.seek(self._offset)
+            data = f.read()
         complete = data[:data.rfind(b"\n") + 1]
         self._offset += len(complete)
         new = []
@@ -84,6 +81,12 @@ class BadSamples:
                 self.seen[name] = why
                 new.append((name, why))
         return new
+
+    def _size(self) -> int:
+        try:
+            return os.path.getsize(self.path)
+        except FileNotFoundError:  # nothing noted yet
+            return 0
 
     def close(self) -> None:
         try:
