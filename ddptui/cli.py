@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from ddptui import __version__, bytecode
 from ddptui.run.policy import RunPolicy
@@ -20,6 +21,9 @@ from trainer.config import DeviceOptions
 from trainer.errors import UsageError
 from trainer.options import Parser, from_args
 from trainer.parse import add_training_options, config_from_args
+
+if TYPE_CHECKING:
+    from ddptui.run.owned import OwnedRun
 
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
@@ -150,7 +154,7 @@ def cmd_run_script(argv: list[str]) -> int:
     return run_dashboard(run)
 
 
-def run_dashboard(source) -> int:
+def run_dashboard(source: OwnedRun) -> int:
     """The dashboard over a run that ddptui owns (built-in trainer or script) until it ends."""
     from ddptui.view.app import DashboardApp
 
@@ -178,23 +182,23 @@ def run_dashboard(source) -> int:
     return 1 if code is None else code
 
 
-def _end_after_dashboard(supervisor) -> int | None:
+def _end_after_dashboard(run: OwnedRun) -> int | None:
     """Whatever the app did (quit, crash, never mounted), the run ends within a bounded time:
     an orderly stop first, then every process at once."""
-    if not supervisor.started:
+    if not run.started:
         return None
-    if not supervisor.done.is_set():
-        supervisor.stop()
-        if not supervisor.done.wait(STOP_GRACE_S + 5):
-            supervisor.stop()  # a second stop ends every process at once
-    return supervisor.wait(60)
+    if not run.done.is_set():
+        run.stop()
+        if not run.done.wait(STOP_GRACE_S + 5):
+            run.stop()  # a second stop ends every process at once
+    return run.wait(60)
 
 
-def _exit_when_done(supervisor, code: int) -> None:
+def _exit_when_done(run: OwnedRun, code: int) -> None:
     """A terminal that closed (SIGHUP, with SIGCONT from the kernel) can leave Textual blocked
-    writing to it forever. Once the supervisor is done every process of the run has ended and the
+    writing to it forever. Once the run is done every process of the run has ended and the
     log is closed, so after a grace period for the app to restore the terminal, the process ends."""
-    supervisor.wait()
+    run.wait()
     time.sleep(EXIT_GRACE_S)
     from ddptui.run.processes import end_helpers
 
@@ -202,17 +206,17 @@ def _exit_when_done(supervisor, code: int) -> None:
     os._exit(code)
 
 
-def run_headless(supervisor, console=None) -> int:
+def run_headless(run: OwnedRun, console=None) -> int:
     from ddptui.view.headless import HeadlessConsole
 
-    console = console or HeadlessConsole(supervisor.state)
-    _stop_on_signals(lambda code: supervisor.stop(code=code))
-    supervisor.start()
-    while not supervisor.done.wait(0.25):
+    console = console or HeadlessConsole(run.state)
+    _stop_on_signals(lambda code: run.stop(code=code))
+    run.start()
+    while not run.done.wait(0.25):
         console.poll()
     console.finish()
-    code = supervisor.exit_code
-    view = supervisor.state.view()
+    code = run.exit_code
+    view = run.state.view()
     if code == 2 and view.status != "failed":  # bad input to ddptui, not a script's exit
         print(f"ddptui: error: {view.reason}", file=sys.stderr)
     elif code not in (0, None) and view.reason:

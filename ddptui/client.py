@@ -251,7 +251,7 @@ class Run:
 
     # -- inside --------------------------------------------------------------------------------
     def _announce(self) -> None:
-        device = _device_name(self.local_rank)
+        device = _device_name()
         # A standby keeps the controls its slot had until run.elastic() says them again.
         standby = {"state": "standby"} if os.environ.get("DDPTUI_STANDBY") == "1" else \
             {"state": "running", "control": CONTROLS}
@@ -374,7 +374,7 @@ def _physical_gpu() -> int | None:
     return physical_index(int(os.environ.get("LOCAL_RANK", 0)))
 
 
-def _device_name(local_rank: int) -> str:
+def _device_name() -> str:
     gpu = _physical_gpu()
     return f"GPU {gpu}" if gpu is not None and torch.cuda.is_available() else "cpu"
 

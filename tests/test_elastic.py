@@ -200,7 +200,7 @@ def test_a_settings_request_lost_with_a_dead_leader_is_asked_again_of_the_next(t
     assert [w["size"] for w in _worlds(log)] == [1]
     (answer,) = [e for e in events(log, "settings") if e["status"] == "pending"]
     assert answer["rank"] == 1 and answer["settings"]["workers"] == 1
-    assert sup.state.pulse().pending == {} and sup.state.pulse().settings["workers"] == 1
+    assert sup.state.vitals().pending == {} and sup.state.vitals().settings["workers"] == 1
     sup.stop()
     assert sup.wait(60) == 130
     assert_gone(sup.pids())

@@ -179,19 +179,19 @@ def test_rank_0s_echo_of_an_older_request_does_not_undo_keys_pressed_since():
     ask(1.0, "r1", 1)
     ask(1.1, "r2", 2)
     echo(1.2, "r1", 1)
-    assert state.pulse().pending == {"workers": 2}
+    assert state.vitals().pending == {"workers": 2}
     ask(1.3, "r3", 1)
     echo(1.4, "r2", 2)
-    assert state.pulse().pending == {"workers": 1}
+    assert state.vitals().pending == {"workers": 1}
     echo(1.5, "r3", 1)
-    assert state.pulse().pending == {"workers": 1}
+    assert state.vitals().pending == {"workers": 1}
     # `a`, then W before the change lands: the applied event leaves the newer request pending.
     ask(1.6, "r4", 2)
     state.apply({"t": 1.7, "kind": "settings", "rank": 0, "status": "applied", "epoch": 0,
                  "step": 5, "settings": {**base, "workers": 1}})
-    assert state.pulse().pending == {"workers": 2}
+    assert state.vitals().pending == {"workers": 2}
     echo(1.8, "r4", 2)
-    assert state.pulse().pending == {"workers": 2} and state.pulse().settings["workers"] == 1
+    assert state.vitals().pending == {"workers": 2} and state.vitals().settings["workers"] == 1
 
 
 def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
@@ -207,13 +207,13 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
     run(0.0, -1, "started")
     state.apply(_step(0.5, 0, 1, 0.1))
     assert " PAUSING " in run(1.0, -1, "pausing")
-    assert state.pulse().pause_asked is True and not state.pulse().paused
+    assert state.vitals().pause_asked is True and not state.vitals().paused
     assert " RUNNING " in run(1.1, -1, "resuming")  # where the two orders leave the ranks
     # The first order's answer: the second is still on its way, and the header says so.
     assert " RESUMING " in run(1.2, 0, "paused")
-    assert state.pulse().paused and state.pulse().pause_asked is False
+    assert state.vitals().paused and state.vitals().pause_asked is False
     assert " RUNNING " in run(1.3, 0, "resumed")
-    assert state.pulse().pause_asked is None
+    assert state.vitals().pause_asked is None
     assert " PAUSED " in run(1.4, 0, "paused")  # paused from elsewhere (attach, the autotuner)
 
 

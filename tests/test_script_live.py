@@ -84,7 +84,7 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         # progress bar's first `loss=0.000` can be the row's loss until the next one lands.
         await _until(pilot, lambda: _float(_row(app, 1).get("loss")) > 0)
         await pilot.press("space")  # no ddptui.init() in it: nothing to pause, and it says so
-        assert run.state.pulse().pause_asked is None
+        assert run.state.vitals().pause_asked is None
         await pilot.pause(0.2)
         assert any("your script takes no pause from ddptui" in t for t in _toasts(app))
         assert app.check_action("pause", ()) is None  # dimmed in the footer

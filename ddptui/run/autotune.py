@@ -41,7 +41,7 @@ class Autotuner:
         if self.done:
             return
         now = time.monotonic() if now is None else now
-        view = self.sup.state.pulse()  # every supervisor tick: the cheap read
+        view = self.sup.state.vitals()  # every supervisor tick: the cheap read
         if view.status != "running" or view.paused or not self.sup.world.idle():
             return
         if self.index < 0:
@@ -85,7 +85,7 @@ class Autotuner:
                      autotune=best)
 
     def _apply(self, settings: dict) -> None:
-        current = self.sup.state.pulse().settings
+        current = self.sup.state.vitals().settings
         changes = {k: v for k, v in settings.items() if current.get(k) != v}
         if changes:
             self.sup.change_settings(**changes)

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from ddptui.state.epochs import EpochRow, LiveEpoch
 from ddptui.state.timeline import Timeline
-from ddptui.state.views import DeviceView, Progress, Pulse, RankView, RunView
+from ddptui.state.views import DeviceView, Progress, RankView, RunView, Vitals
 from ddptui.text import keep_colours, plain
 from trainer.protocol.events import PARENT, RankState, count, describe
 
@@ -288,7 +288,7 @@ class RunState:
         with self.lock:
             now = self._now()
             return RunView(
-                **vars(self._pulse()),
+                **vars(self._vitals()),
                 meta=dict(self.meta),
                 elapsed=(now - self.started_t) if self.started_t else 0.0,
                 now=now,
@@ -328,13 +328,13 @@ class RunState:
         with self.lock:
             return dict(self.asked)
 
-    def pulse(self) -> Pulse:
+    def vitals(self) -> Vitals:
         """The few live figures a controller polls often (view() copies the histories)."""
         with self.lock:
-            return self._pulse()
+            return self._vitals()
 
-    def _pulse(self) -> Pulse:
-        return Pulse(status=self.status, paused=self.paused, pause_asked=self.pause_asked,
+    def _vitals(self) -> Vitals:
+        return Vitals(status=self.status, paused=self.paused, pause_asked=self.pause_asked,
                      settings=dict(self.settings), pending=dict(self.pending),
                      throughput=self._throughput(self._now()) if self.status == "running"
                      else 0.0)

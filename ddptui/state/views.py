@@ -89,7 +89,7 @@ class Progress(NamedTuple):
 
 
 @dataclass
-class Pulse:
+class Vitals:
     """The few live figures a controller polls often (the autotuner, the keys)."""
 
     status: str  # starting | running | done | failed | interrupted
@@ -101,7 +101,7 @@ class Pulse:
 
 
 @dataclass
-class RunView(Pulse):
+class RunView(Vitals):
     """A consistent copy of everything the screens draw, taken under the run state's lock."""
 
     meta: dict  # model, data, epochs, world_size, device_kind, log, script...

@@ -213,7 +213,7 @@ class DashboardApp(App[int]):
         if not self._can_steer("pause"):
             return
         # What was last asked for, if the ranks are not there yet: space space is pause, resume.
-        p = self.source.state.pulse()
+        p = self.source.state.vitals()
         if p.paused if p.pause_asked is None else p.pause_asked:
             self.source.resume()
             self.notify("resuming every rank")
@@ -321,7 +321,7 @@ class DashboardApp(App[int]):
     def action_apply(self) -> None:
         if not self._can_steer("settings"):
             return
-        if not self.source.state.pulse().pending:
+        if not self.source.state.vitals().pending:
             self.notify("nothing pending: change a setting with p, w/W or b first",
                         severity="warning")
             return
@@ -379,7 +379,7 @@ class DashboardApp(App[int]):
     def _desired(self) -> dict:
         """The settings asked for so far, read from the state rather than the last drawn view:
         keys pressed in quick succession (W W, W a) each see the one before."""
-        v = self.source.state.pulse()
+        v = self.source.state.vitals()
         return {**v.settings, **v.pending}
 
 
