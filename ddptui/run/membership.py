@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ddptui.run.outcome import EXIT_FAILED
 from trainer.protocol.events import RankState, count
 
 CHANGE_TIMEOUT_S = 60.0
@@ -39,7 +40,10 @@ class Kill:
 
 @dataclass(frozen=True)
 class Fail:
+    """The run is lost: every process ends, and ddptui exits with `code`."""
+
     reason: str
+    code: int = EXIT_FAILED
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ class Joining:
     """The slot's standby was told to join: it is restarting."""
 
     slot: int
+
+
+Action = Tell | Say | Kill | Fail | Standby | Joining
 
 
 @dataclass

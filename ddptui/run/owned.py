@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import queue
 import threading
+from abc import abstractmethod
 from collections.abc import Iterator
 
+from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_INTERRUPTED
 from ddptui.state.source import RunSource
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
@@ -88,6 +90,43 @@ class OwnedRun(RunSource):
     def say(self, text: str, level: str = "info", **fields) -> None:
         """A message of ddptui's own, in the log and the event pane (the run's thread only)."""
         self._handle(event("message", PARENT, level=level, text=text, **fields))
+
+    # -- the membership's decisions (ddptui/run/membership.py), carried out by the thread --------
+    def _act(self, actions: list[Action]) -> None:
+        for a in actions:
+            match a:
+                case Tell(slot, order):
+                    self._tell(slot, order)
+                case Say(text, level):
+                    self.say(text, level)
+                case Kill(slot, why):
+                    self._kill(slot, why)
+                case Standby(slot):
+                    self._standby(slot)
+                case Joining(slot):
+                    self._joining(slot)
+                case Fail(reason, code):
+                    self._fail(code, reason)
+
+    @abstractmethod
+    def _tell(self, slot: int, order: dict) -> None:
+        """Send the order to the slot's process."""
+
+    @abstractmethod
+    def _kill(self, slot: int, why: str) -> None:
+        """SIGKILL the slot's process; its death is handled as any other."""
+
+    @abstractmethod
+    def _standby(self, slot: int) -> None:
+        """Start a warm process for the slot, which is out of the world."""
+
+    @abstractmethod
+    def _joining(self, slot: int) -> None:
+        """The slot's standby was told to join."""
+
+    @abstractmethod
+    def _fail(self, code: int, reason: str) -> None:
+        """The run is lost: every process ends."""
 
     def _queued(self) -> Iterator[dict]:
         """The commands the steering calls queued, oldest first (the run's thread only)."""

@@ -13,7 +13,7 @@ import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
-from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
+from ddptui.run.membership import Membership
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy
@@ -286,30 +286,20 @@ class Supervisor(OwnedRun):
         if self.outcome.fail(code, reason):
             self._end_all()
 
-    def _act(self, actions: list) -> None:
-        """Carry out what the membership decided."""
-        for a in actions:
-            if isinstance(a, Tell):
-                self.slots[a.slot].tell(a.order)
-                if a.order.get("op") in ("recover", "reform"):
-                    self.watchdog.restart_clock(self.members, time.time())
-            elif isinstance(a, Say):
-                self.say(a.text, a.level)
-            elif isinstance(a, Kill):
-                self._kill(a.slot, a.why, check=False)
-            elif isinstance(a, Fail):
-                self._fail(EXIT_FAILED, a.reason)
-            elif isinstance(a, Standby):
-                self._bring_up_standby(a.slot)
-            elif isinstance(a, Joining):
-                self._set_state(self.slots[a.slot], RankState.RESTARTING, "joining the world")
+    def _tell(self, slot: int, order: dict) -> None:
+        self.slots[slot].tell(order)
+        if order.get("op") in ("recover", "reform"):
+            self.watchdog.restart_clock(self.members, time.time())
+
+    def _joining(self, slot: int) -> None:
+        self._set_state(self.slots[slot], RankState.RESTARTING, "joining the world")
 
     def _running(self) -> bool:
         return not self.outcome.ending
 
-    def _kill(self, slot: int, why: str, check: bool = True) -> None:
+    def _kill(self, slot: int, why: str) -> None:
         rp = self.slots.get(slot)
-        if rp is None or not rp.alive or (check and slot not in self.members):
+        if rp is None or not rp.alive:
             self.say(f"rank {slot} is not running", "warning")
             return
         self.say(f"killing rank {slot} ({why}): the others go on through crash recovery",
@@ -331,8 +321,11 @@ class Supervisor(OwnedRun):
                       self.world.restart(slot, self.slots[slot].alive, now))
 
     def _kill_asked(self, cmd: dict) -> None:
-        flagged = self.watchdog.flags.get(cmd["slot"])
-        self._kill(cmd["slot"], f"k: {flagged}" if flagged else "k")
+        slot, flagged = cmd["slot"], self.watchdog.flags.get(cmd["slot"])
+        if slot not in self.members:
+            self.say(f"rank {slot} is not running", "warning")
+            return
+        self._kill(slot, f"k: {flagged}" if flagged else "k")
 
     def _ask_stacks(self, cmd: dict) -> None:
         slot = cmd["slot"]
@@ -342,7 +335,7 @@ class Supervisor(OwnedRun):
             return
         self.watchdog.ask_stacks(_member(rp), time.time())
 
-    def _bring_up_standby(self, slot: int) -> None:
+    def _standby(self, slot: int) -> None:
         """Keep a warm process for a rank that is out of the world (once the run goes on)."""
         if not self._running():
             return

@@ -13,8 +13,7 @@ import signal
 import threading
 import time
 
-from ddptui.run.membership import Fail, Joining, Kill, Say, Standby, Tell
-from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED
+from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import crash_cause, free_port
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
@@ -57,8 +56,7 @@ class ScriptRun(OwnedRun):
         self.run_id = new_run_id()
         self.attempts = 0
         self.failures = 0
-        self.failure: tuple[int, str] | None = None  # exit code, reason
-        self.stopping: tuple[str, int] | None = None  # status, exit code
+        self.outcome = Outcome()  # the current attempt's
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
@@ -133,7 +131,7 @@ class ScriptRun(OwnedRun):
         attempt = Attempt(self.run_id, self.attempts, free_port(),
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
-        self.failure, self._ended, self._restart = None, False, False
+        self.outcome, self._ended, self._restart = Outcome(), False, False
         self.world = ScriptWorld(list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
@@ -178,9 +176,10 @@ class ScriptRun(OwnedRun):
                 self._rank_ended(r)
             if not self._ended:
                 self._end_attempt()
-            if self._restart and self.stopping is None:
+            if self._restart and self.outcome.stop is None:
                 self._start_attempt()
-            elif self.stopping is not None or self.failure is None or self.config.headless:
+            elif self.outcome.stop is not None or self.outcome.failure is None or \
+                    self.config.headless:
                 return
             # A failed run stays on screen: r starts it again, q leaves.
 
@@ -241,28 +240,20 @@ class ScriptRun(OwnedRun):
                 text = self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
-            if self.failure is None:
+            if self.outcome.failure is None:
                 alive = {a.slot for a in self.group.alive()}
-                self._act(self.world.died(r.slot, alive, _with_death(r, text)), r, text)
+                self._act(self.world.died(r.slot, alive, _with_death(r, text), r.exit_code))
 
-    def _act(self, actions: list, failed: ScriptRank | None = None, text: str = "") -> None:
-        """Carry out the world's decisions (a standby only for a rank r asked back). Fail: the
-        others end, as torchrun ends them (a rank that was not elastic failed)."""
-        for a in actions:
-            if isinstance(a, Tell):
-                self._link.send(a.slot, a.order)
-            elif isinstance(a, Say):
-                self.say(a.text, a.level)
-            elif isinstance(a, Kill):
-                self._kill(a.slot, a.why)
-            elif isinstance(a, Standby) and self.world.wants_standby(a.slot):
-                self._start_standby(a.slot)
-            elif isinstance(a, Joining):
-                self.world.standing_by.pop(a.slot, None)
-            elif isinstance(a, Fail) and failed is not None:
-                self._failed(failed, text)
+    def _tell(self, slot: int, order: dict) -> None:
+        self._link.send(slot, order)
 
-    def _start_standby(self, slot: int) -> None:
+    def _joining(self, slot: int) -> None:
+        self.world.standing_by.pop(slot, None)
+
+    def _standby(self, slot: int) -> None:
+        """Only for a rank that r asked back."""
+        if not self.world.wants_standby(slot):
+            return
         r = self.group.start_one(slot, self._attempt, standby=True)
         self.world.standing_by[slot] = r.pid
         self.watch.attempt([slot], time.time())
@@ -279,16 +270,17 @@ class ScriptRun(OwnedRun):
     @property
     def _ending(self) -> bool:
         """The group is being ended: by a stop, a restart, or after a rank failed."""
-        return self.stopping is not None or self._restart or self.failure is not None
+        return self._restart or self.outcome.ending
 
-    def _failed(self, r: ScriptRank, text: str) -> None:
+    def _fail(self, code: int, reason: str) -> None:
         """The first failure: the others are ended as torchrun ends them, and the group
         restarts while --max-restarts allows."""
-        self.failure = (r.exit_code, f"rank {r.slot} {_with_death(r, text)}")
+        if not self.outcome.fail(code, reason):
+            return
         if self.failures < self.config.max_restarts:
             self.failures += 1
             self._restart = True
-            self.say(f"{self.failure[1]}: restarting every rank ({self.failures} of "
+            self.say(f"{reason}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
         self._end_within(signal.SIGTERM)
 
@@ -304,21 +296,15 @@ class ScriptRun(OwnedRun):
     def _end_attempt(self) -> None:
         """The `run` event for the attempt that ended: done, failed or interrupted."""
         self._ended = True
-        if self.stopping is not None:
-            status, code = self.stopping
-            reason = ""
-        elif self._restart and self.failure is None:
+        if self._restart and not self.outcome.ending:
             status, code, reason = "interrupted", EXIT_INTERRUPTED, "restarted on request"
-        elif self.failure is not None:
-            code, reason = self.failure
-            status = "failed"
         else:
-            status, code, reason = "done", 0, ""
+            code, status, reason = self.outcome.result(all_done=True)
         self.exit_code = code
         started = self.state.started_t or time.time()
         self._handle(event("run", PARENT, status=status, exit_code=code, reason=reason,
                            seconds=round(time.time() - started, 2),
-                           restarting=self._restart and self.stopping is None))
+                           restarting=self._restart and self.outcome.stop is None))
 
     def _run_commands(self) -> None:
         for cmd in self._queued():
@@ -332,7 +318,7 @@ class ScriptRun(OwnedRun):
             self.say(f"rank {cmd['slot']} has no live process to ask for its stacks", "warning")
 
     def _restart_group(self, cmd: dict) -> None:
-        if self.stopping is not None:
+        if self.outcome.stop is not None:
             return
         self._restart = True
         self.say("restarting every rank" + ("" if self.group.alive() else " now"))
@@ -342,23 +328,23 @@ class ScriptRun(OwnedRun):
         self._end_within(signal.SIGTERM)
 
     def _restart_rank(self, cmd: dict) -> None:
-        if self.stopping is None:
+        if self.outcome.stop is None:
             self._act(self.world.restart(cmd["slot"]))
 
     def _stop_rank(self, cmd: dict) -> None:
-        if self.stopping is None:
+        if self.outcome.stop is None:
             self._act(self.world.stop(cmd["slot"]))
 
     def _kill_rank(self, cmd: dict) -> None:
-        if self.world.elastic and self.stopping is None and self.world.is_member(cmd["slot"]):
+        if self.world.elastic and self.outcome.stop is None and self.world.is_member(cmd["slot"]):
             self._kill(cmd["slot"], "killed with k")
 
     def _stop(self, cmd: dict) -> None:
-        status, code = cmd["status"], cmd["code"]
-        if self.stopping is not None:  # asked twice: no more waiting
+        code = cmd["code"]
+        if self.outcome.stop is not None:  # asked twice: no more waiting
             self.group.end(None, 0)
             return
-        self.stopping = (status, code)
+        self.outcome.stop = (cmd["status"], code, cmd["reason"])
         if not self.group.alive():
             return
         hung = set(self.watch.flags)

@@ -91,13 +91,15 @@ class ScriptWorld:
         """How an out slot is shown while its standby waits: stopped or crashed, and why."""
         return self.membership.out.get(slot, (RankState.STOPPED, ""))
 
-    def died(self, slot: int, alive: set[int], why: str) -> list:
-        """A rank ended with an error: the others re-form without it, or [Fail] when they
-        cannot (none is left, or not every rank is elastic)."""
+    def died(self, slot: int, alive: set[int], why: str, code: int) -> list:
+        """A rank ended with an error: the others re-form without it, or the run fails with its
+        exit `code`, as under torchrun, when they cannot (none is left, or not every rank is
+        elastic)."""
+        lost = [Fail(f"rank {slot} {why}", code)]
         if not self.elastic:
-            return [Fail(why)]
+            return lost
         actions = self.membership.died(slot, alive, True, why, time.time())
-        return actions if not any(isinstance(a, Fail) for a in actions) else [Fail(why)]
+        return lost if any(isinstance(a, Fail) for a in actions) else actions
 
     def is_member(self, slot: int) -> bool:
         return slot in self.membership.members
