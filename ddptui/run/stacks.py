@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 STACKS_WAIT_S = 2.0  # a process that cannot run its signal handler (SIGSTOP) answers later
@@ -57,6 +58,18 @@ class StackRequests:
                 del self.pending[slot]
                 done.append((slot, _read(req.path) if size else None))
         return done
+
+
+def say_stacks(say: Callable[..., None], slot: int, text: str | None, stalled: bool) -> None:
+    """The message that carries a rank's stacks to the stacks screen (`stacks_of`), or says why
+    none came; a warning for a stalled rank."""
+    if text is None:
+        why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
+        say(f"rank {slot}: no Python stacks: {why}", "warning", stacks_of=slot, stacks="")
+        return
+    where = innermost(text)
+    say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
+        "warning" if stalled else "info", stacks_of=slot, stacks=text)
 
 
 def _read(path: str) -> str | None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddptui.run.health import Seen, Stragglers, judge_stalls
-from ddptui.run.stacks import StackRequests, innermost
+from ddptui.run.stacks import StackRequests, say_stacks
 from trainer.protocol.events import RankState
 
 CHECK_EVERY_S = 0.5
@@ -145,15 +145,6 @@ class Watchdog:
         return count[1] >= SLOW_HOLD
 
     def _stacks_in(self, slot: int, text: str | None) -> None:
-        if text is None:
-            why = "its process is stopped (SIGSTOP?)" if self.flags.get(slot) == RankState.STALLED \
-                else "no answer"
-            self.say(f"rank {slot}: no Python stacks: {why}", level="warning", stacks_of=slot,
-                     stacks="")
-        else:
-            where = innermost(text)
-            level = "warning" if self.flags.get(slot) == RankState.STALLED else "info"
-            self.say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
-                     level=level, stacks_of=slot, stacks=text)
+        say_stacks(self.say, slot, text, self.flags.get(slot) == RankState.STALLED)
         if slot in self._kill_pending:
             self.kill(slot, f"--on-stall recover: {self._kill_pending.pop(slot)}")

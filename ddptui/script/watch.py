@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ddptui.run.stacks import StackRequests, innermost
+from ddptui.run.stacks import StackRequests, say_stacks
 from ddptui.script.flight import FlightDumps, behind, compact, summary
 from ddptui.script.group import ScriptRank
 from ddptui.script.metrics import MetricReader, compile_metrics
@@ -206,15 +206,8 @@ class ScriptWatch:
         for slot, text in self.stacks.collect(now):
             stalled = self.flags.get(slot) == RankState.STALLED
             self._stacks[slot] = text or ""
-            if text is None:
-                why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
-                self.say(f"rank {slot}: no Python stacks: {why}", "warning", stacks_of=slot,
-                         stacks="")
-                continue
-            where = innermost(text)
-            self.say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
-                     "warning" if stalled else "info", stacks_of=slot, stacks=text)
-            if stalled:
+            say_stacks(self.say, slot, text, stalled)
+            if stalled and text is not None:
                 self.evidence[slot] = text
                 self._blame(ranks)
         for slot, trace in self.flight.collect(now) if self.flight is not None else []:
