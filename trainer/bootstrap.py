@@ -6,14 +6,13 @@ not import imports, and hands over to rank_main.main.
 
 from __future__ import annotations
 
-import atexit
 import faulthandler
 import os
 import signal
 import sys
 from dataclasses import dataclass
-from multiprocessing import forkserver as mp_forkserver
 
+from trainer.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
 from trainer.config import RunConfig
 from trainer.elastic.lifeline import die_with_parent, watch_parent
 from trainer.pipeline.forkserver import start_worker_server
@@ -48,10 +47,9 @@ def write_bytecode_to_the_cache() -> None:
 def cuda_defaults() -> None:
     """Before CUDA starts, unless the user chose otherwise: one hardware queue per stream (CUDA
     maps streams onto 8 queues by default, so the decode or prefetch stream can share one with
-    the training stream and wait behind its kernels: --decode gpu on one H200, 9.0k -> 11.4k
-    img/s with 32), and a caching allocator that grows its segments instead of keeping blocks
-    of every size (one H100: 0.75 GiB less GPU memory on synthetic data, 1.1-1.7 GiB less with
-    --decode gpu, no slower; docs/benchmarks.md, the input pipeline and memory)."""
+    the training stream and wait behind its kernels), and a caching allocator that grows its
+    segments instead of keeping blocks of every size (less GPU memory, no slower).
+    docs/benchmarks.md, the input pipeline, has the figures of both."""
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
     if not (os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF")):
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
@@ -60,8 +58,7 @@ def cuda_defaults() -> None:
 # NCCL retries a refused connection for about 60 s (34 tries, each waiting 100 ms longer). On
 # one machine a refusal means the peer died (its listening socket was there before anyone knew
 # its address), and a survivor forming a world with a rank that died inside NCCL's set-up sat
-# out those 60 s (2 x H200: a kill 0.3 s after a join recovered after 59.7 s; 4.7 s with 12
-# tries of 50 ms more each). ~1 s here.
+# out those 60 s. ~1 s here (docs/benchmarks.md, ranks killed at any moment).
 NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "6", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
 
 
@@ -98,10 +95,7 @@ def leave_the_fork_server() -> None:
     """A rank forked from the server dies with it (the server ends with the supervisor), and does
     not keep it alive: every child holds the pipe whose end tells the server its clients are gone."""
     die_with_parent()
-    alive = getattr(mp_forkserver._forkserver, "_forkserver_alive_fd", None)
-    if alive is not None:
-        os.close(alive)
-        mp_forkserver._forkserver._forkserver_alive_fd = None
+    leave_forkserver_alive_pipe()
 
 
 # What makes torch's import start CUDA: the fork server ranks come from must not see it (a rank
@@ -113,10 +107,7 @@ def sanitize_if_asked() -> None:
     """PyTorch's CUDA sanitizer where TORCH_CUDA_SANITIZER asks for it, as importing torch in a
     fresh process would have turned it on."""
     if "TORCH_CUDA_SANITIZER" in os.environ:
-        import torch.cuda._sanitizer as csan
-
-        if not csan.cuda_sanitizer.enabled:
-            csan.enable_cuda_sanitizer()
+        enable_cuda_sanitizer()
 
 
 def run_rank(spec: RankSpec, channel, inbox) -> None:
@@ -162,7 +153,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     # Everything is closed and flushed (process group, workers, telemetry, logs). Run the exit
     # handlers (multiprocessing's finalizers among them), then skip the interpreter's teardown
     # of torch's heap: it took 1 s of every rank's exit (q, a stop, the end of a run).
-    atexit._run_exitfuncs()
+    run_exit_handlers()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -21,6 +21,7 @@ import psutil
 
 from ddptui.run.stacks import innermost
 from trainer.bootstrap import RANK_ONLY_VARIABLES
+from trainer.compat import forkserver_pid
 from trainer.config import RunConfig
 from trainer.protocol.events import RankState
 
@@ -111,7 +112,7 @@ class ProcessPool:
         inbox_end.close()
         # A rank's status comes through its server, and the rank dies with it
         rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby,
-                         server=forkserver._forkserver._forkserver_pid)
+                         server=forkserver_pid())
         self.procs.append(rp)
         self.slots[slot] = rp
         return rp

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer.compat import scaler_tensors
+
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                   scaler: torch.amp.GradScaler) -> list[torch.Tensor]:
@@ -24,8 +26,7 @@ def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
         for p in group["params"]:
             tensors += [v for v in optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
     if scaler.is_enabled():
-        # GradScaler keeps its scale and growth tracker in these (created in build_optimizer).
-        tensors += [scaler._scale, scaler._growth_tracker]
+        tensors += scaler_tensors(scaler)  # created in build_optimizer
     return [t.detach() for t in tensors]
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from trainer.compat import abort_process_group, default_group, set_group_timeout
 from trainer.elastic.control import Control, Mailbox
 from trainer.elastic.snapshot import WorldLost, agree, state_tensors
 from trainer.elastic.sockets import Sockets, open_sockets
@@ -26,16 +27,14 @@ from trainer.elastic.store import arrive, kept_on_failure, meet
 
 # How long gloo may take to connect a world's members, who have all met at its store by then
 # (and again before the control group: ARRIVED_AGAIN). gloo waits five times this for a pair's
-# peer to connect, and nothing else wakes that wait: a member that died after the meeting was
-# waited for until the timeout, with 30 s here 150 s, and the change timeout killed the survivor
-# (the run lost, CPU machine, a leader killed as a join was carried out; about 1 time in 10).
-# Live members that met connect in milliseconds. Their collectives get the default back once
+# peer to connect, and nothing else wakes that wait: with a member that died after the meeting,
+# a long timeout outlasted the change timeout, which then killed the survivor too (the run
+# lost). Live members that met connect in milliseconds. Their collectives get the default back once
 # connected. A world whose members do not all form it here (a script's joiner forms it from
 # env:// as the script does) meets once, and keeps 30 s.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
-set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
 
 if TYPE_CHECKING:
     from trainer.parts import Parts
@@ -78,17 +77,16 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
             make_communicator(device)
     for made in (group, None if device.type == "cuda" else dist.group.WORLD):
         if made is not None:
-            set_timeout(dist.default_pg_timeout, made)
+            set_group_timeout(dist.default_pg_timeout, made)
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
 def make_communicator(device: torch.device) -> None:
     """The world's NCCL communicator, made (or, eager, waited for) now by every member (a
-    joiner as soon as it made its world's gloo group, as form() does), while the world forms
-    and no abort comes: a peer that died before it made its part left the others inside NCCL's
-    set-up, where the abort could not reach them (2 x H200: a script's rank killed as the world
-    of 2 formed lost the run). A set-up that waits for a dead member ends by itself
-    (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
+    joiner as soon as it made its world's gloo group, as form() does), while the world forms and no
+    abort comes: a peer that died before it made its part left the others inside NCCL's set-up,
+    where the abort could not reach them (the run was lost). A set-up that waits for a dead member
+    ends by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
     dist.all_reduce(torch.zeros(1, device=device))
 
 
@@ -115,8 +113,8 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
 
 
 def preload_nccl(device: torch.device) -> None:
-    """NCCL loads its kernels when a process makes its first communicator (0.3 s on H200, inside
-    a joiner's init while the ranks it joins waited): a standby makes a group of its own first,
+    """NCCL loads its kernels when a process makes its first communicator (inside a joiner's
+    init, while the ranks it joins waited): a standby makes a group of its own first,
     then drops it."""
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
                             device_id=device)
@@ -128,8 +126,7 @@ def made_eagerly() -> bool:
     rather than at its first use. A script's joiner forms its world as the script does, so each
     world ddptui forms for the script's survivors is formed alike: an eager survivor waited in
     its init for a joiner that waited for it in new_group."""
-    default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-    return getattr(default, "bound_device_id", None) is not None
+    return getattr(default_group(), "bound_device_id", None) is not None
 
 
 class Forming:
@@ -172,7 +169,7 @@ def abort(warn: Callable[[str], None]) -> None:
     if not dist.is_initialized():  # already destroyed: nothing is waiting then
         return
     try:
-        dist.distributed_c10d._abort_process_group()
+        abort_process_group()
     except Exception as e:  # ranks may stay blocked in NCCL: the user must hear of it
         warn(f"aborting the process group failed: {type(e).__name__}: {e}")
 
