@@ -19,8 +19,8 @@ run: $(STAMP)
 	$(BIN)/ddptui run resnet18 || test $$? -eq 130  # quitting with q or Ctrl-C is no error
 
 # Three tests at a time on CI's two cores: a test spends about a third of its time waiting on
-# ranks that import torch or on a timer (two at a time took 5.8 min against 4.7; four at a time
-# is no faster than three: 265 s against 263, 2026-11-25; docs/benchmarks.md, the CPU machine).
+# ranks that import torch or on a timer; two at a time is slower, four no faster
+# (docs/benchmarks.md, the CPU machine).
 test: $(STAMP)
 	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q -n 3 --dist worksteal
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one driver for a lent GPU machine: the environment every benchmark needs, set up once
+# The one driver for a GPU machine: the environment every benchmark needs, set up once
 # (the wheels the image lacks from .whl/, PYTHONPATH, a JPEG set when JPEGS=N per class is
 # given), then each command given, its output in $OUT/N.txt and the machine in $OUT/machine.txt.
 #   bash bench/device.sh "python3 bench/compare.py --models resnet18 --gpus 1" "bash bench/smoke.sh"

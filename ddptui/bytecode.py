@@ -1,7 +1,7 @@
 """Compiled bytecode where the environment forbids writing it: a cache of ddptui's own.
 
 Container images often set PYTHONDONTWRITEBYTECODE=1 and install packages uncompiled; every rank
-then compiles torch and torchvision from source at each start (4-8 s measured on an H200 host).
+then compiles torch and torchvision from source at each start (docs/benchmarks.md, start-up).
 """
 
 from __future__ import annotations

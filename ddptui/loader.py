@@ -39,8 +39,8 @@ class LiveLoader:
                  **kwargs):
         self.dataset, self.batch_size, self.sampler, self.shuffle = dataset, batch_size, sampler, \
             shuffle
-        # Yours is kept (run.loader at 0.82 of the DataLoader it replaced on one H100 while it
-        # dropped it: pageable copies); the prefetcher pins whatever you gave.
+        # Yours is kept: without it the copies are pageable and slow (docs/benchmarks.md, your
+        # own script); the prefetcher pins whatever you gave.
         self.pin_memory = bool(kwargs.pop("pin_memory", False))
         self.kwargs = kwargs
         cuda = torch.cuda.is_available()

@@ -1,5 +1,5 @@
 """The benchmarks people re-run (bench/README.md) still start: each parses `--help` as
-`python bench/NAME.py --help` would, so a renamed import or option shows here, not on a lent GPU.
+`python bench/NAME.py --help` would, so a renamed import or option shows here, not on a GPU machine.
 """
 
 from __future__ import annotations

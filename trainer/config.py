@@ -83,8 +83,8 @@ class DataOptions:
 
     def resolved_workers(self, world_size: int) -> int:
         """DataLoader workers per rank: the explicit value, else the rank's share of the host's
-        cores less one, at most 12 (on 2 x H200 with 16 cores each, --decode cpu trained 1.65x
-        faster with 12 than with 8; --decode gpu alike with 6 or 12)."""
+        cores less one, at most 12 (more decoding workers train faster up to there:
+        docs/benchmarks.md, the input pipeline)."""
         if self.workers is not None:
             return self.workers
         share = (os.cpu_count() or 2) // max(1, world_size)

@@ -49,7 +49,7 @@ def config_from_args(args: argparse.Namespace, **devices) -> RunConfig:
         config = config.replace(cudnn_benchmark=False)
     if config.devices.strategy == "dp":
         # DataParallel runs each replica in a new thread every step, and cuDNN's autotuning
-        # starts over in each: measured 640 vs 7,065 img/s (resnet18, 2 x H200).
+        # starts over in each, every step (docs/benchmarks.md, DataParallel).
         config = config.replace(cudnn_benchmark=False)
     return config
 

@@ -60,7 +60,7 @@ class Autotuner:
                 self.measuring, self.samples, self.phase_end = True, [], now + MEASURE_S
             return
         # A reading counts once: on a loaded machine the same one stayed in place for a whole
-        # short window, and two trials measured one figure (CPU suite: 3,566 img/s both).
+        # short window, and two trials measured one figure.
         if not self.samples or view.throughput != self.samples[-1]:
             self.samples.append(view.throughput)
         if now >= self.phase_end and len(self.samples) >= MIN_READINGS:

@@ -14,7 +14,7 @@ from ddptui.run.stacks import Awaited
 
 TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
 DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
-# the C++ stacks of every entry first, which took over 4 s on an H100
+# the C++ stacks of every entry first, which takes seconds
 
 
 def trace_prefix(stem: str) -> str:

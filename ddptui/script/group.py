@@ -151,8 +151,8 @@ class RankGroup:
     def ended(self) -> list[ScriptRank]:
         """Ranks that exited since the last call, once their output has been read to the end.
         What a failed rank leaves behind (its DataLoader workers) is killed first: they hold
-        its output open, and noticed their parent's death only after up to 5 s (a survivor's
-        recovery waited for it: 4.3-4.6 s on the CPU machine, 0.3 s since)."""
+        its output open, and notice their parent's death only after up to 5 s, which a
+        survivor's recovery waited for."""
         done = []
         for r in self.ranks:
             if r.pid not in self._reported and not r.alive:

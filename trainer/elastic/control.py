@@ -100,11 +100,11 @@ class Mailbox:
     def changing(self) -> Iterator[None]:
         """While the main thread changes its world (closes, forms, shares state, settles), no
         abort comes from this thread: one that frees the communicator under the main thread's
-        own NCCL calls (a joiner's state, sent tensor by tensor) is the likeliest cause of a
-        heap corruption seen once in 12 joiners killed as they joined (2 x H100; none in 35
-        since). The change waits on no collective that only an abort would end (a set-up ends
-        by itself, objects go over gloo), and a death meanwhile is raised when it is done: the
-        recovery then aborts from the main thread."""
+        own NCCL calls (a joiner's state, sent tensor by tensor) is the likeliest cause of a heap
+        corruption seen once when a joiner was killed as it joined. The change waits on no
+        collective that only an abort would end (a set-up ends by itself, objects go over gloo), and
+        a death meanwhile is raised when it is done: the recovery then aborts from the main
+        thread."""
         with self._abort_lock:  # an abort under way is finished first
             yield
         if self.has_urgent:
@@ -117,7 +117,7 @@ class Mailbox:
         rank waiting there for the dead one (its address, NCCL's id) is woken now, not at a
         timeout. The store's own rank (`own_store`) waits polling for the others to come to
         it (meet()): its connections are cut only once they have (met()), as a request of its
-        own cut then corrupted its heap (2 x H100, a joiner killed before it came)."""
+        own cut then corrupted its heap (a joiner killed before it came)."""
         with self._lock:
             self._forming = FormingWorld(open_sockets(), store_port, own_store)
         try:

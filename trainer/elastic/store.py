@@ -85,10 +85,9 @@ def store_client(init_method: str, world_size: int,
 def await_store(init_method: str, give_up: Callable[[], bool] = lambda: False,
                 patience: float = 60.0) -> None:
     """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
-    tries again only after a back-off: rank 0 entering 50 ms after the others formed the group
-    0.6 s later, 0.02 s with this wait (gloo, CPU machine). Joins on 2 x H200 lost 0.1-0.9 s
-    to it while rank 0 closed its old group; rank 0's form phase takes 0.04-0.06 s since.
-    Anything else is left to init_process_group to report."""
+    tries again only after a back-off, long against a join that waits for rank 0 to close its
+    old group (docs/benchmarks.md, the CPU machine). Anything else is left to
+    init_process_group to report."""
     url = urllib.parse.urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
         return

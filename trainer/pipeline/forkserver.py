@@ -13,10 +13,10 @@ WORKER_PRELOAD = ["torch", "torchvision", "trainer.pipeline.datasets"]
 
 def worker_context(cuda: bool):
     """How DataLoader workers start. A rank holding a CUDA context and NCCL maps so much memory
-    that each fork() takes seconds (measured on H200: ~5 s a worker, one after another), so CUDA
-    ranks start workers from a clean fork server that has torch preloaded; CPU ranks fork,
-    explicitly: a rank's default may be spawn, a fresh interpreter importing torch for each
-    worker (2.3 s a worker on the 2-core CI machine)."""
+    that each fork() takes seconds, one worker after another (docs/benchmarks.md, the input
+    pipeline), so CUDA ranks start workers from a clean fork server that has torch preloaded;
+    CPU ranks fork, explicitly: a rank's default may be spawn, a fresh interpreter importing
+    torch for each worker."""
     if not cuda:
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")

@@ -87,7 +87,7 @@ class JpegFiles(Dataset):
 
 def collate(batch: list) -> tuple:
     """One flat byte tensor plus lengths: pinning a batch is then one copy, not one pinned
-    allocation per image (measured: that capped the loader near 8k img/s on two H200s)."""
+    allocation per image, which capped the loader (docs/benchmarks.md, the input pipeline)."""
     data, boxes, labels, paths = zip(*batch, strict=True)
     return (torch.cat(data), torch.tensor([len(d) for d in data]), torch.stack(boxes),
             torch.tensor(labels), paths)
@@ -102,7 +102,7 @@ CHUNK = 32
 class Decoder:
     """A loader batch -> (normalised images, labels) on the device. The codec decodes whole
     images (CHW); they are cropped, resized and flipped in a few batched kernels (a loop of
-    small per-image kernels kept the rank's thread busier than the GPU: measured 7k img/s)."""
+    small per-image kernels kept the rank's thread busier than the GPU)."""
 
     def __init__(self, device: torch.device, size: int, normalize: Normalize, codec,
                  undecodable: Callable[[str], None]):

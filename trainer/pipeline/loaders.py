@@ -82,8 +82,8 @@ class Loaders:
 
     def arm_val(self) -> None:
         """Near the epoch's end: the validation workers start (the first time) and load while
-        the last steps train, so validation finds its first batches ready (0.1-0.2 s off each
-        epoch end on one H200; docs/benchmarks.md, the input pipeline)."""
+        the last steps train, so validation finds its first batches ready (docs/benchmarks.md,
+        epoch ends)."""
         if self.val is not None and self.val_ahead is None:
             self.val_ahead = iter(self.val)
 

@@ -123,7 +123,7 @@ def to_device(batch, device: torch.device):
 def side_stream(device: torch.device) -> torch.cuda.Stream | None:
     """The stream a rank prepares batches on, for the whole run (None off CUDA). One, not one
     per epoch: the caching allocator's blocks belong to a stream, so each new stream cached a
-    decode working set of its own (--decode gpu, bs 256 on one H100: 1.4 GB more per epoch)."""
+    decode working set of its own (docs/benchmarks.md, the input pipeline)."""
     return torch.cuda.Stream(device) if device.type == "cuda" else None
 
 
