@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from ddptui.figures import Figures
-from trainer.elastic.control import Control, Mailbox
-from trainer.protocol.channel import load_key, parse_address
-from trainer.telemetry.gpu import DeviceSampler, physical_index
-from trainer.telemetry.remote import RemoteLink, node_name
-from trainer.telemetry.reporter import Reporter
+from ddptui.kit.elastic.control import Control, Mailbox
+from ddptui.kit.protocol.channel import load_key, parse_address
+from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
+from ddptui.kit.telemetry.remote import RemoteLink, node_name
+from ddptui.kit.telemetry.reporter import Reporter
 
 if TYPE_CHECKING:
     from ddptui.elastic import Elastic

@@ -16,12 +16,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ddptui.figures import Figures
+from ddptui.kit.elastic import store, world
+from ddptui.kit.elastic.control import Control, Mailbox
+from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree
+from ddptui.kit.protocol.events import count
+from ddptui.kit.telemetry.reporter import Reporter
 from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
-from trainer.elastic import store, world
-from trainer.elastic.control import Control, Mailbox
-from trainer.elastic.snapshot import Snapshots, WorldLost, agree
-from trainer.protocol.events import count
-from trainer.telemetry.reporter import Reporter
 
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for ddptui's recover order
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from trainer.pipeline.prefetch import prefetched_batches, side_stream, to_device
+from ddptui.kit.pipeline.prefetch import prefetched_batches, side_stream, to_device
 
 
 class _Order(Sampler):

@@ -18,13 +18,13 @@ import tempfile
 import threading
 import time
 
+from ddptui.kit.protocol.events import event
+from ddptui.kit.telemetry.gpu import physical_index
 from ddptui.script.flight import trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.output import LINE_EVERY_S, StreamReader
 from ddptui.script.streams import Route
 from ddptui.text import plain
-from trainer.protocol.events import event
-from trainer.telemetry.gpu import physical_index
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits

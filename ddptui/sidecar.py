@@ -20,13 +20,13 @@ import time
 
 import psutil
 
+from ddptui.kit.elastic.lifeline import die_with_parent
+from ddptui.kit.protocol.channel import load_key, parse_address
+from ddptui.kit.protocol.events import event
+from ddptui.kit.telemetry.gpu import DeviceSampler
+from ddptui.kit.telemetry.remote import RemoteLink, node_name
 from ddptui.run.stacks import StackRequests, innermost
 from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary
-from trainer.elastic.lifeline import die_with_parent
-from trainer.protocol.channel import load_key, parse_address
-from trainer.protocol.events import event
-from trainer.telemetry.gpu import DeviceSampler
-from trainer.telemetry.remote import RemoteLink, node_name
 
 SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
 

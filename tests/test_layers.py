@@ -1,10 +1,14 @@
 """The layers point one way: the rank side (trainer/) never imports the dashboard side (ddptui/),
-and the dashboard draws its first screen without torch."""
+the dashboard draws its first screen without torch, and what runs in a user's process takes the
+rank-side kit under ddptui's name (ddptui/kit), never the top-level `trainer` a project's own
+trainer.py would hide."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.conftest import ROOT
 
@@ -48,3 +52,38 @@ def test_a_wrapped_ranks_sidecar_starts_without_torch():
 def test_a_scripts_run_starts_without_torch():
     loaded = _imported_after("import ddptui.script.run, ddptui.script.options, ddptui.cli")
     assert "torch" not in loaded
+
+
+# The modules ddptui.kit loads from trainer/ in a user's process.
+KIT = ["compat.py", "pipeline/prefetch.py", "protocol/*.py", "telemetry/*.py", "elastic/*.py"]
+USERS_PROCESS = ["ddptui.client", "ddptui.loader", "ddptui.elastic", "ddptui.figures",
+                 "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
+                 "ddptui.integrations.transformers", "ddptui.integrations.keras"]
+
+
+def test_what_runs_in_a_users_process_imports_no_top_level_trainer():
+    loaded = _imported_after("import os\nos.environ['KERAS_BACKEND'] = 'torch'\n"
+                             + "\n".join(f"import {m}" for m in USERS_PROCESS))
+    assert "ddptui.kit.telemetry.reporter" in loaded
+    assert not {m for m in loaded if m == "trainer" or m.startswith("trainer.")}
+
+
+def test_the_kit_imports_itself_relatively():
+    """An absolute `trainer` import in a kit module would bring the top-level name back into a
+    user's process (only imports for type checkers may name it)."""
+    found = []
+    for pattern in KIT:
+        for path in sorted((Path(ROOT) / "trainer").glob(pattern)):
+            tree = ast.parse(path.read_text())
+            typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                           and ast.unparse(node.test) == "TYPE_CHECKING"
+                           for n in ast.walk(node)}
+            for node in ast.walk(tree):
+                if id(node) in typing_only:
+                    continue
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level \
+                    else []
+                found += [f"{path.name}:{node.lineno} {n}" for n in names
+                          if n.split(".")[0] in ("trainer", "ddptui")]
+    assert found == []

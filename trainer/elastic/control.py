@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from trainer.elastic.snapshot import WorldLost
-from trainer.elastic.sockets import Sockets, open_sockets, sever
+from .snapshot import WorldLost
+from .sockets import Sockets, open_sockets, sever
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.compat import scaler_tensors
+from ..compat import scaler_tensors
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer,

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from trainer.elastic.snapshot import WorldLost
+from .snapshot import WorldLost
 
 ARRIVED = "ddptui/arrived"  # a world's members that came to its store
 STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0's store

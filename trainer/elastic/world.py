@@ -19,11 +19,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.compat import abort_process_group, default_group, set_group_timeout
-from trainer.elastic.control import Control, Mailbox
-from trainer.elastic.snapshot import WorldLost, agree, state_tensors
-from trainer.elastic.sockets import Sockets, open_sockets
-from trainer.elastic.store import arrive, kept_on_failure, meet
+from ..compat import abort_process_group, default_group, set_group_timeout
+from .control import Control, Mailbox
+from .snapshot import WorldLost, agree, state_tensors
+from .sockets import Sockets, open_sockets
+from .store import arrive, kept_on_failure, meet
 
 # How long gloo may take to connect a world's members, who have all met at its store by then
 # (and again before the control group: ARRIVED_AGAIN). gloo waits five times this for a pair's

@@ -10,7 +10,7 @@ import secrets
 import stat
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
-from trainer.protocol.events import decode, encode
+from .events import decode, encode
 
 KEY_ENV = "DDPTUI_AUTHKEY"
 KEY_FILE_ENV = "DDPTUI_AUTHKEY_FILE"

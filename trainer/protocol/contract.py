@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 from typing_extensions import NotRequired
 
-from trainer.protocol.schema import COMMANDS, EVENTS, Command, Event
+from .schema import COMMANDS, EVENTS, Command, Event
 
 
 def problems(ev: dict) -> list[str]:

@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 
-from trainer.protocol.schema import EVENTS
+from .schema import EVENTS
 
 
 class RankState(str, enum.Enum):

@@ -13,9 +13,9 @@ import threading
 import time
 from multiprocessing import AuthenticationError
 
-from trainer.protocol.channel import connect, receive, send
-from trainer.protocol.events import event
-from trainer.telemetry.buffer import EventBuffer
+from ..protocol.channel import connect, receive, send
+from ..protocol.events import event
+from .buffer import EventBuffer
 
 RETRY_S = 2.0
 

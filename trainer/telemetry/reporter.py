@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.protocol.events import JsonlWriter, event
-from trainer.telemetry.buffer import EventBuffer
+from ..protocol.events import JsonlWriter, event
+from .buffer import EventBuffer
 
 
 class ChannelSender:
