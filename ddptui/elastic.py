@@ -23,7 +23,6 @@ from ddptui.kit.protocol.events import count
 from ddptui.kit.telemetry.reporter import Reporter
 from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
 
-RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for ddptui's recover order
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
 
 
@@ -192,13 +191,13 @@ class Elastic:
     # -- world changes ---------------------------------------------------------------------------
     def on_urgent(self, order: dict) -> None:
         """On the mailbox thread, as soon as ddptui says a peer died."""
-        if order.get("op") == "recover" and self.points is not None:
-            self.points.mark_lost()
+        if self.points is not None:
+            self.points.lost_if_recovering(order)
 
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
         point), None when the error is the script's own."""
-        self.order = self.run._mailbox.recover_order(error, RECOVER_WAIT_S)
+        self.order = self.run._mailbox.recover_order(error)
         return self.order
 
     def check_lost(self) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
+from ddptui.kit.telemetry.lagmeter import LagMeter
 from ddptui.kit.telemetry.reporter import Reporter
-from ddptui.lagmeter import LagMeter
 
 # run.log() names that fill the epochs table's columns (the rest show beside the row)
 ALIASES = {"val_loss": "val_loss", "eval_loss": "val_loss", "valid_loss": "val_loss",

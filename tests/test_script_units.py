@@ -146,7 +146,7 @@ def test_ranks_blocked_in_a_collective_wait_for_the_one_stuck_in_its_own_code():
 def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
     import torch
 
-    from ddptui.lagmeter import LagMeter
+    from trainer.telemetry.lagmeter import LagMeter
 
     meter = LagMeter()
     assert meter.read() is None

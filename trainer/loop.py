@@ -18,14 +18,13 @@ from trainer.parts import Parts, State
 from trainer.protocol.events import count, describe
 from trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
-RECOVER_WAIT_S = 10.0  # after a collective failed: how long to wait for the supervisor's order
 VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading
 
 
 def on_urgent(order: dict, p: Parts) -> None:
     """On the mailbox thread, as soon as the supervisor says a peer died."""
-    if order.get("op") == "recover" and p.snapshots is not None:
-        p.snapshots.mark_lost()
+    if p.snapshots is not None:
+        p.snapshots.lost_if_recovering(order)
 
 
 def run_epochs(p: Parts) -> bool:
@@ -66,7 +65,7 @@ def recover(p: Parts, order: dict) -> int:
 def await_recover(p: Parts, error: Exception) -> dict:
     """A collective failed: if a peer died, the supervisor's recover order arrives; otherwise
     (or without a supervisor) the error is ours and is raised again."""
-    order = p.mailbox.recover_order(error, RECOVER_WAIT_S) if p.snapshots is not None else None
+    order = p.mailbox.recover_order(error) if p.snapshots is not None else None
     if order is None:
         raise error
     return order

@@ -24,6 +24,7 @@ from .sockets import Sockets, open_sockets, sever
 URGENT = ("recover", "join")
 OFFER_S = 0.05  # commands are offered about this often (a key waits about two offers)
 MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
+RECOVER_WAIT_S = 10.0  # after a collective failed: how long a rank waits for the recover order
 
 
 @dataclasses.dataclass
@@ -152,7 +153,7 @@ class Mailbox:
         for cmd in cmds + rest:
             self.commands.put(cmd)
 
-    def recover_order(self, error: BaseException, timeout: float) -> dict | None:
+    def recover_order(self, error: BaseException, timeout: float = RECOVER_WAIT_S) -> dict | None:
         """After a step failed: the supervisor's recover order if a peer died (it comes within
         `timeout`), None if the error is this rank's own. Collective failures (DistError,
         WorldLost) are RuntimeErrors, an OOM is this rank's own; once a recover order is in,

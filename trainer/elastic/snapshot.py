@@ -57,7 +57,7 @@ class Snapshots:
     A point taken after step S is good once step S+1's gradient all-reduce has completed on any
     rank: that needs every rank's step S+1 input, which each rank's stream only produces after
     its copy of S. On CUDA that is seen through an event, checked before the world is known to
-    be lost (a lock orders the check against `mark_lost`: an abort also completes events). On
+    be lost (a lock orders the check against `lost_if_recovering`: an abort also completes events). On
     CPU a step is done when the host returns from it, so a point is good when taken.
     """
 
@@ -118,10 +118,13 @@ class Snapshots:
             newest.event = torch.cuda.Event()
             newest.event.record()
 
-    def mark_lost(self) -> None:
-        """Called when the world is known to be broken, before its communicators are aborted."""
-        with self.lock:
-            self.lost = True
+    def lost_if_recovering(self, order: dict) -> None:
+        """A mailbox's urgent order, on its thread, before the world's communicators are
+        aborted: a recover order means a peer died, and a point whose copy is under way may
+        lack what it was to agree on."""
+        if order.get("op") == "recover":
+            with self.lock:
+                self.lost = True
 
     def summary(self) -> dict:
         for pt in self.points:

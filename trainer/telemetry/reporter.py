@@ -14,6 +14,7 @@ import torch
 
 from ..protocol.events import JsonlWriter, event
 from .buffer import EventBuffer
+from .lagmeter import LagMeter
 
 
 class ChannelSender:
@@ -70,11 +71,8 @@ class Reporter:
 
 
 class StepMeter:
-    """Counts steps, samples and input wait; emits at most `hz` step events a second.
-
-    On CUDA the loss sum is copied to pinned memory behind an event and read at the next send,
-    by which time the copy has long finished: the loss shown lags by one interval, never syncs.
-    """
+    """Counts steps, samples and input wait; emits at most `hz` step events a second, each with
+    the loss of an interval earlier (LagMeter: never a device sync)."""
 
     def __init__(self, reporter: Reporter, hz: float, batch_size: int, device: torch.device,
                  progress: Callable[[], float] = lambda: 0.0):
@@ -83,12 +81,8 @@ class StepMeter:
         self.enabled = hz > 0  # 0: no step events (epoch summaries still), to measure our cost
         self.interval = 1.0 / hz if hz > 0 else 0.0
         self.batch_size = batch_size
-        self.cuda = device.type == "cuda"
-        self.loss_sum = torch.zeros((), device=device)
-        self.epoch_loss_sum = torch.zeros((), device=device)
-        self._pending: tuple[torch.Tensor, torch.cuda.Event, int] | None = None
-        self._last_loss: float | None = None
-        self._loss_steps = 0  # steps summed in loss_sum before the current interval
+        self.loss = LagMeter()
+        self.epoch_loss_sum = torch.zeros((), device=device)  # exact, read once at its end
         self.reset_epoch()
         self._begin_interval()
         self._sent_any = False
@@ -110,9 +104,8 @@ class StepMeter:
 
     def step(self, loss: torch.Tensor, epoch: int, step: int, global_step: int) -> bool:
         """Count a step; True when it sent a step event (a moment to report other news)."""
-        loss = loss.detach().float()
-        self.loss_sum += loss
-        self.epoch_loss_sum += loss
+        self.loss.add(loss)
+        self.epoch_loss_sum += loss.detach()
         self.steps += 1
         self.epoch_steps += 1
         if not self.enabled:
@@ -123,35 +116,13 @@ class StepMeter:
         self._sent_any = True
         elapsed = max(now - self.start, 1e-9)
         self.reporter.emit(
-            "step", epoch=epoch, step=step, global_step=global_step, loss=self._read_loss(),
+            "step", epoch=epoch, step=step, global_step=global_step, loss=self.loss.read(),
             steps=self.steps, progress=round(self.progress(), 5),
             samples_per_s=round(self.steps * self.batch_size / elapsed, 2),
             step_ms=round(1000 * elapsed / self.steps, 3),
             data_wait=round(min(1.0, self.wait / elapsed), 4))
         self._begin_interval()
         return True
-
-    def _read_loss(self) -> float | None:
-        summed, self._loss_steps = self._loss_steps + self.steps, 0
-        if not self.cuda:
-            value = self.loss_sum.item() / summed
-            self.loss_sum.zero_()
-            return value
-        if self._pending is not None:
-            host, done, steps = self._pending
-            if not done.query():
-                # The last copy has not landed (the host runs ahead of slow steps): keep
-                # summing into the device total and copy it once this one is read.
-                self._loss_steps = summed
-                return self._last_loss
-            self._last_loss = host.item() / steps
-        host = torch.empty((), pin_memory=True)
-        host.copy_(self.loss_sum, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._pending = (host, done, summed)
-        self.loss_sum.zero_()
-        return self._last_loss
 
     def epoch_summary(self) -> dict:
         """Figures for the `epoch` event; one sync at the epoch's end is fine."""

@@ -1,5 +1,5 @@
-"""A script's loss, read without a device sync: summed where it lives, copied to pinned host
-memory behind a CUDA event, and read an interval later (ddptui.init()'s run.step).
+"""A loss read without a device sync: summed where it lives, copied to pinned host memory behind
+a CUDA event, and read an interval later (the built-in loop's step events, and run.step()).
 """
 
 from __future__ import annotations
