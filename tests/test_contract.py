@@ -4,7 +4,10 @@ test reads), and every command the dashboard's sources send fits it."""
 
 from __future__ import annotations
 
+import ast
 import os
+import typing
+from pathlib import Path
 
 from ddptui.run.supervisor import Supervisor
 from trainer.config import DeviceOptions, RunConfig
@@ -14,6 +17,38 @@ from trainer.protocol.events import decode, encode, event
 from trainer.protocol.schema import COMMANDS, EVENTS
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
+READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command
+
+
+def _field_read(node: ast.AST) -> str | None:
+    """The key of `ev["key"]` or `ev.get("key", ...)` (any of READERS), else None."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
+            and node.value.id in READERS and isinstance(node.slice, ast.Constant):
+        return node.slice.value
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
+            and node.func.value.id in READERS and node.args \
+            and isinstance(node.args[0], ast.Constant):
+        return node.args[0].value
+    return None
+
+
+def test_every_field_the_code_reads_of_an_event_or_command_is_declared():
+    """A misspelt field fails here, not in front of a user (the emitting side is checked on
+    every log the tests read)."""
+    declared = set()
+    for kind in [*EVENTS.values(), *COMMANDS.values()]:
+        declared |= set(typing.get_type_hints(kind))
+    root = Path(__file__).parent.parent
+    reads, unknown = 0, []
+    for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            key = _field_read(node)
+            if isinstance(key, str):
+                reads += 1
+                if key not in declared:
+                    unknown.append(f"{path.relative_to(root)}:{node.lineno} {key}")
+    assert reads > 200 and unknown == []
 
 
 def test_docs_events_md_is_generated_from_the_schema():
