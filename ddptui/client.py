@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ddptui.figures import Figures
-from ddptui.kit.elastic.control import Control, Mailbox
+from ddptui.kit.elastic.control import CONTROL_OFF, Control, Mailbox, every_rank_linked
 from ddptui.kit.protocol.channel import load_key, parse_address
 from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
@@ -65,6 +65,7 @@ class Run:
         self.reporter.sinks.append(self.link)
         self._mailbox = Mailbox(self.link.inbox)
         self._control: Control | None = None
+        self._control_off = False  # not every rank reports: no orders are agreed
         self.figures = Figures(self.reporter, 1.0 / hz)
         self._threads = [] if self._supervised else [DeviceSampler(
             self.reporter.emit, lambda text: self._say(text, "warning"), _physical_gpu())]
@@ -251,11 +252,12 @@ class Run:
 
     # -- inside --------------------------------------------------------------------------------
     def _announce(self) -> None:
-        device = _device_name()
+        gpu = _physical_gpu()
+        device = f"GPU {gpu}" if gpu is not None else "cpu"
         # A standby keeps the controls its slot had until run.elastic() says them again.
         standby = {"state": "standby"} if os.environ.get("DDPTUI_STANDBY") == "1" else \
             {"state": "running", "control": CONTROLS}
-        self.reporter.emit("rank", pid=os.getpid(), device=device, gpu=_physical_gpu(),
+        self.reporter.emit("rank", pid=os.getpid(), device=device, gpu=gpu,
                            host=socket.gethostname(), api="ddptui.init", **standby)
         if self.rank == 0 and not self._supervised:  # under torchrun: attach learns the job
             self.reporter.emit("run", status="started", model=os.path.basename(sys.argv[0]),
@@ -284,9 +286,15 @@ class Run:
 
     def _agreed(self) -> list[dict]:
         """The dashboard's orders, the same on every rank at the same step."""
+        if self._control_off:
+            return []
         if self._control is None:
             group = None
             if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+                if not every_rank_linked(self.world_size):
+                    self._control_off = True
+                    self._say(CONTROL_OFF, "warning")
+                    return []
                 # A gloo group of our own: a few bytes every ~50 ms, never on the script's
                 # NCCL streams. Created at the first step, which every rank reaches.
                 group = dist.new_group(backend="gloo")
@@ -372,11 +380,6 @@ def _physical_gpu() -> int | None:
     if not torch.cuda.is_available():
         return None
     return physical_index(int(os.environ.get("LOCAL_RANK", 0)))
-
-
-def _device_name() -> str:
-    gpu = _physical_gpu()
-    return f"GPU {gpu}" if gpu is not None and torch.cuda.is_available() else "cpu"
 
 
 _RUN: list[Run] = []  # a process has one link to its dashboard, however often init() is called

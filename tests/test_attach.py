@@ -67,6 +67,32 @@ def test_two_torchrun_nodes_report_to_one_attach(keyed_env, tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_script_with_one_rank_reporting_runs_on_with_control_off(keyed_env, tmp_path):
+    """Rank 0 reports to attach, rank 1 has no link (DDPTUI_REPORT on one node only): the script
+    runs to its end and the dashboard says live control is off (rank 0 used to wait for ever
+    for rank 1 in the control group's set-up at its first step)."""
+    listen = f"127.0.0.1:{_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+                               listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        script = os.path.join(ROOT, "tests", "helpers", "scripts", "half_linked.py")
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc-per-node", "2", script, listen], env=keyed_env,
+                           cwd=tmp_path, capture_output=True, text=True, timeout=90)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "rank 0 finished" in r.stdout and "rank 1 finished" in r.stdout
+        attach.communicate(timeout=30)
+    finally:
+        attach.kill()
+    said = [e for e in events(log, "message") if e["rank"] == 0]
+    assert "not every rank reports to the dashboard: live control is off" in \
+        [e["text"] for e in said]
+    assert {e["rank"] for e in events(log, "step")} == {0}
+
+
+@pytest.mark.timeout(120)
 def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_path):
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")

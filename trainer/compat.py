@@ -35,6 +35,13 @@ def default_group():
     return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
 
 
+def default_store():
+    """The default process group's store (`distributed_c10d._get_default_store`)."""
+    import torch.distributed as dist
+
+    return dist.distributed_c10d._get_default_store()
+
+
 def scaler_tensors(scaler) -> list:
     """A GradScaler's state as tensors: its `_scale` and `_growth_tracker`, which exist once it
     has been used or its scale asked for (state_dict() turns them into Python numbers)."""

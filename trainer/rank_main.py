@@ -16,7 +16,7 @@ import torch.distributed as dist
 from trainer.build import build_parts, warm_up
 from trainer.config import RunConfig
 from trainer.elastic import world
-from trainer.elastic.control import Control
+from trainer.elastic.control import CONTROL_OFF, Control, all_linked
 from trainer.errors import DataError, UsageError
 from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
@@ -136,10 +136,9 @@ def _watchers(config: RunConfig, me: Rank, supervised: bool) -> list:
 def _agree_on_control(me: Rank, inbox, group):
     """Commands need every rank in the control exchange: with a dashboard link on some ranks
     only (an environment variable set on one node), control stays off everywhere."""
-    flag = torch.tensor([int(inbox is not None)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    if inbox is not None and not flag.item():
-        me.say("not every rank reports to the dashboard: live control is off", "warning")
+    every_rank = all_linked(inbox is not None, group)  # a collective: every rank takes part
+    if inbox is not None and not every_rank:
+        me.say(CONTROL_OFF, "warning")
         return None
     return inbox
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import queue
 import threading
 import time
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from ..compat import default_store
 from .snapshot import WorldLost
 from .sockets import Sockets, open_sockets, sever
 
@@ -25,6 +27,10 @@ URGENT = ("recover", "join")
 OFFER_S = 0.05  # commands are offered about this often (a key waits about two offers)
 MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long a rank waits for the recover order
+# Commands are agreed by every rank of the world: where some have no dashboard link (a variable
+# set on one node only), live control is off on every rank, and said so.
+CONTROL_OFF = "not every rank reports to the dashboard: live control is off"
+LINKED_WAIT_S = 10.0  # a script's linked ranks wait this long for one another at the first step
 
 
 @dataclasses.dataclass
@@ -172,6 +178,29 @@ class Mailbox:
             return None
         self.has_urgent = not self.urgent.empty()
         return order
+
+
+def all_linked(linked: bool, group) -> bool:
+    """The built-in loop's ranks, every one of them: whether each has a dashboard link."""
+    flag = torch.tensor([int(linked)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def every_rank_linked(world_size: int, wait: float = LINKED_WAIT_S) -> bool:
+    """A script's linked ranks, at their first step: each counts itself at the world's store and
+    waits for the others. A rank without a link runs none of ddptui's code (its run's calls do
+    nothing), so no collective may wait for it: the linked ranks of a world that has such a rank
+    never reach the count, and give up after `wait` (DDP keeps their first steps together)."""
+    store = default_store()
+    key = f"ddptui/linked/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store.add(key, 1)
+    deadline = time.monotonic() + wait
+    while store.add(key, 0) < world_size:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class Control:
