@@ -16,8 +16,9 @@ from tests.conftest import ROOT, TINY, ddptui, events, run_env
 
 
 def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_path):
-    """`ddptui`, the installed command, in a project with a trainer.py of its own in the working
-    folder (a common name): the ranks import ddptui's trainer package, never the user's."""
+    """`ddptui`, the installed command, and `python -m ddptui` in a project with a trainer.py of
+    its own in the working folder (a common name): ddptui and its ranks import ddptui's trainer
+    package, never the user's."""
     (tmp_path / "trainer.py").write_text("raise SystemExit(\"the user's trainer.py ran\")\n")
     command = os.path.join(os.path.dirname(sys.executable), "ddptui")
     log = tmp_path / "x.jsonl"
@@ -26,6 +27,10 @@ def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_p
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert events(log, "run")[-1]["status"] == "done"
+    # `python -m ddptui` puts that folder first on its own path too
+    r = subprocess.run([sys.executable, "-m", "ddptui", "gpus"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr[-2000:]
 
 
 def test_torchrun_trains_on_synthetic_data_and_logs_both_ranks(env, tmp_path):
