@@ -11,5 +11,5 @@ that they work under either name (tests/test_layers.py holds them to it).
 
 import os
 
-__path__ = [os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "trainer")]
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+__path__ = [os.path.join(_ROOT, "trainer")]
