@@ -234,6 +234,7 @@ class Run:
         """run.elastic(): this rank's place in a new world, and the group orders are agreed in."""
         self.rank, self.world_size = rank, world_size
         self._control, self._alone = Control(self._mailbox, rank, group), False
+        self._control_off = False  # every member of a world ddptui formed reports
         for live in self._loaders:
             live.set_world(rank, world_size)
 
@@ -291,9 +292,11 @@ class Run:
         if self._control is None:
             group = None
             if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-                if not every_rank_linked(self.world_size):
-                    self._control_off = True
-                    self._say(CONTROL_OFF, "warning")
+                linked = every_rank_linked(self.world_size, lambda: self._mailbox.has_urgent)
+                if not linked:  # None: a peer died; the recovery's world brings the control
+                    self._control_off = linked is not None
+                    if self._control_off:
+                        self._say(CONTROL_OFF, "warning")
                     return []
                 # A gloo group of our own: a few bytes every ~50 ms, never on the script's
                 # NCCL streams. Created at the first step, which every rank reaches.

@@ -187,16 +187,20 @@ def all_linked(linked: bool, group) -> bool:
     return bool(flag.item())
 
 
-def every_rank_linked(world_size: int, wait: float = LINKED_WAIT_S) -> bool:
+def every_rank_linked(world_size: int, give_up: Callable[[], bool] = lambda: False,
+                      wait: float = LINKED_WAIT_S) -> bool | None:
     """A script's linked ranks, at their first step: each counts itself at the world's store and
     waits for the others. A rank without a link runs none of ddptui's code (its run's calls do
     nothing), so no collective may wait for it: the linked ranks of a world that has such a rank
-    never reach the count, and give up after `wait` (DDP keeps their first steps together)."""
+    never reach the count, and give up after `wait` (DDP keeps their first steps together).
+    None, undecided, as soon as `give_up` says a peer died (a new world is formed instead)."""
     store = default_store()
     key = f"ddptui/linked/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     store.add(key, 1)
     deadline = time.monotonic() + wait
     while store.add(key, 0) < world_size:
+        if give_up():
+            return None
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
