@@ -57,8 +57,9 @@ def test_a_scripts_run_starts_without_torch():
 # The modules ddptui.kit loads from trainer/ in a user's process.
 KIT = ["compat.py", "pipeline/prefetch.py", "protocol/*.py", "telemetry/*.py", "elastic/*.py"]
 USERS_PROCESS = ["ddptui.client", "ddptui.loader", "ddptui.elastic", "ddptui.figures",
-                 "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
-                 "ddptui.integrations.transformers", "ddptui.integrations.keras"]
+                 "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap",
+                 "ddptui.integrations.lightning", "ddptui.integrations.transformers",
+                 "ddptui.integrations.keras"]
 
 
 def test_what_runs_in_a_users_process_imports_no_top_level_trainer():

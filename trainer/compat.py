@@ -8,6 +8,7 @@ inside the functions: ddptui's parent process uses this module without it.
 from __future__ import annotations
 
 import atexit
+import os
 from datetime import timedelta
 from multiprocessing import forkserver
 
@@ -73,7 +74,5 @@ def leave_forkserver_alive_pipe() -> None:
     server = forkserver._forkserver
     alive = getattr(server, "_forkserver_alive_fd", None)
     if alive is not None:
-        import os
-
         os.close(alive)
         server._forkserver_alive_fd = None

@@ -57,8 +57,8 @@ class Snapshots:
     A point taken after step S is good once step S+1's gradient all-reduce has completed on any
     rank: that needs every rank's step S+1 input, which each rank's stream only produces after
     its copy of S. On CUDA that is seen through an event, checked before the world is known to
-    be lost (a lock orders the check against `lost_if_recovering`: an abort also completes events). On
-    CPU a step is done when the host returns from it, so a point is good when taken.
+    be lost (a lock orders the check against `lost_if_recovering`: an abort also completes
+    events). On CPU a step is done when the host returns from it, so a point is good when taken.
     """
 
     def __init__(self, tensors: list[torch.Tensor], cuda: bool, buffers: int = 0):

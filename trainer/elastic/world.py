@@ -29,9 +29,9 @@ from .store import arrive, kept_on_failure, meet
 # (and again before the control group: ARRIVED_AGAIN). gloo waits five times this for a pair's
 # peer to connect, and nothing else wakes that wait: with a member that died after the meeting,
 # a long timeout outlasted the change timeout, which then killed the survivor too (the run
-# lost). Live members that met connect in milliseconds. Their collectives get the default back once
-# connected. A world whose members do not all form it here (a script's joiner forms it from
-# env:// as the script does) meets once, and keeps 30 s.
+# lost). Live members that met connect in milliseconds. Their collectives get the default back
+# once connected. A world whose members do not all form it here (a script's joiner forms it
+# from env:// as the script does) meets once, and keeps 30 s.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
@@ -83,10 +83,10 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
 
 def make_communicator(device: torch.device) -> None:
     """The world's NCCL communicator, made (or, eager, waited for) now by every member (a
-    joiner as soon as it made its world's gloo group, as form() does), while the world forms and no
-    abort comes: a peer that died before it made its part left the others inside NCCL's set-up,
-    where the abort could not reach them (the run was lost). A set-up that waits for a dead member
-    ends by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
+    joiner as soon as it made its world's gloo group, as form() does), while the world forms
+    and no abort comes: a peer that died before it made its part left the others inside NCCL's
+    set-up, where the abort could not reach them (the run was lost). A set-up that waits for a
+    dead member ends by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
     dist.all_reduce(torch.zeros(1, device=device))
 
 

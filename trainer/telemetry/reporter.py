@@ -104,8 +104,9 @@ class StepMeter:
 
     def step(self, loss: torch.Tensor, epoch: int, step: int, global_step: int) -> bool:
         """Count a step; True when it sent a step event (a moment to report other news)."""
+        loss = loss.detach()
         self.loss.add(loss)
-        self.epoch_loss_sum += loss.detach()
+        self.epoch_loss_sum += loss
         self.steps += 1
         self.epoch_steps += 1
         if not self.enabled:
