@@ -8,19 +8,18 @@ from __future__ import annotations
 import os
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from ddptui.figures import Figures
 from ddptui.kit.elastic import store, world
-from ddptui.kit.elastic.control import Control, Mailbox
 from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree
 from ddptui.kit.protocol.events import count
-from ddptui.kit.telemetry.reporter import Reporter
+from ddptui.orders import Orders
+from ddptui.scriptrank import ScriptRank
 from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
 
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
@@ -58,35 +57,13 @@ class ElasticDDP(torch.nn.Module):
         return self
 
 
-class ElasticRun(Protocol):
-    """What Elastic needs of the run it serves (ddptui.client.Run)."""
-
-    slot: int
-    rank: int
-    world_size: int
-    global_step: int
-    reporter: Reporter
-    figures: Figures
-    _mailbox: Mailbox
-    _control: Control | None
-    _epoch: int | None
-    _resume: dict | None
-    _loaders: list
-
-    def _take_orders(self) -> None: ...
-    def _enter_world(self, rank: int, world_size: int, group) -> None: ...
-    def _position(self) -> dict: ...
-    def _close(self) -> None: ...
-    def _leave(self, reason: str) -> NoReturn: ...
-    def _say(self, text: str, level: str = "info", **fields) -> None: ...
-
-
 class Elastic:
     """The elastic half of a Run: it holds the rollback points, and changes the run's world."""
 
-    def __init__(self, run: ElasticRun, state_fn: Callable[[], Any], load_fn: Callable[[Any], None],
-                 model: ElasticDDP, every: int = POINT_EVERY):
-        self.run, self.state_fn, self.load_fn, self.model = run, state_fn, load_fn, model
+    def __init__(self, me: ScriptRank, orders: Orders, state_fn: Callable[[], Any],
+                 load_fn: Callable[[Any], None], model: ElasticDDP, every: int = POINT_EVERY):
+        self.me, self.orders, self.state_fn, self.load_fn = me, orders, state_fn, load_fn
+        self.model = model
         self.every = every
         self.device = next(model.module.parameters()).device
         self.cuda = self.device.type == "cuda"
@@ -95,6 +72,7 @@ class Elastic:
         self.order: dict | None = None  # a recover order, carried out at the next safe point
         model.before_forward = self._before_forward
         self._hook = register_optimizer_step_pre_hook(self._before_update)
+        orders.on_reform = self.reform
 
     # -- rollback points ------------------------------------------------------------------------
     def take(self, step: int, host: dict, agreed: bool = False) -> None:
@@ -108,29 +86,29 @@ class Elastic:
 
     def start(self, joining: dict | None) -> None:
         """Orders that cannot wait reach on_urgent; a standby's script joins its world now."""
-        self.run._mailbox.on_urgent = self.on_urgent
+        self.me.mailbox.on_urgent = self.on_urgent
         if self.cuda:  # NCCL's collectives waiting on a dead peer return
-            self.run._mailbox.abort = lambda: world.abort(self._warn)
+            self.me.mailbox.abort = lambda: world.abort(self._warn)
         if joining is not None:
             self.join(joining)
-        for live in self.run._loaders:
+        for live in self.me.loaders:
             self.adopt(live)
 
     def step_end(self) -> bool:
         """After a step: a lost peer noticed, orders agreed (a leave among them), a rollback
         point taken when one is due. False when the world broke here."""
-        run = self.run
+        me = self.me
         try:
             self.check_lost()
             if self.points is not None:
-                self.points.step_done(run.global_step)
-            run._take_orders()
+                self.points.step_done(me.global_step)
+            self.orders.take()
         except Exception as e:
             if self.await_recover(e) is None:
                 raise
             return False
-        if run.global_step % self.every == 0:
-            self.take(run.global_step, run._position())
+        if me.global_step % self.every == 0:
+            self.take(me.global_step, me.position())
         return True
 
     def recover_pending(self) -> bool:
@@ -150,10 +128,10 @@ class Elastic:
         """A run.loader(): ddptui shards its epoch, takes a point where an epoch starts (none
         is ever behind it), and recovers before handing out the next batch. A rank that joined
         takes its epoch up where the world is."""
-        live.set_world(self.run.rank, self.run.world_size)
-        resume = self.run._resume
-        if resume is not None and len(resume["consumed"]) > len(self.run._loaders):
-            live.resume_at = resume["consumed"][len(self.run._loaders)]
+        live.set_world(self.me.rank, self.me.world_size)
+        resume = self.me.resume
+        if resume is not None and len(resume["consumed"]) > len(self.me.loaders):
+            live.resume_at = resume["consumed"][len(self.me.loaders)]
         live.on_epoch = self._epoch_start
         live.on_next = self.recover_pending
 
@@ -163,8 +141,8 @@ class Elastic:
         could otherwise go back only into the last epoch, which your loop cannot redo."""
         if self.cuda:
             torch.cuda.current_stream().synchronize()
-        if not self.run._mailbox.has_urgent:
-            self.take(self.run.global_step, self.run._position(), agreed=True)
+        if not self.me.mailbox.has_urgent:
+            self.take(self.me.global_step, self.me.position(), agreed=True)
 
     def _before_forward(self) -> None:
         """A point still being copied out: the forward waits for it on the device (the buffers
@@ -197,23 +175,23 @@ class Elastic:
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
         point), None when the error is the script's own."""
-        self.order = self.run._mailbox.recover_order(error)
+        self.order = self.me.mailbox.recover_order(error)
         return self.order
 
     def check_lost(self) -> None:
         """At a step's end: a peer died while this rank's step went through (raised, so that
         the step is redone from the rollback point)."""
-        if self.run._mailbox.has_urgent:
+        if self.me.mailbox.has_urgent:
             raise WorldLost("a peer died")
 
     def reform(self, order: dict) -> None:
         """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
-        run = self.run
-        leftover = run._control.finish() if run._control is not None else []
-        run._control = None
+        me = self.me
+        leftover = self.orders.finish(agreeing=True)
         world.dismantle(self._warn, collect=False)
-        if run.slot not in order["members"]:
-            run._leave(f"left the world at global step {run.global_step}")
+        if me.slot not in order["members"]:
+            self.close()
+            me.leave(f"left the world at global step {me.global_step}")
         entered = self._enter(order)
         if order.get("joiner") is not None:
             self._share(order, entered[2])
@@ -226,7 +204,7 @@ class Elastic:
         if self.cuda:
             world.make_communicator(self.device)
         self._share(order, group)
-        self._settle((self.run.rank, self.run.world_size, group), order, [])
+        self._settle((self.me.rank, self.me.world_size, group), order, [])
 
     def _share(self, order: dict, group) -> None:
         """The first member that is not the joiner sends the joiner its state and position,
@@ -234,14 +212,14 @@ class Elastic:
         the rest in one pickled message over the gloo `group`, then its device tensors in one
         batch over the world's communicator (a plain send/recv pair would make a communicator
         of their own, one more place for a peer's death to leave a rank in NCCL's init)."""
-        members, run = order["members"], self.run
+        members, me = order["members"], self.me
         src = members.index(next(s for s in members if s != order["joiner"]))
         dst = members.index(order["joiner"])
-        if run.rank not in (src, dst):
+        if me.rank not in (src, dst):
             return
-        if run.rank == src:
+        if me.rank == src:
             tensors, skeleton, _ = self._read()
-            meta = {"skeleton": skeleton, "position": run._position(),
+            meta = {"skeleton": skeleton, "position": me.position(),
                     "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
                     "host": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
             dist.send_object_list([meta], dst=dst, group=group)
@@ -255,15 +233,15 @@ class Elastic:
                    for i, (shape, dtype, kind) in enumerate(meta["specs"])]
         _exchange([dist.P2POp(dist.irecv, t, src) for t in tensors if t.is_cuda])
         self.load_fn(put_back(meta["skeleton"], tensors))
-        run._resume = meta["position"]  # for its epochs and run.loader()s
-        run.global_step = meta["position"]["global_step"]
+        me.resume = meta["position"]  # for its epochs and run.loader()s
+        me.global_step = meta["position"]["global_step"]
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback
         point they all hold; your load function gets that state."""
-        run, order = self.run, self.order
+        me, order = self.me, self.order
         self.order = None
-        run._control = None
+        self.orders.finish(agreeing=False)
         world.dismantle(self._warn, collect=True)
         entered = self._enter(order)
         summaries: list = [None] * entered[1]
@@ -272,71 +250,71 @@ class Elastic:
         target = agree(summaries)
         if target is None:
             raise RuntimeError("a rank died and the survivors share no rollback point")
-        redone = run.global_step - target
+        redone = me.global_step - target
         host = self.points.restore(target)
         self.load_fn(put_back(host["yours"], self.points.live))
         self._go_back(host)
         self._settle(entered, order, [])
-        run._say(f"recovered on {count(run.world_size, 'rank')}: back to global step "
-                f"{run.global_step}, {redone} steps to redo", redone=redone,
-                global_step=run.global_step)
+        me.say(f"recovered on {count(me.world_size, 'rank')}: back to global step "
+               f"{me.global_step}, {redone} steps to redo", redone=redone,
+               global_step=me.global_step)
 
     def _go_back(self, host: dict) -> None:
         """The run's position at the rollback point: its step and the loaders' places."""
-        run = self.run
-        if host["epoch"] != run._epoch:
+        me = self.me
+        if host["epoch"] != me.epoch:
             raise RuntimeError(f"the survivors' newest common rollback point is in epoch "
                                f"{host['epoch']}, before this one")
-        run.global_step = host["global_step"]
-        for live, consumed in zip(run._loaders, host["consumed"], strict=True):
+        me.global_step = host["global_step"]
+        for live, consumed in zip(me.loaders, host["consumed"], strict=True):
             live.restore(consumed)
-        run.figures.rewind(run.global_step)
+        me.figures.rewind(me.global_step)
 
     def _enter(self, order: dict):
         """Form the order's world; returns the gloo group that orders are agreed in."""
-        rank, size = order["members"].index(self.run.slot), len(order["members"])
-        group = world.form_ordered(self.run._mailbox, rank, size, self.device, order["init"],
+        rank, size = order["members"].index(self.me.slot), len(order["members"])
+        group = world.form_ordered(self.me.mailbox, rank, size, self.device, order["init"],
                                    self.eager, alike=order.get("joiner") is None)
         return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:
         """What follows a new world: DDP, the agreement group, the loaders' shards, a point."""
-        run = self.run
-        run._enter_world(*entered)
+        me = self.me
+        self.orders.enter_world(*entered)
         self.model.rebuild(in_sync=True)
-        run.reporter.emit("rank", state="running", world_rank=run.rank)
-        if run.rank == 0:
-            run._mailbox.requeue(leftover)
-            run.reporter.emit("world", size=run.world_size, ranks=order["members"],
-                              generation=order.get("gen"), epoch=run._epoch or 0,
-                              step=run.global_step - run.figures.epoch_steps0,
-                              global_step=run.global_step)
-        self.take(run.global_step, run._position(), agreed=True)
+        me.reporter.emit("rank", state="running", world_rank=me.rank)
+        if me.rank == 0:
+            me.mailbox.requeue(leftover)
+            me.reporter.emit("world", size=me.world_size, ranks=order["members"],
+                             generation=order.get("gen"), epoch=me.epoch or 0,
+                             step=me.global_step - me.figures.epoch_steps0,
+                             global_step=me.global_step)
+        self.take(me.global_step, me.position(), agreed=True)
 
     def _warn(self, text: str) -> None:
-        self.run._say(text, "warning")
+        self.me.say(text, "warning")
 
     def close(self) -> None:
         self._hook.remove()
 
 
-def await_join(run: ElasticRun) -> dict:
+def await_join(me: ScriptRank) -> dict:
     """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
     script forms its process group, for ddptui's order to join; the script then forms the
     order's world from the environment set here. The run ended first: the script exits."""
-    order = run._mailbox.wait_urgent(None)
+    order = me.mailbox.wait_urgent(None)
     if order is None or order.get("op") != "join":
-        run._close()
+        me.close()
         raise SystemExit(0)
     members = order["members"]
-    run.rank, run.world_size = members.index(run.slot), len(members)
+    me.rank, me.world_size = members.index(me.slot), len(members)
     url = urllib.parse.urlsplit(order["init"])
     # Non-blocking NCCL: the communicator the script makes lazily can be aborted (world.py).
-    os.environ.update(RANK=str(run.rank), WORLD_SIZE=str(run.world_size),
+    os.environ.update(RANK=str(me.rank), WORLD_SIZE=str(me.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    store.meet(order["init"], run.rank, run.world_size)  # as the members do in world.form()
-    run.reporter.emit("rank", state="restarting", pid=os.getpid())
+    store.meet(order["init"], me.rank, me.world_size)  # as the members do in world.form()
+    me.reporter.emit("rank", state="restarting", pid=os.getpid())
     return order
 
 

@@ -204,8 +204,8 @@ def _flight_recorder(folder: str) -> str | None:
 
 
 def _reporting() -> bool:
-    client = sys.modules.get("ddptui.client")
-    runs = getattr(client, "_RUN", None) if client is not None else None
+    api = sys.modules.get("ddptui.api")
+    runs = getattr(api, "_RUN", None) if api is not None else None
     return bool(runs) and runs[0].active
 
 

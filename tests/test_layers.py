@@ -36,11 +36,11 @@ def test_the_dashboard_and_supervisor_start_without_torch():
 
 def test_import_ddptui_in_a_users_script_is_light():
     """`import ddptui` in a training script brings neither Textual nor Rich (nor torch, which the
-    script imports itself, nor a framework); ddptui.init() imports its client only when called."""
+    script imports itself, nor a framework); ddptui.init() imports its API only when called."""
     loaded = _imported_after("import ddptui")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch", "lightning",
                                                          "transformers", "keras")}
-    assert "ddptui.client" not in loaded
+    assert "ddptui.api" not in loaded
 
 
 def test_a_wrapped_ranks_sidecar_starts_without_torch():
@@ -56,8 +56,8 @@ def test_a_scripts_run_starts_without_torch():
 
 # The modules ddptui.kit loads from trainer/ in a user's process.
 KIT = ["compat.py", "pipeline/prefetch.py", "protocol/*.py", "telemetry/*.py", "elastic/*.py"]
-USERS_PROCESS = ["ddptui.client", "ddptui.loader", "ddptui.elastic", "ddptui.figures",
-                 "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap",
+USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.scriptrank", "ddptui.loader",
+                 "ddptui.elastic", "ddptui.figures", "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap",
                  "ddptui.integrations.lightning", "ddptui.integrations.transformers",
                  "ddptui.integrations.keras"]
 

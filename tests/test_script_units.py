@@ -411,7 +411,7 @@ def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from ddptui.client import Run
+    from ddptui.api import Run
 
     run = Run(None)
     loader = run.loader(TensorDataset(torch.arange(8)), batch_size=4)
