@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ddptui.orders import Orders
-from ddptui.scriptrank import ScriptRank
+from ddptui.rankside import RankSide
 
 if TYPE_CHECKING:
     from ddptui.elastic import Elastic
@@ -32,7 +32,7 @@ class Run:
 
     def __init__(self, report: str | None, hz: float = STEPS_HZ):
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        self._me = ScriptRank(report, 1.0 / hz)
+        self._me = RankSide(report, 1.0 / hz)
         self.active = self._me.active
         self._orders: Orders | None = None
         self._elastic: Elastic | None = None

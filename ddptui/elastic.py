@@ -19,7 +19,7 @@ from ddptui.kit.elastic import store, world
 from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree
 from ddptui.kit.protocol.events import count
 from ddptui.orders import Orders
-from ddptui.scriptrank import ScriptRank
+from ddptui.rankside import RankSide
 from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
 
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
@@ -60,7 +60,7 @@ class ElasticDDP(torch.nn.Module):
 class Elastic:
     """The elastic half of a Run: it holds the rollback points, and changes the run's world."""
 
-    def __init__(self, me: ScriptRank, orders: Orders, state_fn: Callable[[], Any],
+    def __init__(self, me: RankSide, orders: Orders, state_fn: Callable[[], Any],
                  load_fn: Callable[[Any], None], model: ElasticDDP, every: int = POINT_EVERY):
         self.me, self.orders, self.state_fn, self.load_fn = me, orders, state_fn, load_fn
         self.model = model
@@ -298,7 +298,7 @@ class Elastic:
         self._hook.remove()
 
 
-def await_join(me: ScriptRank) -> dict:
+def await_join(me: RankSide) -> dict:
     """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
     script forms its process group, for ddptui's order to join; the script then forms the
     order's world from the environment set here. The run ended first: the script exits."""

@@ -10,14 +10,14 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ddptui.kit.elastic.control import CONTROL_OFF, Control, every_rank_linked
-from ddptui.scriptrank import ScriptRank
+from ddptui.rankside import RankSide
 
 
 class Orders:
     """What the orders agreed so far ask of the script (should_stop, should_checkpoint), and the
     group they are agreed in: the world's ranks, or each rank alone where there is no group."""
 
-    def __init__(self, me: ScriptRank):
+    def __init__(self, me: RankSide):
         self.me = me
         self.should_stop = False  # q: end the loop (every rank sees it at the same step)
         self.should_checkpoint = False  # c: save now (true for the step after the order)

@@ -56,7 +56,7 @@ def test_a_scripts_run_starts_without_torch():
 
 # The modules ddptui.kit loads from trainer/ in a user's process.
 KIT = ["compat.py", "pipeline/prefetch.py", "protocol/*.py", "telemetry/*.py", "elastic/*.py"]
-USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.scriptrank", "ddptui.loader",
+USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.rankside", "ddptui.loader",
                  "ddptui.elastic", "ddptui.figures", "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap",
                  "ddptui.integrations.lightning", "ddptui.integrations.transformers",
                  "ddptui.integrations.keras"]

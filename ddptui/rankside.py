@@ -1,4 +1,4 @@
-"""One rank of your own script as ddptui sees it: its place in the world, its link to the
+"""The rank side of your own script as ddptui sees it: its place in the world, its link to the
 dashboard and what it reports there. The public Run, its Orders and Elastic share it.
 """
 
@@ -22,7 +22,7 @@ from ddptui.kit.telemetry.reporter import Reporter
 CONTROLS = ["pause", "checkpoint", "stop"]  # what the dashboard may ask of a script that steps
 
 
-class ScriptRank:
+class RankSide:
     """The rank's position (rank, global step, epoch, its run.loader()s) and, with a dashboard to
     report to, its link: the reporter, the mailbox of orders and the step figures."""
 
