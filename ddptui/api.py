@@ -155,7 +155,8 @@ class Run:
         me.loaders.append(live)
         if len(me.loaders) == 1:  # the first one's settings are the run's
             live.on_applied = self._orders.applied
-            me.reporter.emit("rank", state="running", control=me.controls(self._elastic is not None))
+            me.reporter.emit("rank", state="running",
+                             control=me.controls(self._elastic is not None))
             if me.rank == 0:
                 me.reporter.emit("settings", settings=dict(live.settings), epoch=me.epoch or 0,
                                  status="applied")

@@ -18,24 +18,28 @@ from trainer.protocol.schema import COMMANDS, EVENTS
 
 DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
 READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command
+EMITTERS = ("emit", "_emit", "event")  # what makes one: (kind, [rank,] **fields)
 
 
-def _field_read(node: ast.AST) -> str | None:
-    """The key of `ev["key"]` or `ev.get("key", ...)` (any of READERS), else None."""
+def _fields_read(node: ast.AST) -> list:
+    """The key of `ev["key"]` or `ev.get("key", ...)` (any of READERS), or the keys of a
+    `case {"key": ...}` pattern."""
     if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
             and node.value.id in READERS and isinstance(node.slice, ast.Constant):
-        return node.slice.value
+        return [node.slice.value]
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
             and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
             and node.func.value.id in READERS and node.args \
             and isinstance(node.args[0], ast.Constant):
-        return node.args[0].value
-    return None
+        return [node.args[0].value]
+    if isinstance(node, ast.MatchMapping):
+        return [key.value for key in node.keys if isinstance(key, ast.Constant)]
+    return []
 
 
 def test_every_field_the_code_reads_of_an_event_or_command_is_declared():
-    """A misspelt field fails here, not in front of a user (the emitting side is checked on
-    every log the tests read)."""
+    """A misspelt field fails here, not in front of a user (the next test holds the emitting
+    side, and the checker every log the tests read)."""
     declared = set()
     for kind in [*EVENTS.values(), *COMMANDS.values()]:
         declared |= set(typing.get_type_hints(kind))
@@ -43,12 +47,38 @@ def test_every_field_the_code_reads_of_an_event_or_command_is_declared():
     reads, unknown = 0, []
     for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
-            key = _field_read(node)
-            if isinstance(key, str):
+            for key in _fields_read(node):
                 reads += 1
                 if key not in declared:
                     unknown.append(f"{path.relative_to(root)}:{node.lineno} {key}")
     assert reads > 200 and unknown == []
+
+
+def test_every_event_the_code_makes_is_a_declared_kind_with_declared_fields():
+    """The emitting side, read from the code as the reading side is: `emit("kind", field=...)`,
+    `_emit(...)` and `event("kind", rank, field=...)` name a kind and fields of the schema (a
+    field passed on in `**fields` is checked on every log the tests read)."""
+    root = Path(__file__).parent.parent
+    calls, unknown = 0, []
+    for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and node.args and _called(node) in EMITTERS
+                    and isinstance(node.args[0], ast.Constant)):
+                continue
+            calls += 1
+            kind, where = node.args[0].value, f"{path.relative_to(root)}:{node.lineno}"
+            if kind not in EVENTS:
+                unknown.append(f"{where} {kind}")
+                continue
+            fields = set(typing.get_type_hints(EVENTS[kind]))
+            unknown += [f"{where} {kind}.{kw.arg}" for kw in node.keywords
+                        if kw.arg is not None and kw.arg not in fields]
+    assert calls > 80 and unknown == []
+
+
+def _called(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
 
 
 def test_docs_events_md_is_generated_from_the_schema():

@@ -88,24 +88,25 @@ class Supervisor(OwnedRun):
 
     def _handle(self, ev: dict) -> None:
         """Every event, ours or a rank's, goes through here: state, log, then decisions."""
-        kind = ev["kind"]
-        if kind in ("step", "beat", "gpu"):
+        if ev["kind"] in ("step", "beat", "gpu"):
             self.watchdog.observe(ev)
-            if kind == "beat":  # for the watchdog only: the log keeps what it concluded
+            if ev["kind"] == "beat":  # for the watchdog only: the log keeps what it concluded
                 return
         self.state.apply(ev)
         if self._writer:
             self._writer.write(ev)
-        if kind == "message":
-            self._on_message(ev)
-        elif kind == "world" and ev["rank"] != PARENT and ev.get("generation"):
-            if not self.world.idle() and ev["generation"] == self.world.change["gen"]:
+        match ev:
+            case {"kind": "message"}:
+                self._on_message(ev)
+            case {"kind": "world", "generation": int(gen)} if gen and ev["rank"] != PARENT:
+                if not self.world.idle() and gen == self.world.change["gen"]:
+                    self.watchdog.restart_clock(self.members, ev["t"])
+                self._act(self.world.world_confirmed(gen, time.time()))
+                self._act(self.world.ask_again(self.state.unanswered()))
+            case {"kind": "run", "status": "resumed"}:
                 self.watchdog.restart_clock(self.members, ev["t"])
-            self._act(self.world.world_confirmed(ev["generation"], time.time()))
-            self._act(self.world.ask_again(self.state.unanswered()))
-        elif kind == "run" and ev.get("status") == "resumed" or \
-                kind == "settings" and ev.get("status") == "applied":
-            self.watchdog.restart_clock(self.members, ev["t"], first_step=kind == "settings")
+            case {"kind": "settings", "status": "applied"}:
+                self.watchdog.restart_clock(self.members, ev["t"], first_step=True)
 
     def _on_message(self, ev: dict) -> None:
         why = self.outcome.message(ev)

@@ -50,17 +50,18 @@ class Watchdog:
         self._next = 0.0
 
     def observe(self, ev: dict) -> None:
-        slot, kind = ev["rank"], ev["kind"]
-        if kind == "step":
-            self.last_step[slot] = ev["t"]
-            self.stepped.add(slot)
-            self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.get("step_ms") or 0.0)
-            self.stragglers.add(slot, ev.get("steps", 1), ev.get("step_ms") or 0.0,
-                                ev.get("data_wait") or 0.0)
-        elif kind == "beat":
-            self.beats[slot] = (ev["t"], ev)
-        elif kind == "gpu":
-            self.gpus[slot] = ev
+        slot = ev["rank"]
+        match ev:
+            case {"kind": "step"}:
+                self.last_step[slot] = ev["t"]
+                self.stepped.add(slot)
+                self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.get("step_ms") or 0.0)
+                self.stragglers.add(slot, ev.get("steps", 1), ev.get("step_ms") or 0.0,
+                                    ev.get("data_wait") or 0.0)
+            case {"kind": "beat"}:
+                self.beats[slot] = (ev["t"], ev)
+            case {"kind": "gpu"}:
+                self.gpus[slot] = ev
 
     def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
         """The world changed, the run resumed, or (`first_step`) the input pipeline was rebuilt

@@ -54,19 +54,21 @@ class ScriptWorld:
 
     def reported(self, ev: dict) -> list:
         """A rank's event: what it takes, that it entered or left a world, a world it confirmed."""
-        slot, kind, state = ev["rank"], ev["kind"], ev.get("state")
-        if kind == "rank" and ev.get("control"):
+        slot = ev["rank"]
+        if ev["kind"] == "rank" and ev.get("control"):
             self.controls[slot] = set(ev["control"])
-        if kind == "rank" and state == RankState.STANDBY and self.is_standby(slot, ev.get("pid")):
-            return self.membership.standby_ready(slot, time.time())
-        if kind == "rank" and state == RankState.RUNNING:
-            self.membership.entered(slot)
-        elif kind == "rank" and state == RankState.STOPPED and slot in self.membership.leaving:
-            self.left.add(ev.get("pid"))  # out of the world; its process ends next
-            return self.membership.left(slot)  # a standby, if r asked for it back
-        elif kind == "world" and slot != PARENT and ev.get("generation"):
-            self.leader = ev["ranks"][0]
-            return self.membership.world_confirmed(ev["generation"], time.time())
+        match ev:
+            case {"kind": "rank", "state": RankState.STANDBY} \
+                    if self.is_standby(slot, ev.get("pid")):
+                return self.membership.standby_ready(slot, time.time())
+            case {"kind": "rank", "state": RankState.RUNNING}:
+                self.membership.entered(slot)
+            case {"kind": "rank", "state": RankState.STOPPED} if slot in self.membership.leaving:
+                self.left.add(ev.get("pid"))  # out of the world; its process ends next
+                return self.membership.left(slot)  # a standby, if r asked for it back
+            case {"kind": "world", "generation": int(gen)} if gen and slot != PARENT:
+                self.leader = ev["ranks"][0]
+                return self.membership.world_confirmed(gen, time.time())
         return []
 
     def stop(self, slot: int) -> list:

@@ -11,12 +11,16 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ddptui.state.epochs import EpochRow, LiveEpoch
 from ddptui.state.timeline import Timeline
 from ddptui.state.views import DeviceView, Progress, RankView, RunView, Vitals
 from ddptui.text import keep_colours, plain
 from trainer.protocol.events import PARENT, RankState, count, describe
+
+if TYPE_CHECKING:
+    from trainer.protocol import schema
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
@@ -95,7 +99,7 @@ class RunState:
             self.ranks[rank] = RankView(rank)
         return self.ranks[rank]
 
-    def _on_step(self, ev: dict, rank: int, t: float) -> None:
+    def _on_step(self, ev: schema.StepEvent, rank: int, t: float) -> None:
         r = self._rank(rank)
         if r.state.is_coming:
             r.state = RankState.RUNNING
@@ -130,7 +134,7 @@ class RunState:
             self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate,
                                  r.steps_per_s if r.iteration else None)
 
-    def _on_gpu(self, ev: dict, rank: int, t: float) -> None:
+    def _on_gpu(self, ev: schema.GpuEvent, rank: int, t: float) -> None:
         key = f"gpu{ev['gpu']}" if ev.get("util") is not None else f"rank{rank}"
         if ev.get("node") and ev.get("util") is not None:  # attach: GPU numbers repeat per node
             key = f"{ev['node']} {key}"
@@ -144,7 +148,7 @@ class RunState:
         mem = 100 * d.mem_used / d.mem_total if d.mem_used is not None and d.mem_total else None
         d.history.add(t, d.util if d.util is not None else d.cpu_percent, mem, d.power_w)
 
-    def _on_epoch(self, ev: dict, rank: int, t: float) -> None:
+    def _on_epoch(self, ev: schema.EpochEvent, rank: int, t: float) -> None:
         restart = self.meta.get("restart", 0)
         key = (restart, ev["epoch"], ev.get("start_step", 0))
         row = self.epochs.setdefault(key, EpochRow(ev["epoch"], ev.get("start_step", 0), restart))
@@ -165,7 +169,7 @@ class RunState:
                 merged["settings"] = {**merged["settings"], "prefetch": "n/a"}
             self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **merged}))
 
-    def _on_settings(self, ev: dict, rank: int, t: float) -> None:
+    def _on_settings(self, ev: schema.SettingsEvent, rank: int, t: float) -> None:
         status, request = ev.get("status"), ev.get("request")
         if status == "requested":
             if request:
@@ -192,7 +196,7 @@ class RunState:
         wanted = {**self.pending, **settings}
         self.pending = {k: v for k, v in wanted.items() if self.settings.get(k) != v}
 
-    def _on_rank(self, ev: dict, rank: int, t: float) -> None:
+    def _on_rank(self, ev: schema.RankEvent, rank: int, t: float) -> None:
         r = self._rank(rank)
         state = RankState.of(ev.get("state", r.state))
         if state != r.state:
@@ -207,7 +211,7 @@ class RunState:
         if ev.get("node"):
             r.host = r.node = ev["node"]
 
-    def _on_world(self, ev: dict, rank: int, t: float) -> None:
+    def _on_world(self, ev: schema.WorldEvent, rank: int, t: float) -> None:
         self.meta["world_size"] = ev.get("size")
         if ev.get("generation"):  # a change (generation 0 is the launch)
             self.marks.append((t, f"world {ev.get('size')}"))
@@ -217,7 +221,7 @@ class RunState:
             self._line(t, "info", f"world: {count(size, 'rank')} "
                        f"{ev.get('ranks')}{where}")
 
-    def _on_run(self, ev: dict, rank: int, t: float) -> None:
+    def _on_run(self, ev: schema.RunEvent, rank: int, t: float) -> None:
         status = ev.get("status")
         if status == "started" and ev.get("restart") and self.started_t:
             # A script's group started again: one timeline, with a mark where it restarted.
@@ -246,7 +250,7 @@ class RunState:
             self._line(t, "error" if status == "failed" else "info",
                        f"run {status}" + (f": {self.reason}" if self.reason else ""), "run")
 
-    def _on_message(self, ev: dict, rank: int, t: float) -> None:
+    def _on_message(self, ev: schema.MessageEvent, rank: int, t: float) -> None:
         for name in ("steps_per_epoch", "num_train", "num_classes", "params"):
             if name in ev:
                 self.meta[name] = ev[name]
@@ -255,21 +259,21 @@ class RunState:
             r.stacks, r.stacks_t = ev.get("stacks") or "", t
         self._line(t, ev.get("level", "info"), describe(ev))
 
-    def _on_output(self, ev: dict, rank: int, t: float) -> None:
+    def _on_output(self, ev: schema.OutputEvent, rank: int, t: float) -> None:
         # Colours kept for the screen; nothing else of a rank's bytes reaches the terminal.
         line = keep_colours(ev.get("text") or "").replace("\r", "").replace("\n", " ")
         self._rank(rank).last_line = line
 
-    def _on_process(self, ev: dict, rank: int, t: float) -> None:
+    def _on_process(self, ev: schema.ProcessEvent, rank: int, t: float) -> None:
         r = self._rank(rank)
         r.status, r.cpu_percent = ev.get("status", ""), ev.get("cpu_percent")
         r.rss, r.gpu_mem = ev.get("rss"), ev.get("gpu_mem")
 
-    def _on_error(self, ev: dict, rank: int, t: float) -> None:
+    def _on_error(self, ev: schema.ErrorEvent, rank: int, t: float) -> None:
         self._rank(rank).error = [plain(str(line)) for line in ev.get("traceback") or []]
         self._line(t, "error", describe(ev), "error")
 
-    def _on_checkpoint(self, ev: dict, rank: int, t: float) -> None:
+    def _on_checkpoint(self, ev: schema.CheckpointEvent, rank: int, t: float) -> None:
         self.checkpoint_t = t
 
     def _throughput(self, now: float) -> float:

@@ -137,44 +137,50 @@ def read_events(path: str) -> list[dict]:
 
 def describe(ev: dict) -> str | None:
     """A human line for the events a log pane or a headless console shows; None for the rest."""
-    kind = ev["kind"]
     who = "" if ev["rank"] == PARENT else f"rank {ev['rank']}: "
-    if kind == "message":
-        level = ev.get("level", "info")
-        return f"{who}{'' if level == 'info' else level + ': '}{ev.get('text', '')}"
-    if kind == "epoch":
-        s = ev.get("settings") or {}
-        val = (f"  val_loss {ev['val_loss']:.4f}  val_acc {100 * ev['val_acc']:.1f}%"
-               if ev.get("val_acc") is not None else "")
-        # A rank's own event is per rank; the run state's merged row sums its `ranks`.
-        n = ev.get("ranks")
-        if ev.get("source") == "output":  # read from a script's output: no rates, no settings
-            return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}"
-        rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
-        return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}  "
-                f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
-                f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
-                f"[prefetch {onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
-                f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
-    if kind == "settings":
-        s = ev.get("settings") or {}
-        body = ", ".join(f"{k} {onoff(v)}" for k, v in s.items())
-        if ev.get("status") == "requested":
-            return (f"settings requested: {body} (every rank applies them at the next epoch; "
-                    "a: now)")
-        step = f" step {ev['step']}" if ev.get("step") else ""
-        return f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}{step}: {body}"
-    if kind == "checkpoint":
-        return f"checkpoint written: {ev.get('path')}"
-    if kind == "rank":
-        reason = f" ({ev['reason']})" if ev.get("reason") else ""
-        standby = f", standby {ev['standby']}" if isinstance(ev.get("standby"), str) else ""
-        return f"rank {ev['rank']} {ev.get('state')}{reason}{standby}"
-    if kind == "error":
-        return f"rank {ev['rank']} failed (exit code {ev.get('exit_code')}): {ev.get('text', '')}"
-    if kind == "run" and ev.get("status") in ("paused", "resumed"):
-        return f"run {ev['status']} at step {ev.get('global_step')}"
+    match ev:
+        case {"kind": "message"}:
+            level = ev.get("level", "info")
+            return f"{who}{'' if level == 'info' else level + ': '}{ev.get('text', '')}"
+        case {"kind": "epoch"}:
+            return _epoch_line(ev)
+        case {"kind": "settings"}:
+            s = ev.get("settings") or {}
+            body = ", ".join(f"{k} {onoff(v)}" for k, v in s.items())
+            if ev.get("status") == "requested":
+                return (f"settings requested: {body} (every rank applies them at the next "
+                        "epoch; a: now)")
+            step = f" step {ev['step']}" if ev.get("step") else ""
+            return (f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}{step}: "
+                    f"{body}")
+        case {"kind": "checkpoint"}:
+            return f"checkpoint written: {ev.get('path')}"
+        case {"kind": "rank"}:
+            reason = f" ({ev['reason']})" if ev.get("reason") else ""
+            standby = f", standby {ev['standby']}" if isinstance(ev.get("standby"), str) else ""
+            return f"rank {ev['rank']} {ev.get('state')}{reason}{standby}"
+        case {"kind": "error"}:
+            return (f"rank {ev['rank']} failed (exit code {ev.get('exit_code')}): "
+                    f"{ev.get('text', '')}")
+        case {"kind": "run", "status": "paused" | "resumed"}:
+            return f"run {ev['status']} at step {ev.get('global_step')}"
     return None
+
+
+def _epoch_line(ev: dict) -> str:
+    s = ev.get("settings") or {}
+    val = (f"  val_loss {ev['val_loss']:.4f}  val_acc {100 * ev['val_acc']:.1f}%"
+           if ev.get("val_acc") is not None else "")
+    # A rank's own event is per rank; the run state's merged row sums its `ranks`.
+    n = ev.get("ranks")
+    if ev.get("source") == "output":  # read from a script's output: no rates, no settings
+        return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}"
+    rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
+    return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}  "
+            f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
+            f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
+            f"[prefetch {onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
+            f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
 
 
 def count(n: int, noun: str) -> str:
