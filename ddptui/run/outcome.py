@@ -4,15 +4,25 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
+class Ending(NamedTuple):
+    """How a run ends: its last `run` event's status, ddptui's exit code, and why."""
+
+    status: str
+    code: int
+    reason: str
+
+
 class Outcome:
-    """Written by the supervisor's thread only."""
+    """Written by the run's own thread only."""
 
     def __init__(self):
-        self.failure: tuple[int, str] | None = None  # exit code, reason
-        self.stop: tuple[str, int, str] | None = None  # status, exit code, reason
+        self.failure: Ending | None = None  # the first rank lost beyond recovery, or bad input
+        self.stop: Ending | None = None  # the stop asked for (q, Ctrl-C, SIGTERM)
         self.errors: dict[int, str] = {}  # rank -> its last error message
         self.usage_error: str | None = None
         self.bad: set[str] = set()  # distinct corrupt samples skipped, over every rank
@@ -42,18 +52,21 @@ class Outcome:
     def fail(self, code: int, reason: str) -> bool:
         """The first failure wins (and none after a stop was asked for)."""
         if self.failure is None and self.stop is None:
-            self.failure = (code, reason)
+            self.failure = Ending("failed", code, reason)
             return True
         return False
 
-    def result(self, all_done: bool) -> tuple[int, str, str]:
-        """(exit code, run status, reason) for the `run` event and the process."""
-        if self.failure:
-            code, reason = self.failure
-            return code, "failed", reason
-        if self.stop:
-            status, code, reason = self.stop
-            return code, status, reason
+    def asked_to_stop(self, ending: Ending) -> bool:
+        """The first stop asked for is how the run ends; False when one was asked already."""
+        if self.stop is not None:
+            return False
+        self.stop = ending
+        return True
+
+    def result(self, all_done: bool) -> Ending:
+        """The `run` event's status, the process's exit code, and why."""
+        if self.failure or self.stop:
+            return self.failure or self.stop
         if all_done:
-            return EXIT_OK, "done", ""
-        return EXIT_FAILED, "failed", "ranks ended unexpectedly"
+            return Ending("done", EXIT_OK, "")
+        return Ending("failed", EXIT_FAILED, "ranks ended unexpectedly")

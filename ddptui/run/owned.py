@@ -12,14 +12,15 @@ from abc import abstractmethod
 from collections.abc import Iterator
 
 from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
-from ddptui.run.outcome import EXIT_INTERRUPTED
+from ddptui.run.outcome import EXIT_INTERRUPTED, Ending
 from ddptui.state.source import RunSource
 from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 
 class OwnedRun(RunSource):
-    """Subclasses set `log_path`, `state`, `_thread` (their main loop), `sampler` once it exists,
-    and `_handle` (every event: state, then log); `_order` sends what the ranks carry out."""
+    """Subclasses set `log_path`, `state`, `outcome`, `_thread` (their main loop), `sampler`
+    once it exists, `_own` (the commands the thread carries out itself, by op) and `_handle`
+    (every event: state, then log); `_order` sends what the ranks carry out."""
 
     def __init__(self):
         self.done = threading.Event()
@@ -107,6 +108,32 @@ class OwnedRun(RunSource):
                     self._joining(slot)
                 case Fail(reason, code):
                     self._fail(code, reason)
+
+    # -- the commands queued for the thread: the run's own, and a stop's one sequence ----------
+    def _run_commands(self) -> None:
+        for cmd in self._queued():
+            self._own.get(cmd["op"], self._send)(cmd)
+
+    def _stop(self, cmd: dict) -> None:
+        """q, Ctrl-C, SIGTERM: the first says how the run ends and winds it down; the second
+        ends every process at once."""
+        if self.outcome.asked_to_stop(Ending(cmd["status"], cmd["code"], cmd["reason"])):
+            self._wind_down(cmd["code"])
+        else:
+            self._end_now()
+
+    @abstractmethod
+    def _send(self, cmd: dict) -> None:
+        """A command for the ranks, on to them."""
+
+    @abstractmethod
+    def _wind_down(self, code: int) -> None:
+        """End the run as it knows how: the ranks agree on a last step, or get the signal
+        torchrun would send; those that cannot end by themselves are ended sooner."""
+
+    @abstractmethod
+    def _end_now(self) -> None:
+        """End every process now."""
 
     @abstractmethod
     def _tell(self, slot: int, order: dict) -> None:

@@ -59,7 +59,7 @@ class Supervisor(OwnedRun):
                                  self._kill, lambda pid: self.sampler.process(pid))
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
         # The supervisor's own commands; the rest go to the world's rank 0.
-        self._own = {"stop": self._begin_stop, "stop_rank": self._change_world,
+        self._own = {"stop": self._stop, "stop_rank": self._change_world,
                      "restart_rank": self._change_world, "kill_rank": self._kill_asked,
                      "stacks": self._ask_stacks}
 
@@ -157,7 +157,7 @@ class Supervisor(OwnedRun):
                 self._loop()
             done = bool(self.members) and all(self.slots[s].state == RankState.DONE
                                               for s in self.members)
-            code, status, reason = self.outcome.result(done)
+            status, code, reason = self.outcome.result(done)
             self._emit("run", status=status, exit_code=code, reason=reason,
                        seconds=round(time.time() - (self.state.started_t or time.time()), 2),
                        best_val_acc=self.state.best_val_acc)
@@ -167,7 +167,7 @@ class Supervisor(OwnedRun):
             raise
         finally:
             try:
-                self._end_all()
+                self._end_now()
                 self.pool.drain(self._from_rank)
             finally:
                 self.exit_code = code if self.exit_code is None else self.exit_code
@@ -223,7 +223,7 @@ class Supervisor(OwnedRun):
                 self._autotuner.tick(now)
             if self._stop_deadline and now > self._stop_deadline:
                 self.say("ranks did not stop in time: terminating them", "warning")
-                self._end_all()
+                self._end_now()
         self._reap()
 
     def _sample(self) -> None:
@@ -285,7 +285,7 @@ class Supervisor(OwnedRun):
     def _fail(self, code: int, reason: str) -> None:
         """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
         if self.outcome.fail(code, reason):
-            self._end_all()
+            self._end_now()
 
     def _tell(self, slot: int, order: dict) -> None:
         self.slots[slot].tell(order)
@@ -308,10 +308,6 @@ class Supervisor(OwnedRun):
         self.pool.kill(slot, why)
 
     # -- commands ------------------------------------------------------------------------------
-    def _run_commands(self) -> None:
-        for cmd in self._queued():
-            self._own.get(cmd["op"], self._send)(cmd)
-
     def _send(self, cmd: dict) -> None:
         self._act(self.world.to_leader(cmd))
 
@@ -343,12 +339,7 @@ class Supervisor(OwnedRun):
         if not self.pool.warm_standby(slot):
             self._start_process(slot, self.slots[slot].gpu, "", standby=True)
 
-    def _begin_stop(self, cmd: dict) -> None:
-        status, code, reason = cmd["status"], cmd["code"], cmd["reason"]
-        if self.outcome.stop is not None:  # asked twice: no more waiting
-            self._end_all()
-            return
-        self.outcome.stop = (status, code, reason)
+    def _wind_down(self, code: int) -> None:
         for r in self.slots.values():  # standbys hold no state worth waiting for
             if r.slot not in self.members and r.alive:
                 self._set_state(r, RankState.STOPPED, "the run is ending")
@@ -363,7 +354,7 @@ class Supervisor(OwnedRun):
             self._send({"op": "stop"})
             self._stop_deadline = time.monotonic() + STOP_GRACE_S
         else:  # still starting up: nothing to save, nothing to agree on
-            self._end_all()
+            self._end_now()
 
     def _stop_past(self, stalled: list[int]) -> None:
         """A stalled rank never reaches an agreed step: kill it; the others roll back to their
@@ -375,7 +366,7 @@ class Supervisor(OwnedRun):
             if self.config.checkpoint.snapshot_every and self.state.first_step_t else []
         if not told:
             self.say("stopping: the stalled ranks are ended, nothing is waited for")
-            self._end_all()
+            self._end_now()
             return
         self._act(told)
         self.say(f"stopping without rank {', '.join(map(str, stalled))} (stalled): the others "
@@ -383,7 +374,7 @@ class Supervisor(OwnedRun):
                  + (", checkpoint" if self.config.checkpoint.dir else "") + " and end")
         self._stop_deadline = time.monotonic() + STALLED_STOP_S
 
-    def _end_all(self) -> None:
+    def _end_now(self) -> None:
         self.pool.end_all()
         self._stop_deadline = None
 

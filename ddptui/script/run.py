@@ -299,16 +299,18 @@ class ScriptRun(OwnedRun):
         if self._restart and not self.outcome.ending:
             status, code, reason = "interrupted", EXIT_INTERRUPTED, "restarted on request"
         else:
-            code, status, reason = self.outcome.result(all_done=True)
+            status, code, reason = self.outcome.result(all_done=True)
         self.exit_code = code
         started = self.state.started_t or time.time()
         self._handle(event("run", PARENT, status=status, exit_code=code, reason=reason,
                            seconds=round(time.time() - started, 2),
                            restarting=self._restart and self.outcome.stop is None))
 
-    def _run_commands(self) -> None:
-        for cmd in self._queued():
-            self._own[cmd["op"]](cmd)
+    def _send(self, cmd: dict) -> None:
+        self._order(cmd)
+
+    def _end_now(self) -> None:
+        self.group.end(None, 0)
 
     def _ask_stacks(self, cmd: dict) -> None:
         live = {r.slot: r for r in self.group.alive()}
@@ -339,12 +341,7 @@ class ScriptRun(OwnedRun):
         if self.world.elastic and self.outcome.stop is None and self.world.is_member(cmd["slot"]):
             self._kill(cmd["slot"], "killed with k")
 
-    def _stop(self, cmd: dict) -> None:
-        code = cmd["code"]
-        if self.outcome.stop is not None:  # asked twice: no more waiting
-            self.group.end(None, 0)
-            return
-        self.outcome.stop = (cmd["status"], code, cmd["reason"])
+    def _wind_down(self, code: int) -> None:
         if not self.group.alive():
             return
         hung = set(self.watch.flags)
