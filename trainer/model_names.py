@@ -1,6 +1,6 @@
 """torchvision's classification model names, kept here so the CLI can check a name without torch.
 
-tests/test_cli.py compares this list with the installed torchvision's own list.
+tests/cli/test_cli.py compares this list with the installed torchvision's own list.
 """
 
 TORCHVISION_CLASSIFIERS = (

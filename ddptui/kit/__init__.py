@@ -6,7 +6,7 @@ the files the built-in loop imports as `trainer`, loaded here from the same fold
 trainer.py or trainer/ beside their script comes first on sys.path and hides that top-level name
 (every rank failed: "'trainer' is not a package"); under this one it does not matter, and the
 user's `import trainer` still finds theirs. The kit's modules import one another relatively so
-that they work under either name (tests/test_layers.py holds them to it).
+that they work under either name (tests/project/test_layers.py holds them to it).
 """
 
 import os

@@ -19,10 +19,10 @@ from ddptui.state.source import RunSource
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
-from tests.conftest import TINY, assert_gone, events, fixed_hash, run_config, settle
+from tests.conftest import ROOT, TINY, assert_gone, events, fixed_hash, run_config, settle
 from tests.helpers.runlogs import gpu_run
 
-DATA = os.path.join(os.path.dirname(__file__), "data")
+DATA = os.path.join(ROOT, "tests", "data")
 RECORDED = os.path.join(DATA, "run-2cpu.jsonl")
 
 

@@ -10,13 +10,14 @@ import typing
 from pathlib import Path
 
 from ddptui.run.supervisor import Supervisor
+from tests.conftest import ROOT
 from trainer.config import DeviceOptions, RunConfig
 from trainer.loop import COMMANDS as RANK_COMMANDS
 from trainer.protocol.contract import command_problems, problems, reference
 from trainer.protocol.events import decode, encode, event
 from trainer.protocol.schema import COMMANDS, EVENTS
 
-DOCS = os.path.join(os.path.dirname(__file__), "..", "docs", "events.md")
+DOCS = os.path.join(ROOT, "docs", "events.md")
 READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command
 EMITTERS = ("emit", "_emit", "event")  # what makes one: (kind, [rank,] **fields)
 
@@ -43,7 +44,7 @@ def test_every_field_the_code_reads_of_an_event_or_command_is_declared():
     declared = set()
     for kind in [*EVENTS.values(), *COMMANDS.values()]:
         declared |= set(typing.get_type_hints(kind))
-    root = Path(__file__).parent.parent
+    root = Path(ROOT)
     reads, unknown = 0, []
     for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -58,7 +59,7 @@ def test_every_event_the_code_makes_is_a_declared_kind_with_declared_fields():
     """The emitting side, read from the code as the reading side is: `emit("kind", field=...)`,
     `_emit(...)` and `event("kind", rank, field=...)` name a kind and fields of the schema (a
     field passed on in `**fields` is checked on every log the tests read)."""
-    root = Path(__file__).parent.parent
+    root = Path(ROOT)
     calls, unknown = 0, []
     for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -28,7 +28,7 @@ from tests.conftest import (
     start_ddptui,
     wait_for_event,
 )
-from tests.test_script_live import _row, _run, _until, script_env  # noqa: F401 (a fixture)
+from tests.script.test_script_live import _row, _run, _until, script_env  # noqa: F401 (a fixture)
 
 ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
 CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")

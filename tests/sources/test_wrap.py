@@ -15,7 +15,7 @@ import pytest
 
 from ddptui.sources.attach import Attach
 from tests.conftest import ROOT, assert_gone, events, wait_for_event
-from tests.test_attach import KEY, _port
+from tests.sources.test_attach import KEY, _port
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
 SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
