@@ -13,14 +13,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ddptui.kit.elastic import store, world
-from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree
+from ddptui.kit.elastic.snapshot import WorldLost, agree
 from ddptui.kit.protocol.events import count
 from ddptui.orders import Orders
 from ddptui.rankside import RankSide
-from ddptui.statetree import Slot, alike, map_slots, put_back, take_out
+from ddptui.rollback import Rollback
 
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
 
@@ -58,35 +57,23 @@ class ElasticDDP(torch.nn.Module):
 
 
 class Elastic:
-    """The elastic half of a Run: it holds the rollback points, and changes the run's world."""
+    """The elastic half of a Run: it changes the run's world (a leave, a join, a recovery) and
+    takes its rollback points at safe steps."""
 
     def __init__(self, me: RankSide, orders: Orders, state_fn: Callable[[], Any],
                  load_fn: Callable[[Any], None], model: ElasticDDP, every: int = POINT_EVERY):
-        self.me, self.orders, self.state_fn, self.load_fn = me, orders, state_fn, load_fn
-        self.model = model
-        self.every = every
+        self.me, self.orders, self.model, self.every = me, orders, model, every
         self.device = next(model.module.parameters()).device
         self.cuda = self.device.type == "cuda"
         self.eager = world.made_eagerly()  # each world is formed as the script formed its first
-        self.points: Snapshots | None = None
+        self.rollback = Rollback(state_fn, load_fn, model.module, self.cuda)
         self.order: dict | None = None  # a recover order, carried out at the next safe point
-        model.before_forward = self._before_forward
-        self._hook = register_optimizer_step_pre_hook(self._before_update)
+        model.before_forward = self.rollback.before_forward
         orders.on_reform = self.reform
 
-    # -- rollback points ------------------------------------------------------------------------
-    def take(self, step: int, host: dict, agreed: bool = False) -> None:
-        """A point after `step`: your state's tensors copied out (on a side stream on GPUs),
-        its other values and the run's position kept beside them."""
-        tensors, skeleton, buffers = self._read()
-        if self.points is None or not alike(self.points.live, tensors):
-            self.points = Snapshots(tensors, self.cuda, buffers)  # e.g. the optimizer's first step
-        self.points.live = tensors
-        self.points.take(step, {**host, "yours": skeleton}, agreed)
-
     def start(self, joining: dict | None) -> None:
-        """Orders that cannot wait reach on_urgent; a standby's script joins its world now."""
-        self.me.mailbox.on_urgent = self.on_urgent
+        """Orders that cannot wait reach the points; a standby's script joins its world now."""
+        self.me.mailbox.on_urgent = self.rollback.on_urgent
         if self.cuda:  # NCCL's collectives waiting on a dead peer return
             self.me.mailbox.abort = lambda: world.abort(self._warn)
         if joining is not None:
@@ -100,15 +87,14 @@ class Elastic:
         me = self.me
         try:
             self.check_lost()
-            if self.points is not None:
-                self.points.step_done(me.global_step)
+            self.rollback.step_done(me.global_step)
             self.orders.take()
         except Exception as e:
             if self.await_recover(e) is None:
                 raise
             return False
         if me.global_step % self.every == 0:
-            self.take(me.global_step, me.position())
+            self.rollback.take(me.global_step, me.position())
         return True
 
     def recover_pending(self) -> bool:
@@ -142,36 +128,9 @@ class Elastic:
         if self.cuda:
             torch.cuda.current_stream().synchronize()
         if not self.me.mailbox.has_urgent:
-            self.take(self.me.global_step, self.me.position(), agreed=True)
-
-    def _before_forward(self) -> None:
-        """A point still being copied out: the forward waits for it on the device (the buffers
-        it writes), and any optimizer's step for the rest."""
-        if self.points is not None:
-            self.points.before_forward()
-
-    def _before_update(self, optimizer, args, kwargs) -> None:
-        if self.points is not None:
-            self.points.before_update()
-
-    def _read(self) -> tuple[list[torch.Tensor], Any, int]:
-        """state_fn()'s tensors (your model's buffers first: a forward writes them), its structure
-        with them taken out, and how many are buffers."""
-        tensors: list[torch.Tensor] = []
-        skeleton = take_out(self.state_fn(), tensors)
-        written = {b.data_ptr() for b in self.model.module.buffers()}
-        first = [i for i, t in enumerate(tensors) if t.data_ptr() in written]
-        rest = [i for i, t in enumerate(tensors) if t.data_ptr() not in written]
-        where = {old: new for new, old in enumerate(first + rest)}
-        renumbered = map_slots(skeleton, lambda slot: Slot(where[slot.index]))
-        return [tensors[i].detach() for i in first + rest], renumbered, len(first)
+            self.rollback.take(self.me.global_step, self.me.position(), agreed=True)
 
     # -- world changes ---------------------------------------------------------------------------
-    def on_urgent(self, order: dict) -> None:
-        """On the mailbox thread, as soon as ddptui says a peer died."""
-        if self.points is not None:
-            self.points.lost_if_recovering(order)
-
     def await_recover(self, error: BaseException) -> dict | None:
         """A step failed: ddptui's recover order when a peer died (kept for the next safe
         point), None when the error is the script's own."""
@@ -218,7 +177,7 @@ class Elastic:
         if me.rank not in (src, dst):
             return
         if me.rank == src:
-            tensors, skeleton, _ = self._read()
+            tensors, skeleton, _ = self.rollback.read()
             meta = {"skeleton": skeleton, "position": me.position(),
                     "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
                     "host": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
@@ -232,7 +191,7 @@ class Elastic:
                    torch.empty(shape, dtype=dtype, device=self.device)
                    for i, (shape, dtype, kind) in enumerate(meta["specs"])]
         _exchange([dist.P2POp(dist.irecv, t, src) for t in tensors if t.is_cuda])
-        self.load_fn(put_back(meta["skeleton"], tensors))
+        self.rollback.load(meta["skeleton"], tensors)
         me.resume = meta["position"]  # for its epochs and run.loader()s
         me.global_step = meta["position"]["global_step"]
 
@@ -245,14 +204,12 @@ class Elastic:
         world.dismantle(self._warn, collect=True)
         entered = self._enter(order)
         summaries: list = [None] * entered[1]
-        dist.all_gather_object(summaries, self.points.summary() if self.points else
-                               {"held": [], "confirmed": -1})
+        dist.all_gather_object(summaries, self.rollback.summary())
         target = agree(summaries)
         if target is None:
             raise RuntimeError("a rank died and the survivors share no rollback point")
         redone = me.global_step - target
-        host = self.points.restore(target)
-        self.load_fn(put_back(host["yours"], self.points.live))
+        host = self.rollback.restore(target)
         self._go_back(host)
         self._settle(entered, order, [])
         me.say(f"recovered on {count(me.world_size, 'rank')}: back to global step "
@@ -289,13 +246,13 @@ class Elastic:
                              generation=order.get("gen"), epoch=me.epoch or 0,
                              step=me.global_step - me.figures.epoch_steps0,
                              global_step=me.global_step)
-        self.take(me.global_step, me.position(), agreed=True)
+        self.rollback.take(me.global_step, me.position(), agreed=True)
 
     def _warn(self, text: str) -> None:
         self.me.say(text, "warning")
 
     def close(self) -> None:
-        self._hook.remove()
+        self.rollback.close()
 
 
 def await_join(me: RankSide) -> dict:

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from ddptui.kit.pipeline.prefetch import prefetched_batches, side_stream, to_device
+from ddptui.kit.pipeline.sampler import ShardedBatchSampler
 
 
 class _Order(Sampler):
@@ -55,10 +56,9 @@ class LiveLoader:
         self.epoch_order: list[int] = []
         self.taken = 0  # batches handed out this epoch
         self.waited = 0.0  # seconds the loop waited for a batch, since take_wait()
-        # run.elastic(): (rank, world size) while ddptui shards the epoch's whole order; each
-        # step takes the next batch_size x world samples of it, this rank its slice.
-        self.world: tuple[int, int] | None = None
-        self.consumed = 0  # samples of the epoch's order taken by completed steps (elastic)
+        # run.elastic(): ddptui shards the epoch's whole order, drawn as your sampler would
+        # draw it; each step takes the next batch_size x world samples, this rank its slice.
+        self.shards: ShardedBatchSampler | None = None
         self.restart = False  # the world or the position changed: rebuild before the next batch
         self.resume_at: int | None = None  # a rank that joined: where its first epoch is
         self.iterating = False
@@ -69,15 +69,19 @@ class LiveLoader:
     def __len__(self) -> int:
         """Batches in an epoch, counted: drawing the epoch's order here would use up the random
         state that shuffles it (a framework asks for the length more than once an epoch)."""
-        if self.world is not None:
-            return len(self.dataset) // (self.batch_size * self.world[1])
+        if self.shards is not None:
+            return len(self.dataset) // (self.batch_size * self.shards.world_size)
         n = len(self.sampler) if self.sampler is not None else len(self.dataset)
         return n // self.batch_size if self.kwargs.get("drop_last") else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator:
         self._apply()  # an epoch boundary: whatever is pending takes effect
-        self.epoch_order, self.taken, self.consumed = self._indices(), 0, self.resume_at or 0
-        self.resume_at = None
+        self.taken = 0
+        if self.shards is not None:  # run.elastic: your sampler's epoch, else the epochs iterated
+            self.shards.set_epoch(self.sampler.epoch if self.sampler is not None else self._epochs)
+            self.shards.consumed, self.resume_at = self.resume_at or 0, None
+        else:
+            self.epoch_order = self._indices()
         self._epochs += 1
         self.iterating = True
         self.on_epoch()
@@ -108,29 +112,35 @@ class LiveLoader:
         if self.sampler is not None and not isinstance(self.sampler, DistributedSampler):
             raise ValueError("run.elastic() shards run.loader()'s epoch itself: give it a "
                              "DistributedSampler or no sampler")
-        self.world = (rank, world_size)
+        if self.shards is None:
+            s = self.sampler
+            self.shards = ShardedBatchSampler(
+                len(self.dataset), self.batch_size, rank, world_size,
+                seed=s.seed if s is not None else 0,
+                shuffle=s.shuffle if s is not None else self.shuffle, seed_stride=1)
+        self.shards.set_world(rank, world_size)
         self.restart = self.iterating
+
+    @property
+    def consumed(self) -> int:
+        """Samples of the epoch's order taken by completed steps (run.elastic)."""
+        return self.shards.consumed if self.shards is not None else 0
 
     def step_done(self) -> None:
         """A step completed (run.step): under run.elastic the position moves one global step."""
-        if self.world is not None and self.iterating:
-            self.consumed += self.batch_size * self.world[1]
+        if self.shards is not None and self.iterating:
+            self.shards.step_done()
 
     def restore(self, consumed: int) -> None:
         """Go back to a rollback point's position in this epoch."""
-        self.consumed = consumed
+        self.shards.consumed = consumed
         self.restart = self.iterating
 
     def _left(self) -> list[int]:
         """What this rank still has to load this epoch."""
-        if self.world is None:
+        if self.shards is None:
             return self.epoch_order[self.taken * self.batch_size:]
-        rank, world_size = self.world
-        stride, order = self.batch_size * world_size, self.epoch_order
-        steps = (len(order) - self.consumed) // stride
-        first = self.consumed + rank * self.batch_size
-        return [k for s in range(steps)
-                for k in order[first + s * stride:first + s * stride + self.batch_size]]
+        return [k for batch in self.shards for _, k in batch]
 
     def take_wait(self) -> float:
         waited, self.waited = self.waited, 0.0
@@ -149,24 +159,12 @@ class LiveLoader:
         self.on_applied(dict(self.settings), before if mid_epoch else None)
 
     def _indices(self) -> list[int]:
-        """The epoch's order, drawn once (a DistributedSampler's share after set_epoch; under
-        run.elastic, the whole epoch's order as the sampler would shuffle it)."""
-        if self.world is not None:
-            return self._whole_order()
+        """The epoch's order, drawn once (a DistributedSampler's share after set_epoch)."""
         if self.sampler is not None:
             return list(iter(self.sampler))
         if self.shuffle:
             return torch.randperm(len(self.dataset)).tolist()
         return list(range(len(self.dataset)))
-
-    def _whole_order(self) -> list[int]:
-        s = self.sampler
-        shuffle, seed, epoch = (s.shuffle, s.seed, s.epoch) if s is not None else \
-            (self.shuffle, 0, self._epochs)
-        if not shuffle:
-            return list(range(len(self.dataset)))
-        return torch.randperm(len(self.dataset),
-                              generator=torch.Generator().manual_seed(seed + epoch)).tolist()
 
     def _loader(self, indices: list[int]) -> DataLoader:
         prefetch = self.settings["prefetch"] and self.device.type == "cuda"

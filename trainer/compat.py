@@ -49,6 +49,20 @@ def scaler_tensors(scaler) -> list:
     return [scaler._scale, scaler._growth_tracker]
 
 
+def tree_flatten(obj):
+    """(leaves, spec) of nested containers (`torch.utils._pytree`: dicts, lists, tuples, named
+    tuples, OrderedDicts); the spec pickles, for a joining rank."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_flatten(obj)
+
+
+def tree_unflatten(leaves: list, spec):
+    from torch.utils import _pytree
+
+    return _pytree.tree_unflatten(leaves, spec)
+
+
 def enable_cuda_sanitizer() -> None:
     """PyTorch's CUDA sanitizer (`torch.cuda._sanitizer`), as TORCH_CUDA_SANITIZER=1 turns it on
     at torch's import."""

@@ -1,7 +1,7 @@
 """The rank-side kit under ddptui's own name, for the code that runs inside a user's process
 (ddptui.init, run.loader, run.elastic, the framework callbacks, the wrapper and its sidecar).
 
-The kit is trainer's protocol, telemetry and elastic packages, its prefetcher and compat module:
+The kit is trainer's protocol, telemetry and elastic packages, its prefetcher, sampler and compat:
 the files the built-in loop imports as `trainer`, loaded here from the same folder. A user's own
 trainer.py or trainer/ beside their script comes first on sys.path and hides that top-level name
 (every rank failed: "'trainer' is not a package"); under this one it does not matter, and the

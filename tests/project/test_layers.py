@@ -55,11 +55,12 @@ def test_a_scripts_run_starts_without_torch():
 
 
 # The modules ddptui.kit loads from trainer/ in a user's process.
-KIT = ["compat.py", "pipeline/prefetch.py", "protocol/*.py", "telemetry/*.py", "elastic/*.py"]
+KIT = ["compat.py", "pipeline/prefetch.py", "pipeline/sampler.py", "protocol/*.py",
+       "telemetry/*.py", "elastic/*.py"]
 USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.rankside", "ddptui.loader",
-                 "ddptui.elastic", "ddptui.figures", "ddptui.rankwatch", "ddptui.sidecar", "ddptui.wrap",
-                 "ddptui.integrations.lightning", "ddptui.integrations.transformers",
-                 "ddptui.integrations.keras"]
+                 "ddptui.elastic", "ddptui.rollback", "ddptui.figures", "ddptui.rankwatch",
+                 "ddptui.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
+                 "ddptui.integrations.transformers", "ddptui.integrations.keras"]
 
 
 def test_what_runs_in_a_users_process_imports_no_top_level_trainer():

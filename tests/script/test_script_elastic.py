@@ -193,3 +193,21 @@ def test_an_elastic_loader_loses_and_repeats_no_sample_across_a_leave_and_a_roll
     seen += sum(steps, []) + sum(rest, [])
     assert sorted(seen) == list(range(48))
     assert len(rank0) == 12  # batches in an epoch for a world of one
+
+
+def test_an_elastic_loader_keeps_the_order_your_distributed_sampler_draws():
+    """Under run.elastic the epoch's whole order is what the script's DistributedSampler would
+    shuffle (seed + epoch), cut into steps of batch_size x world, each rank its slice."""
+    from torch.utils.data import DistributedSampler
+
+    data = TensorDataset(torch.arange(48))
+    ranks = []
+    for rank in (0, 1):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=5)
+        sampler.set_epoch(3)
+        live = LiveLoader(data, batch_size=4, sampler=sampler, device="cpu")
+        live.set_world(rank, 2)
+        ranks.append([b[0].tolist() for b in live])
+    order = torch.randperm(48, generator=torch.Generator().manual_seed(5 + 3)).tolist()
+    assert ranks[0][0] + ranks[1][0] == order[:8] and ranks[0][1] + ranks[1][1] == order[8:16]
+    assert sorted(sum(ranks[0] + ranks[1], [])) == list(range(48))

@@ -541,3 +541,33 @@ def test_a_script_that_names_no_epochs_shows_its_iterations_their_rate_and_eval_
     header.view = view
     second = str(header._script(view, view.meta, 1, "CPU", "RUNNING")[1])
     assert second.startswith("step 290 ") and "10.0 it/s" in second and "epoch" not in second
+
+
+def test_a_rollback_point_gives_back_every_kind_of_state_a_script_returns():
+    """run.elastic()'s state may hold named tuples, ordered dicts, numbers and strings beside
+    its tensors; a point gives all of it back as it was, the model's buffers copied first."""
+    from collections import OrderedDict, namedtuple
+
+    import torch
+
+    from ddptui.rollback import Rollback
+
+    Best = namedtuple("Best", "loss epoch")
+    model = torch.nn.BatchNorm1d(2)
+    live = {"model": model.state_dict(), "best": Best(torch.tensor(0.5), 3),
+            "extra": OrderedDict(lr=0.1, note="warm", hist=[torch.ones(2), None])}
+    loaded = []
+    rollback = Rollback(lambda: live, loaded.append, model, cuda=False)
+    rollback.take(4, {"global_step": 4})
+    assert rollback.points.buffers == 3  # running mean, var, batches tracked
+    with torch.no_grad():
+        model.running_mean.add_(7)
+        live["best"].loss.fill_(9)
+    live["extra"]["note"] = "changed"
+    assert rollback.restore(4)["global_step"] == 4
+    (state,) = loaded
+    assert isinstance(state["best"], Best) and state["best"].epoch == 3
+    assert type(state["extra"]) is OrderedDict and state["extra"]["note"] == "warm"
+    assert state["extra"]["hist"][1] is None and state["extra"]["lr"] == 0.1
+    assert float(state["best"].loss) == 0.5 and model.running_mean.tolist() == [0.0, 0.0]
+    rollback.close()

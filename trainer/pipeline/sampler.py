@@ -16,8 +16,11 @@ class ShardedBatchSampler:
     """Yields this rank's batches of (epoch, index) keys from the current position onwards."""
 
     def __init__(self, num_samples: int, batch_size: int, rank: int, world_size: int,
-                 seed: int = 0, shuffle: bool = True, max_steps: int | None = None):
+                 seed: int = 0, shuffle: bool = True, max_steps: int | None = None,
+                 seed_stride: int = 100_003):
         self.num_samples = num_samples
+        # An epoch's permutation is seeded with seed x seed_stride + epoch (1: DistributedSampler's)
+        self.seed_stride = seed_stride
         self.batch_size = batch_size
         self.rank = rank
         self.world_size = world_size
@@ -74,7 +77,7 @@ class ShardedBatchSampler:
     def _permutation(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.num_samples)
-        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        g = torch.Generator().manual_seed(self.seed * self.seed_stride + self.epoch)
         return torch.randperm(self.num_samples, generator=g)
 
 
