@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from ddptui.kit.telemetry.lagmeter import LagMeter
-from ddptui.kit.telemetry.reporter import Reporter
+from ddptui.kit.telemetry.reporter import Reporter, row_figures
 
 # run.log() names that fill the epochs table's columns (the rest show beside the row)
 ALIASES = {"val_loss": "val_loss", "eval_loss": "val_loss", "valid_loss": "val_loss",
@@ -86,14 +86,12 @@ class Figures:
     def end_segment(self, global_step: int, partial: bool, settings: dict, world_size: int,
                     waited: float, **extra) -> None:
         """The `epoch` event for the steps since the part began, as the built-in trainer's."""
-        seconds = max(time.perf_counter() - self.segment_start, 1e-9)
         self.segment_waited += waited  # the steps since the last step event count too
-        samples = self.segment_samples
         self.reporter.emit("epoch", epoch=self.epoch, steps=global_step - self.segment_steps0,
                            start_step=self.segment_steps0 - self.epoch_steps0,
                            end_step=global_step - self.epoch_steps0, partial=partial,
-                           samples=samples, seconds=round(seconds, 3),
-                           samples_per_s=round(samples / seconds, 2),
-                           data_wait=round(min(1.0, self.segment_waited / seconds), 4),
                            settings=settings, train_loss=self.meter.epoch_mean(),
-                           world_size=world_size, **extra)
+                           world_size=world_size, **extra,
+                           **row_figures(self.segment_samples,
+                                         time.perf_counter() - self.segment_start,
+                                         self.segment_waited))

@@ -70,6 +70,15 @@ class Reporter:
             sink.close()
 
 
+def row_figures(samples: int, seconds: float, waited: float) -> dict:
+    """An epoch row's rates, the same for the built-in loop and your script: `waited` seconds of
+    the row's `seconds` went to waiting for input."""
+    seconds = max(seconds, 1e-9)
+    return {"samples": samples, "seconds": round(seconds, 3),
+            "samples_per_s": round(samples / seconds, 2),
+            "data_wait": round(min(1.0, waited / seconds), 4)}
+
+
 class StepMeter:
     """Counts steps, samples and input wait; emits at most `hz` step events a second, each with
     the loss of an interval earlier (LagMeter: never a device sync)."""
@@ -127,9 +136,7 @@ class StepMeter:
 
     def epoch_summary(self) -> dict:
         """Figures for the `epoch` event; one sync at the epoch's end is fine."""
-        seconds = max(time.perf_counter() - self.epoch_start, 1e-9)
         steps = max(self.epoch_steps, 1)
         return {"train_loss": self.epoch_loss_sum.item() / steps, "steps": self.epoch_steps,
-                "samples": self.epoch_steps * self.batch_size, "seconds": round(seconds, 3),
-                "samples_per_s": round(self.epoch_steps * self.batch_size / seconds, 2),
-                "data_wait": round(min(1.0, self.epoch_wait / seconds), 4)}
+                **row_figures(self.epoch_steps * self.batch_size,
+                              time.perf_counter() - self.epoch_start, self.epoch_wait)}
