@@ -8,6 +8,7 @@ import os
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 STACKS_WAIT_S = 2.0  # a process that cannot run its signal handler (SIGSTOP) answers later
 
@@ -32,6 +33,19 @@ class Awaited:
         return size if finished or now > self.deadline else None
 
 
+def settled_answers(pending: dict[int, Awaited], now: float,
+                    read: Callable[[str], Any]) -> list[tuple[int, Any]]:
+    """(slot, read(its file)) for the answers in since the last call, taken out of `pending`;
+    None for a slot whose answer never came."""
+    done = []
+    for slot, awaited in list(pending.items()):
+        size = awaited.settled(now)
+        if size is not None:
+            del pending[slot]
+            done.append((slot, read(awaited.path) if size else None))
+    return done
+
+
 class StackRequests:
     """ask() signals a rank; collect() returns the answers that are complete (or timed out)."""
 
@@ -51,13 +65,7 @@ class StackRequests:
 
     def collect(self, now: float) -> list[tuple[int, str | None]]:
         """(slot, stacks) for answers complete since the last call; None when none came."""
-        done = []
-        for slot, req in list(self.pending.items()):
-            size = req.settled(now)
-            if size is not None:
-                del self.pending[slot]
-                done.append((slot, _read(req.path) if size else None))
-        return done
+        return settled_answers(self.pending, now, _read)
 
 
 def say_stacks(say: Callable[..., None], slot: int, text: str | None, stalled: bool) -> None:

@@ -10,7 +10,7 @@ import os
 import pickle
 from collections.abc import Iterable
 
-from ddptui.run.stacks import Awaited
+from ddptui.run.stacks import Awaited, settled_answers
 
 TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
 DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
@@ -75,13 +75,7 @@ class FlightDumps:
 
     def collect(self, now: float) -> list[tuple[int, dict | None]]:
         """(slot, the dump's data) for each dump in since the last call; None: none came."""
-        done = []
-        for slot, dump in list(self.pending.items()):
-            size = dump.settled(now)
-            if size is not None:
-                del self.pending[slot]
-                done.append((slot, _load(dump.path) if size else None))
-        return done
+        return settled_answers(self.pending, now, _load)
 
 
 def summary(trace: dict | None) -> str | None:
