@@ -71,7 +71,7 @@ class Run:
     @property
     def should_stop(self) -> bool:
         """q: end the loop (every rank sees it at the same step)."""
-        return self._orders is not None and self._orders.should_stop
+        return self._orders is not None and self._orders.stop
 
     @property
     def should_checkpoint(self) -> bool:

@@ -1,5 +1,6 @@
 """The dashboard's orders to your script's ranks (pause, checkpoint, stop, input settings, a
-leave): agreed so that every rank carries them out at the same step, then carried out.
+leave): agreed so that every rank carries them out at the same step, then carried out by the
+kit's one set of handlers, as the built-in loop's are.
 """
 
 from __future__ import annotations
@@ -10,18 +11,20 @@ from collections.abc import Callable
 import torch.distributed as dist
 
 from ddptui.kit.elastic.control import CONTROL_OFF, Control, every_rank_linked
+from ddptui.kit.elastic.orders import AgreedOrders
 from ddptui.rankside import RankSide
 
 
-class Orders:
-    """What the orders agreed so far ask of the script (should_stop, should_checkpoint), and the
-    group they are agreed in: the world's ranks, or each rank alone where there is no group."""
+class Orders(AgreedOrders):
+    """What the orders agreed so far ask of the script (should_checkpoint, stop), and the
+    group they are agreed in: the world's ranks, or each rank alone where there is no group.
+    Your script has no loop of ddptui's to act at a safe point: take() acts at once, and a
+    pause holds the step until it ends."""
 
     def __init__(self, me: RankSide):
+        super().__init__(me.reporter, me.mailbox)
         self.me = me
-        self.should_stop = False  # q: end the loop (every rank sees it at the same step)
         self.should_checkpoint = False  # c: save now (true for the step after the order)
-        self.paused = False
         self.callbacks: list[Callable[[], None]] = []  # run.on_checkpoint()'s
         self.on_reform: Callable[[dict], None] | None = None  # run.elastic()'s agreed leave
         self.control: Control | None = None
@@ -29,8 +32,30 @@ class Orders:
         self.alone = False
 
     def take(self) -> None:
-        """The orders agreed at this step, carried out."""
-        self.apply(self.agreed())
+        """The orders agreed at this step, carried out; a pause holds here, at the same step
+        on every rank, until resumed (or stopped)."""
+        self.carry_out(self.agreed())
+        self._act()
+        if not self.paused:
+            return
+        while self.paused and not self.stop:
+            cmds = self.me.mailbox.drain() if self.alone else self.control.tick_paused()
+            if self.alone:
+                time.sleep(0.1)
+            self.carry_out(cmds)
+            self._act()
+        self.me.figures.begin_interval()
+
+    def _act(self) -> None:
+        """What the loop would do at its safe point: settings in force now (`a`), a leave."""
+        if self.apply_now:
+            self.apply_now = False
+            for live in self.me.loaders:
+                live.switch = bool(live.pending)
+        if self.reform is not None:
+            order, self.reform = self.reform, None
+            if self.on_reform is not None:
+                self.on_reform(order)
 
     def enter_world(self, rank: int, world_size: int, group) -> None:
         """run.elastic(): the rank's place in a new world, and the group orders are agreed in."""
@@ -72,37 +97,33 @@ class Orders:
             return me.mailbox.drain() if not me.mailbox.commands.empty() else []
         return self.control.poll()
 
-    def apply(self, cmds: list[dict]) -> None:
-        for cmd in cmds:  # called every step: the table is the class's, built once
-            handler = self._HANDLERS.get(cmd.get("op"))
-            if handler is not None:  # resume outside a pause, or one this version lacks
-                handler(self, cmd)
+    # -- the kit's handlers, for a script ----------------------------------------------------
+    def speaks(self) -> bool:
+        return self.me.rank == 0 or self.alone  # alone, each rank pauses at a step of its own
 
-    def _checkpoint(self, cmd: dict) -> None:
+    def global_step(self) -> int:
+        return self.me.global_step
+
+    def checkpoint(self) -> None:
         self.should_checkpoint = True
         self.me.say(f"checkpoint asked for at step {self.me.global_step}")
         for fn in self.callbacks:
             fn()
 
-    def _stop(self, cmd: dict) -> None:
-        self.should_stop = True
+    def stopping(self) -> None:
         self.me.say(f"stop asked for: ending the loop at step {self.me.global_step}")
 
-    def _settings(self, cmd: dict) -> None:
+    def settings(self, new: dict, request: str | None) -> None:
         me = self.me
-        if not me.loaders:
-            return
         for live in me.loaders:
-            live.pending.update(cmd["settings"])
-        if me.rank == 0:
+            live.pending.update(new)
+        if me.rank == 0 and me.loaders:
             first = me.loaders[0]
             me.reporter.emit("settings", settings={**first.settings, **first.pending},
-                             epoch=(me.epoch or 0) + 1, status="pending",
-                             request=cmd.get("request"))
+                             epoch=(me.epoch or 0) + 1, status="pending", request=request)
 
-    def _apply_now(self, cmd: dict) -> None:
-        for live in self.me.loaders:
-            live.switch = bool(live.pending)
+    def has_pending(self) -> bool:
+        return any(live.pending for live in self.me.loaders)
 
     def applied(self, settings: dict, before: dict | None) -> None:
         """The first loader put new settings in force: at an epoch's start, or mid-epoch with
@@ -115,30 +136,3 @@ class Orders:
             me.reporter.emit("settings", settings=settings, epoch=me.epoch or 0,
                              step=me.loaders[0].taken if before is not None else 0,
                              status="applied")
-
-    def _pause(self, cmd: dict) -> None:
-        """Every rank waits here, at the same step, until resumed (or stopped)."""
-        if self.paused:
-            return
-        me = self.me
-        self.paused = True
-        if me.rank == 0 or self.alone:  # alone, each rank pauses at a step of its own
-            me.reporter.emit("run", status="paused", global_step=me.global_step)
-        while self.paused:
-            cmds = me.mailbox.drain() if self.alone else self.control.tick_paused()
-            if self.alone:
-                time.sleep(0.1)
-            for cmd in cmds:
-                if cmd.get("op") in ("resume", "stop"):
-                    self.paused = False
-            self.apply([c for c in cmds if c.get("op") not in ("pause", "resume")])
-        if me.rank == 0 or self.alone:
-            me.reporter.emit("run", status="resumed", global_step=me.global_step)
-        me.figures.begin_interval()
-
-    def _reform(self, cmd: dict) -> None:
-        if self.on_reform is not None and not self.me.mailbox.void(cmd):
-            self.on_reform(cmd)
-
-    _HANDLERS = {"pause": _pause, "checkpoint": _checkpoint, "stop": _stop,
-                 "settings": _settings, "apply": _apply_now, "reform": _reform}

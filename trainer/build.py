@@ -19,6 +19,7 @@ from trainer.elastic.control import Mailbox
 from trainer.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from trainer.errors import UsageError
 from trainer.models import build_model
+from trainer.orders import LoopOrders
 from trainer.parts import Parts, State
 from trainer.pipeline.datasets import DataBundle, build_datasets
 from trainer.pipeline.loaders import Loaders
@@ -67,6 +68,7 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
         if supervised and config.checkpoint.snapshot_every:  # recovery needs our supervisor's orders
             p.snapshots = Snapshots(state_tensors(model, optimizer, scaler),
                                     me.device.type == "cuda", buffers=buffer_count(model))
+    p.orders = LoopOrders(p)
     return p
 
 

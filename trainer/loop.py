@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from trainer.elastic import world
 from trainer.elastic.snapshot import WorldLost
-from trainer.parts import Parts, State
+from trainer.parts import Parts
 from trainer.protocol.events import count, describe
 from trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
@@ -46,7 +46,7 @@ def run_epochs(p: Parts) -> bool:
                      f"{p.state.global_step}, {redone} steps to redo",
                      redone=redone, global_step=p.state.global_step)
             if order.get("stop"):  # a stop that could not wait for a stalled rank
-                p.state.stop = True
+                p.orders.stop = True
             continue
         if outcome != "next":
             return False
@@ -81,20 +81,20 @@ def run_segment(p: Parts) -> str:
     if p.snapshots is not None and p.sampler.steps_done == 0:
         p.snapshots.take(p.state.global_step, world.host_state(p))
     train_one_epoch(p, epoch)
-    if p.state.stop:
+    if p.orders.stop:
         if p.sampler.steps_done > p.state.segment_start:  # the partial epoch keeps its row
             report_segment(p, epoch, partial=True, at_quit=True)
         save(p)
         p.me.say(f"stopped at epoch {epoch} step {p.sampler.steps_done}")
         return "stopped"
-    order, p.state.reform = p.state.reform, None
+    order, p.orders.reform = p.orders.reform, None
     if len(p.sampler) == 0:  # the epoch is done: a change asked for now lands at its boundary
-        p.state.apply_now = False
+        p.orders.apply_now = False
         end_epoch(p, epoch)
-    elif p.state.apply_now or order:
+    elif p.orders.apply_now or order:
         report_segment(p, epoch, partial=True)
-        if p.state.apply_now:
-            p.state.apply_now = False
+        if p.orders.apply_now:
+            p.orders.apply_now = False
             apply_pending(p, epoch, step=p.sampler.steps_done)
     if order:
         p.state.changed_at = time.time()
@@ -114,10 +114,10 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
     # thread must be gone before the loader is iterated again.
     with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"])) as batches:
         while True:
-            while p.state.paused and not _interrupted(p.state):
+            while p.orders.paused and not p.orders.interrupted:
                 pulse.phase = "paused"
-                handle_commands(p, p.control.tick_paused())
-            if _interrupted(p.state):
+                p.orders.carry_out(p.control.tick_paused())
+            if p.orders.interrupted:
                 break
             pulse.phase = "input"
             waited = time.perf_counter()
@@ -145,7 +145,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
                 pulse.phase = "checkpoint"
                 save(p)
             pulse.phase = "control"
-            handle_commands(p, p.control.poll())
+            p.orders.carry_out(p.control.poll())
             if p.snapshots is not None and step % snap_every == 0:
                 p.snapshots.take(step, world.host_state(p))
 
@@ -165,56 +165,6 @@ def train_step(p: Parts, images: torch.Tensor, labels: torch.Tensor) -> torch.Te
     p.scaler.update()
     p.scheduler.step()
     return loss
-
-
-def _interrupted(state: State) -> bool:
-    return state.stop or state.apply_now or state.reform is not None
-
-
-def handle_commands(p: Parts, commands: list[dict]) -> None:
-    """Apply agreed commands; every rank runs this with the same list at the same step."""
-    for cmd in commands:
-        handler = COMMANDS.get(cmd.get("op"))
-        if handler is not None:  # one this version does not know: ignored on every rank
-            handler(p, cmd)
-
-
-def _pause(p: Parts, cmd: dict) -> None:
-    if not p.state.paused:
-        p.state.paused = True
-        p.me.reporter.emit("run", status="paused", global_step=p.state.global_step)
-
-
-def _resume(p: Parts, cmd: dict) -> None:
-    if p.state.paused:
-        p.state.paused = False
-        p.me.reporter.emit("run", status="resumed", global_step=p.state.global_step)
-
-
-def _stop(p: Parts, cmd: dict) -> None:
-    p.state.stop = True
-
-
-def _apply(p: Parts, cmd: dict) -> None:
-    if p.state.pending:
-        p.state.apply_now = True
-
-
-def _reform(p: Parts, cmd: dict) -> None:
-    if not p.mailbox.void(cmd):
-        p.state.reform = cmd
-
-
-def _settings(p: Parts, cmd: dict) -> None:
-    p.state.pending.update(cmd["settings"])
-    if p.me.is_main:
-        p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
-                           epoch=p.sampler.epoch + 1, status="pending", request=cmd.get("request"))
-
-
-# docs/events.md lists each command and who sends it.
-COMMANDS = {"pause": _pause, "resume": _resume, "checkpoint": lambda p, cmd: save(p),
-            "stop": _stop, "apply": _apply, "reform": _reform, "settings": _settings}
 
 
 @torch.no_grad()

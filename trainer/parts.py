@@ -12,6 +12,7 @@ import torch
 from trainer.checkpoint import Writer
 from trainer.config import RunConfig
 from trainer.elastic.control import Control, Mailbox
+from trainer.elastic.orders import AgreedOrders
 from trainer.elastic.snapshot import Snapshots
 from trainer.pipeline.loaders import Loaders
 from trainer.pipeline.sampler import ShardedBatchSampler
@@ -26,10 +27,6 @@ class State:
     settings: dict
     global_step: int = 0
     best_val_acc: float = 0.0
-    paused: bool = False
-    stop: bool = False
-    apply_now: bool = False  # `a`: pending settings take effect at the agreed step
-    reform: dict | None = None  # an agreed leave or join, carried out at the step boundary
     segment_start: int = 0  # the epoch's step where the current measured segment began
     segment_global: int = 0  # the global step it began at
     changed_at: float | None = None  # when the world last started to change, until a step ends
@@ -61,5 +58,6 @@ class Parts:
     ddp: torch.nn.Module | None = None  # DDP (DataParallel with --strategy dp); None out of a world
     control: Control | None = None  # commands agreed in the current world
     mailbox: Mailbox | None = None  # the supervisor's (or attach's) orders
+    orders: AgreedOrders | None = None  # what the agreed ones asked (paused, stop, a change)
     snapshots: Snapshots | None = None  # rollback points (crash recovery under ddptui run)
     checkpoints: Writer | None = None  # rank 0's, when a checkpoint directory is set

@@ -12,7 +12,7 @@ from pathlib import Path
 from ddptui.run.supervisor import Supervisor
 from tests.conftest import ROOT
 from trainer.config import DeviceOptions, RunConfig
-from trainer.loop import COMMANDS as RANK_COMMANDS
+from trainer.elastic.orders import AgreedOrders
 from trainer.protocol.contract import command_problems, problems, reference
 from trainer.protocol.events import decode, encode, event
 from trainer.protocol.schema import COMMANDS, EVENTS
@@ -120,9 +120,46 @@ def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_thei
                                        "stop_rank", "restart_rank", "kill_rank", "stacks", "stop"]
     assert [p for c in sent for p in command_problems(c)] == []
     assert command_problems({"op": "settings", "settings": {}}) == ["settings: no request"]
-    # What rank 0 offers every rank is served there (the rest are the parent's own).
-    assert {"pause", "resume", "checkpoint", "stop", "settings", "apply"} <= set(RANK_COMMANDS)
-    assert set(RANK_COMMANDS) <= set(COMMANDS)
+    # What rank 0 offers every rank is served there (the rest are the parent's own): one set of
+    # handlers, the built-in loop's and a script's.
+    ranks = [c for c in sent if c["op"] in ("pause", "resume", "checkpoint", "settings", "apply")]
+    orders = _Recorded()
+    orders.carry_out(ranks[:1])
+    assert orders.paused and orders.said == [("run", "paused")]
+    orders.carry_out(ranks[1:] + [{"op": "stop"}])
+    assert not orders.paused and orders.said[1] == ("run", "resumed")
+    assert orders.saved and orders.pending == {"workers": 2, "prefetch": False}
+    assert orders.apply_now and orders.stop and orders.interrupted
+    orders.carry_out([{"op": "later-version"}])  # ignored, as on every rank
+
+
+class _Recorded(AgreedOrders):
+    """The kit's handlers with hooks that only record."""
+
+    def __init__(self):
+        self.said, self.saved, self.pending = [], False, {}
+        super().__init__(reporter=self, mailbox=None)
+
+    def emit(self, kind: str, **fields) -> None:
+        self.said.append((kind, fields.get("status")))
+
+    def speaks(self) -> bool:
+        return True
+
+    def global_step(self) -> int:
+        return 7
+
+    def checkpoint(self) -> None:
+        self.saved = True
+
+    def settings(self, new: dict, request: str | None) -> None:
+        self.pending.update(new)
+
+    def has_pending(self) -> bool:
+        return bool(self.pending)
+
+    def stopping(self) -> None:
+        pass
 
 
 def test_the_world_orders_fit():

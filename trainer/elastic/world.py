@@ -239,7 +239,7 @@ def recover(p: Parts, order: dict) -> int:
     """After a peer died: re-form from the survivors and roll back to the newest point they all
     hold and know to be good; returns the number of steps that will be redone."""
     p.me.pulse.phase = "world"
-    p.ddp = p.control = p.state.reform = None  # a change agreed before the death is void
+    p.ddp = p.control = p.orders.reform = None  # a change agreed before the death is void
     with changing(p):
         dismantle(lambda text: p.me.say(text, "warning"), collect=True)
         p.state.mark("close")
@@ -327,7 +327,7 @@ def share_state(p: Parts, order: dict, group) -> int:
     sending = p.me.rank == src
     box = [None]
     if sending:
-        box = [{**host_state(p), "world_size": p.me.world_size, "paused": p.state.paused,
+        box = [{**host_state(p), "world_size": p.me.world_size, "paused": p.orders.paused,
                 "settings": dict(p.state.settings), "pending": dict(p.state.pending),
                 "best_val_acc": p.state.best_val_acc}]
     dist.broadcast_object_list(box, src=src, group=group)
@@ -338,7 +338,7 @@ def share_state(p: Parts, order: dict, group) -> int:
     meta = box[0]
     if not sending:
         load_host_state(p, meta)
-        p.state.paused, p.state.best_val_acc = meta["paused"], meta["best_val_acc"]
+        p.orders.paused, p.state.best_val_acc = meta["paused"], meta["best_val_acc"]
         p.state.settings.update(meta["settings"])
         p.state.pending = dict(meta["pending"])
         torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
