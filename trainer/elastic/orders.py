@@ -7,9 +7,11 @@ speaks for the world.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
-from ..telemetry.reporter import Reporter
-from .control import Mailbox
+if TYPE_CHECKING:
+    from ..telemetry.reporter import Reporter
+    from .control import Mailbox
 
 
 class AgreedOrders(ABC):
