@@ -105,8 +105,9 @@ class RunSampler:
         except psutil.Error:
             return "gone", 0.0
 
-    def forget(self, live_pids: set[int]) -> None:
-        self._tree.forget(live_pids)
+    def forget(self) -> None:
+        """Nothing kept of the processes that ended since."""
+        self._tree.forget()
 
     def close(self) -> None:
         if self.nvml is not None:

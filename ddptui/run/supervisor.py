@@ -229,9 +229,8 @@ class Supervisor(OwnedRun):
     def _sample(self) -> None:
         self.pool.scan_children()
         slots = {s: (rp.process.pid, rp.gpu) for s, rp in self.slots.items() if rp.alive}
-        pids = self.pool.pids()
-        self.sampler.sample(slots, pids)
-        self.sampler.forget(pids)
+        self.sampler.sample(slots, self.pool.pids())
+        self.sampler.forget()
         self.state.set_host(self.sampler.host())
 
     def _world_alive(self) -> bool:

@@ -211,6 +211,7 @@ class ScriptRun(OwnedRun):
         self.group.scan_children()
         alive = self.group.alive()
         self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
+        self.sampler.forget()
         self.state.set_host(self.sampler.host())
         # A standby waits for its join order on purpose: no stall verdict, no readings.
         members = [r for r in alive if not self.world.is_standby(r.slot, r.pid)]

@@ -166,7 +166,7 @@ class ScriptWatch:
                                                 if r.gpu is not None else None, s.last,
                                                 s.longest), now)
             self._update(r, verdict, now)
-        self.tree.forget({pid for r in ranks for pid in {r.pid} | r.children})
+        self.tree.forget()
 
     def _update(self, r: ScriptRank, verdict, now: float) -> None:
         if r.slot in self.flags:  # stalled, or found waiting in a collective

@@ -360,3 +360,24 @@ def test_cutting_a_worlds_connections_wakes_what_waits_on_them_and_spares_listen
     assert listener.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
     for s in (listener, client, server, unix_a, unix_b):
         s.close()
+
+
+def test_process_readings_keep_nothing_of_a_process_that_ended():
+    """The readings of a long run's ranks and workers (a new set every epoch and restart)
+    drop what ended, so a pid the system reuses is never read as the old process."""
+    import subprocess
+    import sys
+
+    from trainer.telemetry.gpu import ProcessTree
+
+    tree = ProcessTree()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        tree.read(os.getpid())
+        tree.read(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    tree.forget()
+    assert tree.process(os.getpid()) is not None
+    assert set(tree._known) == {os.getpid()}

@@ -112,9 +112,9 @@ class ProcessTree:
                 pass
         return round(cpu, 1), rss >> 20
 
-    def forget(self, live_pids: set[int]) -> None:
-        """Drop processes that are gone (pids are reused)."""
-        self._known = {pid: p for pid, p in self._known.items() if pid in live_pids}
+    def forget(self) -> None:
+        """Drop processes that are gone (psutil tells a reused pid apart by its start time)."""
+        self._known = {pid: p for pid, p in self._known.items() if p.is_running()}
 
 
 def memory_info(pynvml, handle):
