@@ -89,3 +89,21 @@ def test_the_kit_imports_itself_relatively():
                 found += [f"{path.name}:{node.lineno} {n}" for n in names
                           if n.split(".")[0] in ("trainer", "ddptui")]
     assert found == []
+
+
+# ddptui's packages and those each must never import: the model (state/) sits under everything
+# that writes it (the runs and sources) and the view that reads it; no owner imports the view.
+BELOW = {"state": {"view", "run", "script", "sources"}, "run": {"view"}, "script": {"view"},
+         "sources": {"view"}}
+
+
+def test_the_run_state_is_a_model_under_the_view_and_the_runs_that_write_it():
+    found = []
+    for package, above in BELOW.items():
+        for path in sorted((Path(ROOT) / "ddptui" / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+                found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                          if n.split(".")[:2] in (["ddptui", p] for p in above)]
+    assert found == []

@@ -371,13 +371,16 @@ def test_process_readings_keep_nothing_of_a_process_that_ended():
     from trainer.telemetry.gpu import ProcessTree
 
     tree = ProcessTree()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    alive, ended = subprocess.Popen(sleep), subprocess.Popen(sleep)
     try:
-        tree.read(os.getpid())
-        tree.read(child.pid)
+        tree.read(alive.pid)
+        tree.read(ended.pid)
+        ended.kill()
+        ended.wait()
+        tree.forget()
+        assert set(tree._known) == {alive.pid}
     finally:
-        child.kill()
-        child.wait()
-    tree.forget()
-    assert tree.process(os.getpid()) is not None
-    assert set(tree._known) == {os.getpid()}
+        for child in (alive, ended):
+            child.kill()
+            child.wait()

@@ -20,13 +20,20 @@ def _tmux(*args: str) -> str:
     return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 
 
-def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path):
-    session, log = f"ddptui-test-{time.monotonic_ns()}", tmp_path / "tui.jsonl"
+def _dashboard_in_tmux(env: dict, log, then: str = "") -> str:
+    """A 2-rank run's dashboard in a new 120x40 tmux session; its name."""
+    session = f"ddptui-test-{time.monotonic_ns()}"
     cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
                     "--epochs", "500", "--log", str(log)])
     environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
     _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
-          f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}; sleep 30")
+          f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}{then}")
+    return session
+
+
+def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path):
+    log = tmp_path / "tui.jsonl"
+    session = _dashboard_in_tmux(env, log, then="; sleep 30")
     try:
         deadline, screen = time.monotonic() + 60, ""
         while time.monotonic() < deadline:
@@ -50,12 +57,8 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
 
 
 def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env, tmp_path):
-    session, log = f"ddptui-hup-{time.monotonic_ns()}", tmp_path / "tui.jsonl"
-    cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
-                    "--epochs", "500", "--log", str(log)])
-    environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
-    _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
-          f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}")
+    log = tmp_path / "tui.jsonl"
+    session = _dashboard_in_tmux(env, log)
     deadline = time.monotonic() + 60
     while not (log.exists() and events(log, "step")):
         assert time.monotonic() < deadline, "no step within 60 s"
