@@ -46,12 +46,11 @@ class Rollback:
         leaves, spec = tree_flatten(self.state_fn())
         written = {b.data_ptr() for b in self.module.buffers()}
         found = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
-        order = [i for i in found if leaves[i].data_ptr() in written] + \
-            [i for i in found if leaves[i].data_ptr() not in written]
+        first = [i for i in found if leaves[i].data_ptr() in written]
+        order = first + [i for i in found if leaves[i].data_ptr() not in written]
         slots = {i: Slot(n) for n, i in enumerate(order)}
         skeleton = [slots[i] if i in slots else copy.deepcopy(v) for i, v in enumerate(leaves)]
-        buffers = sum(leaves[i].data_ptr() in written for i in found)
-        return [leaves[i].detach() for i in order], (skeleton, spec), buffers
+        return [leaves[i].detach() for i in order], (skeleton, spec), len(first)
 
     def load(self, skeleton: Any, tensors: list[torch.Tensor]) -> None:
         """load_fn() with the state whose structure read() returned, holding `tensors`."""
