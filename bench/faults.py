@@ -1,14 +1,16 @@
 """Ranks killed with SIGKILL at chosen moments, on the built-in loop and on a run.elastic()
 script: how long the others take to form the smaller world, and how long a killed rank takes
-to join again once its standby is warm. One run each, driven as the s/r/k keys drive it.
+to join again once its standby is warm, and how long rank 0 stood still for each join. One run
+each, driven as the s/r/k keys drive it.
 
 python bench/faults.py builtin --gpus 0,1 --cycles 10   # resnet18, synthetic data
 python bench/faults.py script --gpus 0,1 --cycles 10    # examples/elastic_ddp.py
 Each cycle: rank 1 joins again (r) and is killed at the cycle's moment, in turn: while it joins
-(0, 0.15 or 0.3 s after its join was ordered) or 0, 0.2, 0.5, 1 or 2 s after the world of 2
-formed, or it is stopped (s) 1 s after the world of 2 formed; a row per cycle, then a
-Markdown summary. A cycle that does not recover within 60 s ends the bench with a non-zero
-exit; one slower than 8 s prints every rank's stacks. The run's log: $OUT/faults-KIND.jsonl.
+(0, 0.15 or 0.3 s after its join was ordered; a script's: after it said it is prepared) or 0,
+0.2, 0.5, 1 or 2 s after the world of 2 formed, or it is stopped (s) 1 s after the world of 2
+formed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
+ends the bench with a non-zero exit; one slower than 8 s prints every rank's stacks. The run's
+log: $OUT/faults-KIND.jsonl.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join
            ("world", 0.5), ("world", 1.0), ("world", 2.0), ("stop", 1.0))
 
 
-def start(kind: str, gpus: str, log: str):
+def start(kind: str, gpus: str, log: str, extra: list[str]):
     where = ["--gpus", gpus] if gpus != "cpu" else ["--cpus", "2"]
     if kind == "builtin":
         from ddptui.run.supervisor import Supervisor
@@ -52,7 +54,7 @@ def start(kind: str, gpus: str, log: str):
     config = parse_script_args([os.path.join(ROOT, "examples", "elastic_ddp.py"), *where,
                                 "--log", log, "--", "--epochs", "300", "--samples",
                                 "40000", "--batch-size", "64", "--image-size", "64",
-                                "--workers", "2"], resolve_devices)
+                                "--workers", "2", *extra], resolve_devices)
     return ScriptRun(dataclasses.replace(config, headless=True))
 
 
@@ -122,10 +124,13 @@ def ready_t(log: Log, slot: int, after: float) -> float | None:
                  and e.get("standby") == "ready" and e["t"] > after), None)
 
 
-def joining_t(log: Log, slot: int, after: float) -> float | None:
-    """When the slot was told to join (it is restarting), after `after`."""
+def joining_t(log: Log, slot: int, after: float, kind: str) -> float | None:
+    """When the world began to form with the slot, after `after`: the built-in loop's joiner
+    was told to join (it is restarting), a script's joiner said it is prepared (the members are
+    told then; a kill while its script prepares costs them nothing: tests/script)."""
     return next((e["t"] for e in log.read() if e["kind"] == "rank" and e["rank"] == slot
-                 and e.get("state") == "restarting" and e["t"] > after), None)
+                 and e.get("state") == "restarting" and e["t"] > after
+                 and (kind == "builtin" or e.get("standby") == "prepared")), None)
 
 
 def main() -> int:
@@ -136,13 +141,15 @@ def main() -> int:
     p.add_argument("--moments", default=None, help="the cycles' moments in turn, e.g. "
                    "join:0.3,world:0 (default: all of them)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults.json"))
+    p.add_argument("--script-args", default="", help="more arguments for the script, e.g. "
+                   "--device-id (its NCCL communicator made in init_process_group)")
     args = p.parse_args()
     moments = MOMENTS if args.moments is None else [
         (m.split(":")[0], float(m.split(":")[1])) for m in args.moments.split(",")]
     path = os.path.join(os.environ.get("OUT", "/tmp"), f"faults-{args.kind}.jsonl")
     if os.path.exists(path):
         os.remove(path)
-    run = start(args.kind, args.gpus, path)
+    run = start(args.kind, args.gpus, path, args.script_args.split())
     log = Log(path)
     run.start()
     wait(run, lambda: any(e["kind"] == "step" for e in log.read()), "the first step", 300)
@@ -156,13 +163,15 @@ def main() -> int:
         seen, asked = len(worlds(log)), time.time()
         run.restart_rank(1)  # it joins as soon as its standby is warm
         if after == "join":
-            wait(run, lambda asked=asked: joining_t(log, 1, asked), "the join ordered", 180)
+            wait(run, lambda asked=asked: joining_t(log, 1, asked, args.kind), "the join ordered",
+                 180)
             formed = None
         else:
             wait(run, lambda seen=seen: any(w["size"] == 2 for w in worlds(log)[seen:]),
                  "the world of 2", 180)
             formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
         time.sleep(delay)
+        paused = None if formed is None else paused_s(log, asked, formed + delay)
         seen = len(worlds(log))
         warm = ready_t(log, 1, killed) or asked  # the standby started at the last kill
         killed = time.time()
@@ -176,7 +185,7 @@ def main() -> int:
         rows.append({"cycle": cycle, "moment": f"{after}+{delay}",
                      "after_world_s": None if formed is None else round(killed - formed, 2),
                      "join_s": None if formed is None else round(formed - max(warm, asked), 2),
-                     "recover_s": round(smaller - killed, 2)})
+                     "recover_s": round(smaller - killed, 2), "paused_s": paused})
         print(json.dumps(rows[-1]), flush=True)
     run.stop()
     code = run.wait(60)
@@ -184,13 +193,22 @@ def main() -> int:
         f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
                             "exit": code}) + "\n")
     join = [r["join_s"] for r in rows if r["join_s"] is not None]
+    paused = [r["paused_s"] for r in rows if r["paused_s"] is not None]
     kills = [r["recover_s"] for r in rows if not r["moment"].startswith("stop")]
-    print("\n| run | kills survived | rejoins | join: median, max (s) | recovery after a kill: "
-          "median, max (s) |\n|---|---|---|---|---|")
+    print("\n| run | kills survived | rejoins | join: median, max (s) | rank 0 paused by a join: "
+          "median, max (s) | recovery after a kill: median, max (s) |\n|---|---|---|---|---|---|")
     print(f"| {args.kind} | {len(kills) + 1} of {len(kills) + 1} | {len(rows)} | "
-          f"{spread(join)} | {spread(kills)} |")
+          f"{spread(join)} | {spread(paused)} | {spread(kills)} |")
     print(f"exit {code}")
     return 0
+
+
+def paused_s(log: Log, asked: float, until: float) -> float:
+    """Rank 0's longest gap between its step events from the join asked for until `until`: the
+    time the world's members stood still for the joiner (they report ~20 times a second)."""
+    seen = [e["t"] for e in log.read() if e["kind"] == "step" and e["rank"] == 0
+            and asked <= e["t"] <= until + 1.0]
+    return round(max((b - a for a, b in zip(seen, seen[1:], strict=False)), default=0.0), 2)
 
 
 def spread(seconds: list[float]) -> str:

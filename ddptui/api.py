@@ -22,6 +22,7 @@ from ddptui.rankside import RankSide
 
 if TYPE_CHECKING:
     from ddptui.elastic import Elastic
+    from ddptui.joiner import Joining
 
 STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
 
@@ -37,7 +38,7 @@ class Run:
         self._orders: Orders | None = None
         self._elastic: Elastic | None = None
         self._model = None  # run.ddp()'s
-        self._joining: dict | None = None  # r: the join order this standby was given
+        self._joining: Joining | None = None  # r: the join order this standby was given
         if not self.active:
             return
         self._orders = Orders(self._me)
@@ -45,7 +46,7 @@ class Run:
         self._me.announce(standby)
         atexit.register(self._at_exit)
         if standby:
-            from ddptui.elastic import await_join
+            from ddptui.joiner import await_join
 
             self._joining = await_join(self._me)
 

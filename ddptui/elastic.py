@@ -5,8 +5,6 @@ run.ddp(), the DistributedDataParallel model that is built again over each new w
 
 from __future__ import annotations
 
-import os
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddptui.kit.elastic import store, world
+from ddptui.joiner import Joining
+from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost, agree
 from ddptui.kit.protocol.events import count
 from ddptui.orders import Orders
@@ -71,13 +70,14 @@ class Elastic:
         model.before_forward = self.rollback.before_forward
         orders.on_reform = self.reform
 
-    def start(self, joining: dict | None) -> None:
+    def start(self, joining: Joining | None) -> None:
         """Orders that cannot wait reach the points; a standby's script joins its world now."""
         self.me.mailbox.on_urgent = self.rollback.on_urgent
         if self.cuda:  # NCCL's collectives waiting on a dead peer return
             self.me.mailbox.abort = lambda: world.abort(self._warn)
         if joining is not None:
-            self.join(joining)
+            joining.prepared()
+            self.join(joining.order)
         for live in self.me.loaders:
             self.adopt(live)
 
@@ -143,27 +143,33 @@ class Elastic:
         if self.me.mailbox.has_urgent:
             raise WorldLost("a peer died")
 
+    # Each change of the world holds off the mailbox's abort until it is done (Mailbox.changing:
+    # an abort freed the communicator under the share's NCCL calls, and the survivor's heap was
+    # corrupted, 2 x H200), and raises WorldLost then if a member died meanwhile.
     def reform(self, order: dict) -> None:
         """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
         me = self.me
         leftover = self.orders.finish(agreeing=True)
-        world.dismantle(self._warn, collect=False)
-        if me.slot not in order["members"]:
-            self.close()
-            me.leave(f"left the world at global step {me.global_step}")
-        entered = self._enter(order)
-        if order.get("joiner") is not None:
-            self._share(order, entered[2])
-        self._settle(entered, order, leftover)
+        with me.mailbox.changing():
+            world.dismantle(self._warn, collect=False)
+            if me.slot not in order["members"]:
+                self.close()
+                me.leave(f"left the world at global step {me.global_step}")
+            entered = self._enter(order)
+            if order.get("joiner") is not None:
+                self._share(order, entered[2])
+            self._settle(entered, order, leftover)
 
     def join(self, order: dict) -> None:
-        """A standby's script formed the order's world (ddptui.init() set its environment):
-        the group orders are agreed in, as form() makes it on the members, then the state."""
-        group = dist.new_group(backend="gloo")
-        if self.cuda:
-            world.make_communicator(self.device)
-        self._share(order, group)
-        self._settle((self.me.rank, self.me.world_size, group), order, [])
+        """A standby's script formed the order's world (ddptui.init() set its environment) and
+        said it is prepared: the group orders are agreed in, as form() makes it on the members
+        once they are told, then the state."""
+        with self.me.mailbox.changing():
+            group = dist.new_group(backend="gloo")
+            if self.cuda:
+                world.make_communicator(self.device)
+            self._share(order, group)
+            self._settle((self.me.rank, self.me.world_size, group), order, [])
 
     def _share(self, order: dict, group) -> None:
         """The first member that is not the joiner sends the joiner its state and position,
@@ -201,17 +207,17 @@ class Elastic:
         me, order = self.me, self.order
         self.order = None
         self.orders.finish(agreeing=False)
-        world.dismantle(self._warn, collect=True)
-        entered = self._enter(order)
-        summaries: list = [None] * entered[1]
-        dist.all_gather_object(summaries, self.rollback.summary())
-        target = agree(summaries)
-        if target is None:
-            raise RuntimeError("a rank died and the survivors share no rollback point")
-        redone = me.global_step - target
-        host = self.rollback.restore(target)
-        self._go_back(host)
-        self._settle(entered, order, [])
+        with me.mailbox.changing():
+            world.dismantle(self._warn, collect=True)
+            entered = self._enter(order)
+            summaries: list = [None] * entered[1]
+            dist.all_gather_object(summaries, self.rollback.summary(), group=entered[2])
+            target = agree(summaries)
+            if target is None:
+                raise RuntimeError("a rank died and the survivors share no rollback point")
+            redone = me.global_step - target
+            self._go_back(self.rollback.restore(target))
+            self._settle(entered, order, [])
         me.say(f"recovered on {count(me.world_size, 'rank')}: back to global step "
                f"{me.global_step}, {redone} steps to redo", redone=redone,
                global_step=me.global_step)
@@ -253,26 +259,6 @@ class Elastic:
 
     def close(self) -> None:
         self.rollback.close()
-
-
-def await_join(me: RankSide) -> dict:
-    """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
-    script forms its process group, for ddptui's order to join; the script then forms the
-    order's world from the environment set here. The run ended first: the script exits."""
-    order = me.mailbox.wait_urgent(None)
-    if order is None or order.get("op") != "join":
-        me.close()
-        raise SystemExit(0)
-    members = order["members"]
-    me.rank, me.world_size = members.index(me.slot), len(members)
-    url = urllib.parse.urlsplit(order["init"])
-    # Non-blocking NCCL: the communicator the script makes lazily can be aborted (world.py).
-    os.environ.update(RANK=str(me.rank), WORLD_SIZE=str(me.world_size),
-                      MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
-                      TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    store.meet(order["init"], me.rank, me.world_size)  # as the members do in world.form()
-    me.reporter.emit("rank", state="restarting", pid=os.getpid())
-    return order
 
 
 def _exchange(ops: list) -> None:

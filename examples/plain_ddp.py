@@ -27,6 +27,10 @@ def get_args() -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--fail-at-epoch", type=int, default=None, help="raise on rank 1 (tests)")
     p.add_argument("--hang-at-epoch", type=int, default=None, help="sleep on rank 1 (tests)")
+    p.add_argument("--device-id", action="store_true",
+                   help="init_process_group(device_id=...): NCCL's communicator made at once")
+    p.add_argument("--setup-seconds", type=float, default=0.0,
+                   help="set-up before the process group, as reading a dataset takes (tests)")
     return p.parse_args()
 
 
@@ -39,8 +43,10 @@ def setup(args: argparse.Namespace, wrap=DDP):
     """The process group, the data and its DistributedSampler, the DDP model."""
     local_rank = int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    time.sleep(args.setup_seconds)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo",
+                            device_id=device if cuda and args.device_id else None)
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(0)

@@ -62,17 +62,27 @@ def cuda_defaults() -> None:
 NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "6", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50"}
 
 
+# How long a non-blocking communicator's set-up waits for its members (torch's default: 30
+# minutes; torch reads it once, at a process's first such wait): a survivor forming a world with
+# a member that died before it came goes on without it after this. Every world ddptui forms is
+# non-blocking, and a script's joiner's; a script's own communicators are not.
+NCCL_SETUP_TIMEOUT = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
+
+
 # The built-in loop's worlds are abortable once formed only if NCCL made every connection at
 # init (a peer dead before a collective's connections were made left the survivor waiting in
 # torch for ever, abort or not: bench/nccl_abort.py); no abort reaches a set-up, so it ends by
 # itself when a member never comes. Costs ~0.5 GiB of GPU memory per communicator.
-NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
+NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", **NCCL_SETUP_TIMEOUT}
 
 
 def nccl_defaults(env: dict, abortable: bool = False) -> None:
-    """What ddptui's ranks on one machine start with unless the user chose otherwise;
-    `abortable`: the built-in loop's (a script's own communicators keep NCCL's defaults)."""
-    for name, value in {**NCCL_CONNECT_RETRIES, **(NCCL_ABORTABLE if abortable else {})}.items():
+    """What ddptui's ranks on one machine start with unless the user chose otherwise: the set-up
+    timeout holds for non-blocking communicators only (those of the worlds ddptui forms, and a
+    script's joiner's), so a script's own keep NCCL's defaults; `abortable`: the built-in
+    loop's worlds connect at init."""
+    for name, value in {**NCCL_CONNECT_RETRIES, **NCCL_SETUP_TIMEOUT,
+                        **(NCCL_ABORTABLE if abortable else {})}.items():
         env.setdefault(name, value)
 
 

@@ -4,7 +4,9 @@ and returns the actions the supervisor carries out; it starts, kills and reads n
 
 One change at a time: a leave or a join is ordered, then confirmed by the new world's `world`
 event; requests that arrive meanwhile wait their turn. A member that does not confirm within
-`timeout` seconds is killed, and its death is handled like any other.
+`timeout` seconds is killed, and its death is handled like any other. A script's joiner
+(`prepared_joins`) runs its script up to run.elastic() first: the members, training meanwhile,
+are told to form the world only once it says it is prepared.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class Membership:
     out: dict[int, tuple[str, str]] = field(default_factory=dict)  # (stopped|crashed, why)
     generation: int = 0
     asked: dict[str, int] = field(default_factory=dict)  # settings request id -> its leader
+    prepared_joins: bool = False
+    held: dict | None = None  # the members' reform order, until its joiner is prepared
 
     def __post_init__(self):
         self.members = sorted(self.members)
@@ -152,6 +156,15 @@ class Membership:
         if self.change is not None:
             self.announced.add(slot)
 
+    def prepared(self, slot: int, now: float) -> list:
+        """The joiner ran its script up to run.elastic(): the members form the world now."""
+        order, self.held = self.held, None
+        if order is None or order.get("joiner") != slot:
+            self.held = order
+            return []
+        self.deadline = now + self.timeout
+        return [Tell(self.confirmed[0], order)]
+
     def world_confirmed(self, generation: int, now: float) -> list:
         if self.change is None or generation != self.change["gen"]:
             return []
@@ -171,6 +184,8 @@ class Membership:
         still alive (the joiner and a leaver of an unconfirmed change are not among them: they
         are ended and go back to standing by); a standby's death is only reported."""
         joiner = self.change.get("joiner") if self.change else None
+        if self.held is not None and slot == joiner:
+            return self._join_called_off(slot, why, now)
         in_world = slot in self.members or slot in self.confirmed or slot in self.leaving
         if not in_world:
             self.ready.discard(slot)
@@ -186,6 +201,7 @@ class Membership:
             self.ready.discard(s)
             actions.append(Standby(s))
         self.leaving.clear()
+        self.held = None
         base = self._member_slots()
         survivors = sorted((base & alive) - dropped - {slot})
         if not (recoverable and survivors):
@@ -225,14 +241,26 @@ class Membership:
         return self.change is None
 
     # -- inside ----------------------------------------------------------------------------
+    def _join_called_off(self, slot: int, why: str, now: float) -> list:
+        """A joiner died in its script before the members were told: they go on untouched."""
+        self.held = self.change = None
+        self.members = list(self.confirmed)
+        self.out[slot] = (RankState.CRASHED, why)
+        actions = [Say(f"rank {slot} {why} before it joined: the others go on", "warning"),
+                   *self._next(now)]
+        return actions + [Standby(slot)]  # started only if an r asked for it meanwhile
+
     def _member_slots(self) -> set[int]:
         """The world's members, ordered or last confirmed, less those that crashed or left
         since: such a slot's live process is its standby, which no recover order may name."""
         return (set(self.members) | set(self.confirmed)) - set(self.out)
 
-    def _order(self, op: str, members: list[int], now: float, **extra) -> dict:
+    def _order(self, op: str, members: list[int], now: float, in_order: bool = False,
+               **extra) -> dict:
+        """`members` in world-rank order; by slot unless `in_order`."""
         self.generation += 1
-        order = {"op": op, "members": sorted(members), "gen": self.generation,
+        order = {"op": op, "members": members if in_order else sorted(members),
+                 "gen": self.generation,
                  "init": self.new_address(), **extra}
         self.members = order["members"]
         self.change = order
@@ -254,6 +282,12 @@ class Membership:
         slot, leader = ready[0], self.members[0]
         self.wanted.discard(slot)
         self.ready.discard(slot)
+        if self.prepared_joins:  # last: never rank 0, whose init_process_group opens a store
+            order = self._order("reform", self.members + [slot], now, in_order=True,
+                                joiner=slot, prepare=True)
+            self.held, self.deadline = order, float("inf")  # its script takes what it takes
+            return actions + [Tell(leader, {**order, "op": "host"}),
+                              Tell(slot, {**order, "op": "join"}), Joining(slot)]
         order = self._order("reform", self.members + [slot], now, joiner=slot)
         return actions + [Tell(leader, order), Tell(slot, {**order, "op": "join"}),
                           Joining(slot)]

@@ -166,7 +166,7 @@ class ScriptRun(OwnedRun):
             self.watch.flush_lines(now)
             self.group.escalate(self.say)
             alive = self.group.alive()
-            if alive and all(self.world.is_standby(r.slot, r.pid) for r in alive):
+            if alive and all(self._outside(r) for r in alive):
                 for r in alive:  # nothing is left for them to join
                     os.killpg(r.pid, signal.SIGKILL)
                 continue
@@ -213,10 +213,15 @@ class ScriptRun(OwnedRun):
         self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
         self.sampler.forget()
         self.state.set_host(self.sampler.host())
-        # A standby waits for its join order on purpose: no stall verdict, no readings.
-        members = [r for r in alive if not self.world.is_standby(r.slot, r.pid)]
+        # A standby waits for its join order on purpose, a joiner prepares as long as its
+        # script takes: no stall verdict, no readings.
+        members = [r for r in alive if not self._outside(r)]
         self.watch.sample(members, self.sampler.util, self.sampler.gpu_memory, now,
                           judge=not self._ending)
+
+    def _outside(self, r: ScriptRank) -> bool:
+        """A standby, or a joiner that the members are not forming a world with yet."""
+        return self.world.is_standby(r.slot, r.pid) or self.world.preparing(r.slot)
 
     # -- ranks ending, the outcome -------------------------------------------------------------
     def _rank_ended(self, r: ScriptRank) -> None:

@@ -23,7 +23,8 @@ class ScriptWorld:
 
     def __init__(self, slots: list[int]):
         self.slots = slots
-        self.membership = Membership(list(slots), lambda: f"tcp://127.0.0.1:{free_port()}")
+        self.membership = Membership(list(slots), lambda: f"tcp://127.0.0.1:{free_port()}",
+                                     prepared_joins=True)
         self.controls: dict[int, set[str]] = {}  # what each rank opted into (ddptui.init)
         self.killed: dict[int, str] = {}  # pid -> why ddptui killed that process
         self.left: set[int] = set()  # pids of the processes that left the world on request
@@ -61,6 +62,8 @@ class ScriptWorld:
             case {"kind": "rank", "state": RankState.STANDBY} \
                     if self.is_standby(slot, ev.get("pid")):
                 return self.membership.standby_ready(slot, time.time())
+            case {"kind": "rank", "standby": "prepared"}:
+                return self.membership.prepared(slot, time.time())
             case {"kind": "rank", "state": RankState.RUNNING}:
                 self.membership.entered(slot)
             case {"kind": "rank", "state": RankState.STOPPED} if slot in self.membership.leaving:
@@ -102,6 +105,11 @@ class ScriptWorld:
             return lost
         actions = self.membership.died(slot, alive, True, why, time.time())
         return lost if any(isinstance(a, Fail) for a in actions) else actions
+
+    def preparing(self, slot: int) -> bool:
+        """The slot's joiner runs its script up to run.elastic(); the members train on."""
+        held = self.membership.held
+        return held is not None and held.get("joiner") == slot
 
     def is_member(self, slot: int) -> bool:
         return slot in self.membership.members

@@ -108,6 +108,59 @@ def test_a_survivor_dying_during_a_join_drops_the_joiner_too():
     assert m.wanted == {2}  # it joins again once a new standby is warm
 
 
+def _script_joining(slot: int, *others: int) -> Membership:
+    """A script's world of `others` that `slot` (stopped) was told to join: it prepares."""
+    ports = itertools.count(1000)
+    m = Membership(sorted((slot, *others)), lambda: f"tcp://127.0.0.1:{next(ports)}",
+                   prepared_joins=True)
+    (order,) = _tells(m.stop(slot, 0)).values()
+    m.world_confirmed(order["gen"], 1)
+    m.left(slot)
+    m.restart(slot, True, 2)
+    return m
+
+
+def test_a_scripts_joiner_prepares_before_the_members_are_told_and_takes_the_last_rank():
+    m = _script_joining(0, 1, 2)
+    actions = m.standby_ready(0, 3)
+    tells = _tells(actions)  # the joiner, and rank 0 opens the store: the members train on
+    join, host = tells[0], tells[1]
+    assert sorted(tells) == [0, 1] and host == {**join, "op": "host"}
+    assert join["op"] == "join" and join["prepare"] and Joining(0) in actions
+    assert join["members"] == [1, 2, 0]  # last: never the rank that opens a store itself
+    assert m.tick(now=3 + 10 * m.timeout) == []  # its script takes what it takes
+    assert m.prepared(2, now=50) == []  # only its joiner says so
+    (leader, reform), = _tells(m.prepared(0, now=50)).items()
+    assert leader == 1 and reform == {**join, "op": "reform"}
+    assert [a.slot for a in m.tick(now=51 + m.timeout)] == [1, 2, 0]  # then it is timed
+    assert m.world_confirmed(reform["gen"], 52) == [] and m.confirmed == [1, 2, 0]
+    assert _tells(m.stop(1, 53))[1]["members"] == [0, 2]  # a later world: by slot again
+
+
+def test_a_scripts_joiner_dying_while_it_prepares_costs_the_members_nothing():
+    m = _script_joining(2, 0, 1)
+    m.standby_ready(2, 3)
+    assert m.restart(2, True, 4) == [] and m.deferred == [("restart", 2)]  # behind the join
+    actions = m.died(2, alive={0, 1}, recoverable=True, why="exited with 1", now=5)
+    assert not _tells(actions)  # no recover order: the members never stopped
+    assert m.members == m.confirmed == [0, 1] and m.held is None
+    assert m.out[2] == ("crashed", "exited with 1")
+    assert any(isinstance(a, Say) and "before it joined" in a.text for a in actions)
+    assert m.wanted == {2} and m.deferred == []  # the r asked meanwhile: once a standby is warm
+    assert actions[-1] == Standby(2)
+    again = _tells(m.standby_ready(2, 6))
+    assert again[2]["op"] == "join" and again[2]["members"] == [0, 1, 2]
+
+
+def test_a_member_dying_while_a_scripts_joiner_prepares_recovers_and_drops_the_joiner():
+    m = _script_joining(2, 0, 1)
+    m.standby_ready(2, 3)
+    actions = m.died(1, alive={0, 2}, recoverable=True, why="killed by SIGKILL", now=4)
+    assert Kill(2, "the world broke while rank 2 was joining") in actions
+    assert _tells(actions) == {0: _tells(actions)[0]} and _tells(actions)[0]["members"] == [0]
+    assert m.held is None and m.prepared(2, now=5) == []
+
+
 def test_a_leaver_dying_before_its_leave_is_agreed_does_not_hang_the_others():
     m = _world(0, 1, 2)
     m.stop(2, 0)  # ordered, not agreed yet

@@ -4,6 +4,7 @@ repeated when the world shrinks or goes back to a rollback point."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -15,7 +16,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from ddptui.cli import resolve_devices
 from ddptui.loader import LiveLoader
+from ddptui.script.options import parse_script_args
+from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
 from tests.conftest import (
@@ -32,6 +36,7 @@ from tests.script.test_script_live import _row, _run, _until, script_env  # noqa
 
 ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
 CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
+FAILS = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_fails.py")
 
 
 @pytest.mark.timeout(120)
@@ -86,7 +91,7 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
                                                               tmp_path):
     log = tmp_path / "dash.jsonl"
     run = _run([ELASTIC, "--cpus", "2", "--grace", "10", "--", "--epochs", "1000", "--samples",
-                "2048", "--image-size", "16"], log)
+                "2048", "--image-size", "16", "--setup-seconds", "1"], log)
     app = DashboardApp(run)
     worlds = lambda: [e for e in events(log, "world") if e["rank"] != -1]  # noqa: E731
     async with app.run_test(size=(160, 45)) as pilot:
@@ -101,6 +106,12 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
         assert not isinstance(app.screen, ConfirmRestart)
         await _until(pilot, lambda: len(worlds()) == 2 and _row(app, 1)["state"] == "running")
         joined = worlds()[-1]
+        # Its script ran its set-up while rank 0 trained on; then they formed the world.
+        (preparing,), (prepared,) = ([e["t"] for e in events(log, "rank") if e["rank"] == 1
+                                      and e.get("standby") == word] for word in
+                                     ("preparing", "prepared"))
+        assert any(preparing < e["t"] < prepared for e in events(log, "step") if e["rank"] == 0)
+        assert prepared < joined["t"]
         # The joiner takes the world's epoch up at its step: that epoch's row starts there.
         row = lambda: [e for e in events(log, "epoch") if e["rank"] == 1 and  # noqa: E731
                        e["epoch"] == joined["epoch"] and e["t"] > joined["t"]]
@@ -158,6 +169,41 @@ def test_a_rank_killed_outside_ddptui_leaves_nothing_behind_when_the_others_go_o
         proc.communicate(timeout=60)
     assert proc.returncode == 130
     assert_gone(run_pids(log))
+
+
+@pytest.mark.timeout(120)
+def test_a_joiner_whose_script_fails_in_its_set_up_costs_the_others_nothing(
+        script_env, monkeypatch, tmp_path):  # noqa: F811
+    """r while the script's data is missing on that rank: the joiner's script fails before it
+    needs the world, and the rank that trains never stops or goes back: no world is formed,
+    nothing recovered, the crash and its cause are shown."""
+    log, missing = tmp_path / "prep.jsonl", tmp_path / "missing"
+    missing.touch()
+    monkeypatch.setenv("JOINER_FAILS", str(missing))
+    run = ScriptRun(dataclasses.replace(parse_script_args(
+        [FAILS, "--cpus", "2", "--log", str(log), "--", "--epochs", "1000", "--samples", "2048",
+         "--image-size", "16"], resolve_devices), headless=True))
+    run.start()
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "rank" and e.get("control") and
+                       "elastic" in e["control"] and e["rank"] == 1)
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1)
+        run.stop_rank(1)
+        left = wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] == 0)
+        run.restart_rank(1)
+        error = wait_for_event(log, lambda e: e["kind"] == "error")
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 0 and
+                       e["t"] > error["t"] + 0.5)
+    finally:
+        run.stop()
+        run.wait(60)
+    assert error["rank"] == 1 and error["text"] == "FileNotFoundError: the dataset is not there"
+    assert [e["size"] for e in events(log, "world") if e["rank"] != -1] == [left["size"]] == [1]
+    assert not [e for e in events(log, "message") if e["text"].startswith("recovered")]
+    assert any("before it joined: the others go on" in e["text"] for e in events(log, "message"))
+    steps = [e["global_step"] for e in events(log, "step") if e["rank"] == 0]
+    assert steps == sorted(steps)  # never went back
+    assert_gone(rank_pids(log))
 
 
 def _loader(world: tuple[int, int]) -> LiveLoader:

@@ -292,10 +292,11 @@ def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_
     assert sleep * tries * (tries + 1) / 2 < 5000  # NCCL waits a little longer at each try
     mine = rank_env(gpu, attempt, 1, "s", base={"NCCL_SOCKET_RETRY_CNT": "34"})
     assert mine["NCCL_SOCKET_RETRY_CNT"] == "34"
-    # The built-in loop's worlds are made abortable; a script's own communicators are not touched.
+    # The built-in loop's worlds are made abortable; a script's own communicators are not
+    # touched (the set-up timeout holds only for the non-blocking ones ddptui forms).
     from trainer.bootstrap import nccl_defaults
 
-    assert "NCCL_RUNTIME_CONNECT" not in env and "TORCH_NCCL_NONBLOCKING_TIMEOUT" not in env
+    assert "NCCL_RUNTIME_CONNECT" not in env and env["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "5"
     builtin = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
     nccl_defaults(builtin, abortable=True)
     assert builtin["NCCL_RUNTIME_CONNECT"] == "0" and builtin["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "60"

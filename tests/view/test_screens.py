@@ -16,11 +16,14 @@ import time
 import pytest
 
 from ddptui.sources.replay import Replay
+from ddptui.state.views import RankView
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.bars import SPARKS
 from ddptui.view.widgets.gpus import GpuScreen
+from ddptui.view.widgets.tables import state_cell
 from tests.conftest import ROOT, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run, script_run
+from trainer.protocol.events import RankState
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
@@ -154,6 +157,13 @@ async def test_stopped_and_crashed_ranks_say_so_and_the_charts_mark_the_changes(
                           "crashed (SIGKILL) · standby warming 60s"]
         charts = app.source.state.charts()
         assert [label for _, label in charts["marks"]] == ["world 3", "world 2", "prefetch"]
+
+
+def test_a_scripts_joiner_is_shown_preparing_then_joining():
+    joiner = RankView(1, RankState.RESTARTING, standby="preparing", standby_t=100.0)
+    assert str(state_cell(joiner, now=103.2)) == "restarting · preparing 3s"
+    joiner.standby = "prepared"
+    assert str(state_cell(joiner, now=104.0)) == "restarting · joining"
 
 
 async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes():

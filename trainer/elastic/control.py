@@ -20,6 +20,7 @@ import torch.distributed as dist
 from ..compat import default_store
 from .snapshot import WorldLost
 from .sockets import Sockets, open_sockets, sever
+from .store import open_ahead
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
@@ -35,9 +36,8 @@ LINKED_WAIT_S = 10.0  # a script's linked ranks wait this long for one another a
 
 @dataclasses.dataclass
 class FormingWorld:
-    """A world being formed: the sockets this rank had open before (none of them is the
-    world's), its store's port, whose it is and whether every member came there."""
-    before: Sockets
+    """A world being formed: its store's port, whose it is and whether every member came
+    there."""
     store_port: int | None
     own_store: bool = False
     met: bool = False
@@ -72,7 +72,9 @@ class Mailbox:
             except (EOFError, OSError):  # the supervisor is gone; the parent watch ends us
                 self.urgent.put(None)
                 return
-            if msg.get("op") in URGENT:
+            if msg.get("op") == "host":
+                self._open_ahead(msg)
+            elif msg.get("op") in URGENT:
                 # The flag first: whatever the abort makes the main thread's collective raise,
                 # it is then taken for the broken world it is. Then on_urgent (the abort), then
                 # the order: the main thread, taking it at a step boundary, would otherwise
@@ -86,7 +88,9 @@ class Mailbox:
                     self.generation = max(self.generation, msg.get("gen", 0))
                     sever(self.world_sockets)
                     if forming is not None and forming.cut_store():
-                        sever(open_sockets() - forming.before, peer_port=forming.store_port)
+                        # Every connection to the world's store: rank 0 may have opened it
+                        # before the forming began (open_ahead), with its own connection.
+                        sever(open_sockets(), peer_port=forming.store_port)
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
@@ -95,6 +99,15 @@ class Mailbox:
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)
+
+    @staticmethod
+    def _open_ahead(msg: dict) -> None:
+        """Rank 0's store for a script's joiner, open at once (its world forms later, when the
+        members are told); one that cannot listen fails that world's forming instead."""
+        try:
+            open_ahead(msg["init"], len(msg["members"]))
+        except RuntimeError:
+            pass
 
     def _abort_unless_changing(self) -> None:
         if self._abort_lock.acquire(blocking=False):
@@ -126,7 +139,7 @@ class Mailbox:
         it (meet()): its connections are cut only once they have (met()), as a request of its
         own cut then corrupted its heap (a joiner killed before it came)."""
         with self._lock:
-            self._forming = FormingWorld(open_sockets(), store_port, own_store)
+            self._forming = FormingWorld(store_port, own_store)
         try:
             yield
         finally:

@@ -22,6 +22,10 @@ STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0
 # The stores of worlds that failed to form, never freed: freeing a rank 0's store then
 # corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
 ABANDONED: list = []
+# The stores rank 0 opened ahead of a script's join (open_ahead), by address, until its world
+# forms; and a joiner's connection to the store it came to before its script ran on.
+OPENED: dict[str, dist.TCPStore] = {}
+CAME: list = []
 
 
 def meet(init_method: str, rank: int, world_size: int,
@@ -33,12 +37,35 @@ def meet(init_method: str, rank: int, world_size: int,
     url = urllib.parse.urlsplit(init_method)
     if url.scheme != "tcp" or url.hostname is None or url.port is None:
         return None
-    store = dist.TCPStore(url.hostname, url.port, world_size, is_master=True,
-                          timeout=dist.default_pg_timeout, wait_for_workers=False) \
-        if rank == 0 else store_client(init_method, world_size, give_up)
+    if rank != 0:
+        store = store_client(init_method, world_size, give_up)
+    elif (store := OPENED.pop(init_method, None)) is None:
+        store = _listen(init_method, world_size)
     with kept_on_failure(store):
         arrive(store, ARRIVED, world_size, give_up)
     return store
+
+
+def _listen(init_method: str, world_size: int) -> dist.TCPStore:
+    url = urllib.parse.urlsplit(init_method)
+    return dist.TCPStore(url.hostname, url.port, world_size, is_master=True,
+                         timeout=dist.default_pg_timeout, wait_for_workers=False)
+
+
+def open_ahead(init_method: str, world_size: int) -> None:
+    """Rank 0, told that a script's rank will join: the coming world's store listens now, so
+    that the joiner's script connects to it (env://) while the members train on; they meet
+    there once it is prepared. Never freed if that join is called off."""
+    OPENED[init_method] = _listen(init_method, world_size)
+
+
+def come_early(init_method: str, world_size: int) -> None:
+    """A script's joiner counts itself in at its world's store before its script runs on: an
+    init_process_group() that connects at once waits there for the members, which must not wait
+    for it in turn."""
+    store = store_client(init_method, world_size)
+    CAME.append(store)
+    store.add(ARRIVED, 1)
 
 
 def arrive(store: dist.TCPStore, key: str, world_size: int,

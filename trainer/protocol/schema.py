@@ -139,7 +139,12 @@ class RankEvent(Event):
                                                     "stall's verdict)"]]
     exit_code: NotRequired[Annotated[int | None, "its process's exit code, once it ended"]]
     standby: NotRequired[Annotated[str | bool | None, "out of the world: its warm standby "
-                                                           "is `warming` or `ready`"]]
+                                                           "is `warming` or `ready`; a script's "
+                                                           "joiner (restarting) is `preparing` "
+                                                           "(its script runs up to run.elastic() "
+                                                           "while the others train) or "
+                                                           "`prepared` (they form the world "
+                                                           "with it now)"]]
     world_rank: NotRequired[Annotated[int, "its rank in the world it entered"]]
     api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init; "
                                     "one under `python -m ddptui.wrap`: ddptui.wrap"]]
@@ -355,12 +360,16 @@ class WorldOrder(Command):
     ranks' command pipes (a script's under run.elastic(): its report channel): `reform` to the
     world's rank 0, which offers it to every member at an agreed step (a leave or a join); `join`
     to the joining standby; `recover` straight to every survivor after a rank died (they roll
-    back and re-form without it)."""
+    back and re-form without it); `host` to the world's rank 0 as a script's joiner is told to
+    join: the new world's store listens at once, for the joiner's script to connect to."""
 
     members: Annotated[list, "the slots of the new world, in world-rank order"]
     gen: Annotated[int, "the world's generation (how many times it has formed)"]
     init: Annotated[str, "the new process group's rendezvous address, tcp://HOST:PORT"]
     joiner: NotRequired[Annotated[int, "reform and join: the slot that joins"]]
+    prepare: NotRequired[Annotated[bool, "reform and join, a script's: the joiner (last in "
+                                         "`members`) runs its script up to run.elastic() first; "
+                                         "the reform goes to rank 0 once it is `prepared`"]]
     stop: NotRequired[Annotated[bool, "recover: the survivors checkpoint and end (a quit with a "
                                       "stalled rank)"]]
 
@@ -370,5 +379,5 @@ COMMANDS: dict[str, type] = {
     "stop": StopCommand, "settings": SettingsCommand, "apply": ApplyCommand,
     "stop_rank": RankCommand, "restart_rank": RankCommand, "kill_rank": RankCommand,
     "stacks": RankCommand, "restart": RestartCommand,
-    "reform": WorldOrder, "join": WorldOrder, "recover": WorldOrder,
+    "reform": WorldOrder, "join": WorldOrder, "recover": WorldOrder, "host": WorldOrder,
 }

@@ -121,8 +121,13 @@ class RankTable(DataTable):
         return rows
 
 
+# A script's joiner: its script runs up to run.elastic(), then the others form the world with it.
+JOINER = {"preparing": "preparing", "prepared": "joining"}
+
+
 def state_cell(r, now: float) -> Text:
-    """'stalled 12s', 'stopped · standby warming 4s', 'crashed (killed by SIGKILL) · ...'."""
+    """'stalled 12s', 'stopped · standby warming 4s', 'crashed (killed by SIGKILL) · ...',
+    'restarting · preparing 3s'."""
     text = r.state
     if r.state.is_troubled and r.state_t:
         text += f" {now - r.state_t:.0f}s"
@@ -131,8 +136,8 @@ def state_cell(r, now: float) -> Text:
             r.reason.removeprefix("killed by ")  # "SIGKILL", or the exception's line
         text += f" ({why})"
     if r.standby:
-        text += f" · standby {r.standby}"
-        if r.standby == "warming" and r.standby_t:
+        text += f" · {JOINER.get(r.standby, f'standby {r.standby}')}"
+        if r.standby in ("warming", "preparing") and r.standby_t:
             text += f" {now - r.standby_t:.0f}s"
     return Text(text, style=STATE_STYLE.get(r.state, ""))
 
