@@ -22,7 +22,7 @@ from ddptui.rankside import RankSide
 
 if TYPE_CHECKING:
     from ddptui.elastic import Elastic
-    from ddptui.joiner import Joining
+    from ddptui.joiner import Joiner
 
 STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
 
@@ -38,7 +38,7 @@ class Run:
         self._orders: Orders | None = None
         self._elastic: Elastic | None = None
         self._model = None  # run.ddp()'s
-        self._joining: Joining | None = None  # r: the join order this standby was given
+        self._joining: Joiner | None = None  # r: the join order this standby was given
         if not self.active:
             return
         self._orders = Orders(self._me)

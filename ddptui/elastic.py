@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddptui.joiner import Joining
+from ddptui.joiner import Joiner
 from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost, agree
 from ddptui.kit.protocol.events import count
@@ -70,7 +70,7 @@ class Elastic:
         model.before_forward = self.rollback.before_forward
         orders.on_reform = self.reform
 
-    def start(self, joining: Joining | None) -> None:
+    def start(self, joining: Joiner | None) -> None:
         """Orders that cannot wait reach the points; a standby's script joins its world now."""
         self.me.mailbox.on_urgent = self.rollback.on_urgent
         if self.cuda:  # NCCL's collectives waiting on a dead peer return
@@ -143,9 +143,10 @@ class Elastic:
         if self.me.mailbox.has_urgent:
             raise WorldLost("a peer died")
 
-    # Each change of the world holds off the mailbox's abort until it is done (Mailbox.changing:
-    # an abort freed the communicator under the share's NCCL calls, and the survivor's heap was
-    # corrupted, 2 x H200), and raises WorldLost then if a member died meanwhile.
+    # Each change of the world holds off the mailbox's abort until it is done, as the built-in
+    # loop's do (Mailbox.changing: without it a joiner killed as the world formed corrupted a
+    # survivor's heap, 3 runs of bench/faults.py on 2 x H200), and raises WorldLost then if a
+    # member died meanwhile.
     def reform(self, order: dict) -> None:
         """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
         me = self.me

@@ -22,7 +22,7 @@ BLOCKED_S = 0.5
 DISTRIBUTED = os.sep + os.path.join("torch", "distributed") + os.sep
 
 
-class Joining:
+class Joiner:
     """The join order a standby was given, and its one word to ddptui that it is prepared:
     said by run.elastic(), or by a watch of the main thread once your script waits inside
     torch.distributed before that."""
@@ -62,7 +62,7 @@ def _inside_distributed(frame) -> bool:
     return False
 
 
-def await_join(me: RankSide) -> Joining:
+def await_join(me: RankSide) -> Joiner:
     """A standby (r on a rank of a run.elastic() script) waits in ddptui.init(), before the
     script forms its process group, for ddptui's order to join; the script then forms the
     order's world from the environment set here. The run ended first: the script exits."""
@@ -80,4 +80,4 @@ def await_join(me: RankSide) -> Joining:
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
     store.come_early(order["init"], me.world_size)
     me.reporter.emit("rank", state="restarting", pid=os.getpid(), standby="preparing")
-    return Joining(me, order)
+    return Joiner(me, order)

@@ -158,10 +158,9 @@ class Membership:
 
     def prepared(self, slot: int, now: float) -> list:
         """The joiner ran its script up to run.elastic(): the members form the world now."""
-        order, self.held = self.held, None
-        if order is None or order.get("joiner") != slot:
-            self.held = order
+        if self.held is None or self.held.get("joiner") != slot:
             return []
+        order, self.held = self.held, None
         self.deadline = now + self.timeout
         return [Tell(self.confirmed[0], order)]
 
@@ -260,8 +259,7 @@ class Membership:
         """`members` in world-rank order; by slot unless `in_order`."""
         self.generation += 1
         order = {"op": op, "members": members if in_order else sorted(members),
-                 "gen": self.generation,
-                 "init": self.new_address(), **extra}
+                 "gen": self.generation, "init": self.new_address(), **extra}
         self.members = order["members"]
         self.change = order
         self.deadline = now + self.timeout
