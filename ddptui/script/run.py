@@ -262,7 +262,7 @@ class ScriptRun(OwnedRun):
             return
         r = self.group.start_one(slot, self._attempt, standby=True)
         self.world.standing_by[slot] = r.pid
-        self.watch.attempt([slot], time.time())
+        self.watch.attempt([slot], time.time(), standby=True)
         state, reason = self.world.out_state(slot)
         self._handle(event("rank", slot, state=state, reason=reason, pid=r.pid,
                            standby="warming"))

@@ -28,12 +28,14 @@ NO_LOSS = ("no loss read from the ranks' output yet: print it as `loss: 0.12` (e
 
 
 class Silence:
-    """When a rank last said something, and its longest silence so far."""
+    """When a rank last said something, and its longest silence so far; `announce`: its first
+    word says it runs (not a standby's: it stays out of the world until it joins)."""
 
-    def __init__(self, now: float):
+    def __init__(self, now: float, announce: bool = True):
         self.last: float | None = None
         self.longest = 0.0
         self.started = now
+        self.announce = announce
 
     def heard(self, now: float) -> None:
         if self.last is not None:
@@ -69,15 +71,17 @@ class ScriptWatch:
         self._started = 0.0
         self._told_no_loss = False
 
-    def attempt(self, slots: list[int], now: float) -> None:
-        """A new start of the group: nothing of the last one's output or verdicts counts."""
+    def attempt(self, slots: list[int], now: float, standby: bool = False) -> None:
+        """A new start of the group (or of a slot's standby): nothing of the last one's output
+        or verdicts counts."""
         for slot in slots:
             self.readers[slot] = MetricReader(slot, self.patterns, self._emitter(slot))
-            self.silence[slot] = Silence(now)
+            self.silence[slot] = Silence(now, announce=not standby)
             self.stalls.forget(slot)
             self._forget(slot)
-        self.reporting.clear()
-        self._started = now
+        self.reporting -= set(slots)
+        if not standby:
+            self._started = now
 
     def _emitter(self, slot: int) -> Callable[..., None]:
         return lambda kind, **fields: self.handle(event(kind, slot, **fields))
@@ -103,7 +107,7 @@ class ScriptWatch:
     def _heard(self, slot: int, now: float) -> None:
         """A line or a step: the first one says the rank runs (its script got going)."""
         silence = self.silence[slot]
-        if silence.last is None and slot not in self.flags:
+        if silence.last is None and silence.announce and slot not in self.flags:
             self.handle(event("rank", slot, state=RankState.RUNNING))
         silence.heard(now)
 

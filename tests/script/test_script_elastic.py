@@ -144,6 +144,11 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     assert ended == [(1, "stopped"), (1, "stopped"), (1, "crashed"), (1, "crashed"), (0, "done")]
     assert "left the world" in [e for e in events(log, "rank") if e["rank"] == 1 and
                                 e.get("exit_code") == 0][0]["reason"]
+    # Running only when it is: at its first start and in each world it entered, never as a
+    # standby whose script got going (three standbys here).
+    running = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "running"
+               and "control" not in e]
+    assert [e.get("world_rank") for e in running] == [None, 1, 1]
     assert [(e["rank"], e["text"]) for e in events(log, "error")] == [
         (1, "killed with k"), (1, "FileNotFoundError: the dataset is not there")]
     # The failed joiner formed no world and sent rank 0 back nowhere: one recovery, the k's.
