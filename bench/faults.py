@@ -171,7 +171,6 @@ def main() -> int:
                  "the world of 2", 180)
             formed = [w for w in worlds(log)[seen:] if w["size"] == 2][0]["t"]
         time.sleep(delay)
-        paused = None if formed is None else paused_s(log, asked, formed + delay)
         seen = len(worlds(log))
         warm = ready_t(log, 1, killed) or asked  # the standby started at the last kill
         killed = time.time()
@@ -185,10 +184,14 @@ def main() -> int:
         rows.append({"cycle": cycle, "moment": f"{after}+{delay}",
                      "after_world_s": None if formed is None else round(killed - formed, 2),
                      "join_s": None if formed is None else round(formed - max(warm, asked), 2),
-                     "recover_s": round(smaller - killed, 2), "paused_s": paused})
-        print(json.dumps(rows[-1]), flush=True)
+                     "recover_s": round(smaller - killed, 2), "formed": formed})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "formed"}), flush=True)
     run.stop()
     code = run.wait(60)
+    for row in rows:  # read once the run is over: the steps after each world are all logged
+        formed = row.pop("formed")
+        row["paused_s"] = None if formed is None else paused_s(log, formed)
+    print("rank 0 paused by each join (s):", [r["paused_s"] for r in rows])
     with open(args.out, "a") as f:
         f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
                             "exit": code}) + "\n")
@@ -203,12 +206,13 @@ def main() -> int:
     return 0
 
 
-def paused_s(log: Log, asked: float, until: float) -> float:
-    """Rank 0's longest gap between its step events from the join asked for until `until`: the
-    time the world's members stood still for the joiner (they report ~20 times a second)."""
-    seen = [e["t"] for e in log.read() if e["kind"] == "step" and e["rank"] == 0
-            and asked <= e["t"] <= until + 1.0]
-    return round(max((b - a for a, b in zip(seen, seen[1:], strict=False)), default=0.0), 2)
+def paused_s(log: Log, formed: float) -> float | None:
+    """How long rank 0 stood still for a join: its step events' gap around the world of 2
+    forming (it reports about 20 times a second while it trains)."""
+    steps = [e["t"] for e in log.read() if e["kind"] == "step" and e["rank"] == 0]
+    before = [t for t in steps if t <= formed]
+    after = [t for t in steps if t >= formed]
+    return round(min(after) - max(before), 2) if before and after else None
 
 
 def spread(seconds: list[float]) -> str:
