@@ -1,6 +1,7 @@
 """Ranks killed with SIGKILL at chosen moments, on the built-in loop and on a run.elastic()
-script: how long the others take to form the smaller world, and how long a killed rank takes
-to join again once its standby is warm, and how long rank 0 stood still for each join. One run
+script: how long the others take to form the smaller world, how long a killed rank takes to
+join again once its standby is warm (and from its join order; a script's from when it said it
+is prepared, its own set-up done), and how long rank 0 stood still for each join. One run
 each, driven as the s/r/k keys drive it.
 
 python bench/faults.py builtin --gpus 0,1 --cycles 10   # resnet18, synthetic data
@@ -9,8 +10,8 @@ Each cycle: rank 1 joins again (r) and is killed at the cycle's moment, in turn:
 (0, 0.15 or 0.3 s after its join was ordered; a script's: after it said it is prepared) or 0,
 0.2, 0.5, 1 or 2 s after the world of 2 formed, or it is stopped (s) 1 s after the world of 2
 formed; a row per cycle, then a Markdown summary. A cycle that does not recover within 60 s
-ends the bench with a non-zero exit; one slower than 8 s prints every rank's stacks. The run's
-log: $OUT/faults-KIND.jsonl.
+ends the bench with a non-zero exit; one slower than --stacks-after (8 s) prints every rank's
+stacks. The run's log: $OUT/faults-KIND.jsonl.
 """
 
 from __future__ import annotations
@@ -110,6 +111,37 @@ def print_stacks(run) -> None:
     for pid, path, _ in ranks:
         text = open(path).read() if os.path.exists(path) else "(no stacks)"
         print(f"== {pid} {path}\n{text[-2500:]}", flush=True)
+        print(threads_and_sockets(pid), flush=True)
+
+
+def threads_and_sockets(pid: int) -> str:
+    """Each thread's name and kernel wait, and the process's sockets with their TCP state:
+    where native code (NCCL's set-up) waits, which Python's stacks do not show."""
+    lines = []
+    for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+        def read(name: str, tid: str = tid) -> str:
+            try:
+                return open(f"/proc/{pid}/task/{tid}/{name}").read().strip()
+            except OSError:
+                return "?"
+        lines.append(f"  thread {tid} {read('comm')!r} wchan={read('wchan')} "
+                     f"syscall={read('syscall').split(' ')[0]}")
+    states = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            for row in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
+                f = row.split()
+                states[f[9]] = f"{table} {f[1]} -> {f[2]} st={f[3]}"
+        except OSError:
+            pass
+    for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            lines.append(f"  fd {fd} {states.get(target[8:-1], 'unix/other')}")
+    return "\n".join(lines)
 
 
 def pid_of(run, slot: int) -> int:
@@ -143,6 +175,8 @@ def main() -> int:
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "faults.json"))
     p.add_argument("--script-args", default="", help="more arguments for the script, e.g. "
                    "--device-id (its NCCL communicator made in init_process_group)")
+    p.add_argument("--stacks-after", type=float, default=8.0, help="a recovery slower than "
+                   "this many seconds prints every rank's stacks")
     args = p.parse_args()
     moments = MOMENTS if args.moments is None else [
         (m.split(":")[0], float(m.split(":")[1])) for m in args.moments.split(",")]
@@ -179,11 +213,15 @@ def main() -> int:
         else:
             os.kill(pid_of(run, 1), signal.SIGKILL)
         wait(run, lambda seen=seen: any(w["size"] == 1 for w in worlds(log)[seen:]),
-             "the world of 1 again", slow=8)
+             "the world of 1 again", slow=args.stacks_after)
         smaller = [w for w in worlds(log)[seen:] if w["size"] == 1][0]["t"]
         rows.append({"cycle": cycle, "moment": f"{after}+{delay}",
                      "after_world_s": None if formed is None else round(killed - formed, 2),
                      "join_s": None if formed is None else round(formed - max(warm, asked), 2),
+                     # a script's from its "prepared" (its own set-up done), the loop's from
+                     # the join order
+                     "joined_s": None if formed is None else round(
+                         formed - (joining_t(log, 1, asked, args.kind) or formed), 2),
                      "recover_s": round(smaller - killed, 2), "formed": formed})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "formed"}), flush=True)
     run.stop()
@@ -196,12 +234,14 @@ def main() -> int:
         f.write(json.dumps({"kind": args.kind, "gpus": args.gpus, "rows": rows,
                             "exit": code}) + "\n")
     join = [r["join_s"] for r in rows if r["join_s"] is not None]
+    joined = [r["joined_s"] for r in rows if r["joined_s"] is not None]
     paused = [r["paused_s"] for r in rows if r["paused_s"] is not None]
     kills = [r["recover_s"] for r in rows if not r["moment"].startswith("stop")]
-    print("\n| run | kills survived | rejoins | join: median, max (s) | rank 0 paused by a join: "
-          "median, max (s) | recovery after a kill: median, max (s) |\n|---|---|---|---|---|---|")
+    print("\n| run | kills survived | rejoins | join: median, max (s) | from the join order or "
+          "prepared (s) | rank 0 paused by a join: median, max (s) | recovery after a kill: "
+          "median, max (s) |\n|---|---|---|---|---|---|---|")
     print(f"| {args.kind} | {len(kills) + 1} of {len(kills) + 1} | {len(rows)} | "
-          f"{spread(join)} | {spread(paused)} | {spread(kills)} |")
+          f"{spread(join)} | {spread(joined)} | {spread(paused)} | {spread(kills)} |")
     print(f"exit {code}")
     return 0
 

@@ -16,6 +16,9 @@ Cases (rank 1 is the peer that dies; rank 0 reports):
               TORCH_NCCL_NONBLOCKING_TIMEOUT=5 and no abort while rank 0 waits: its first
               all-reduce, on the main thread, must fail by itself; then the abort, from the
               same thread, as ddptui's ranks do it (trainer/elastic/world.py)
+  *_listeners the *_timeout cases, but 1 s in another thread shuts the listening sockets made
+              since the store that no event loop watches, as a recover order does
+              (trainer/elastic/sockets.py shut_listeners)
 Each case also with NCCL_RUNTIME_CONNECT=0 (connections made at init instead of first use).
 """
 
@@ -30,10 +33,11 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer.elastic.sockets import open_sockets  # noqa: E402
+from trainer.elastic.sockets import open_sockets, shut_listeners  # noqa: E402
 
 CASES = ("ready", "init_dead", "first_dead", "init_dead_cut", "first_dead_cut",
-         "init_dead_timeout", "init_killed_timeout")
+         "init_dead_timeout", "init_killed_timeout", "init_dead_listeners",
+         "init_killed_listeners")
 LIMIT_S = 40  # a case still running then is reported hung
 
 
@@ -57,7 +61,7 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
                             pg_options=opts)
     backend = dist.distributed_c10d._get_default_group()._get_backend(dev)
     report["init_returned_s"] = round(time.perf_counter() - t0, 3)
-    if case == "init_killed_timeout" and rank == 1:
+    if case.startswith("init_killed") and rank == 1:
         time.sleep(0.1)
         os._exit(0)
     deadline = time.perf_counter() + (2 if rank == 1 or case == "ready" else 0)
@@ -75,6 +79,9 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
     if case != "ready":
         if case.endswith("_timeout"):
             report.update(fail_by_itself(dist, torch, dev))
+        elif case.endswith("_listeners"):
+            report.update(fail_by_itself(dist, torch, dev, lambda: shut_listeners(
+                open_sockets() - before, keep_port=port)))
         else:
             cut = (lambda: shut(open_sockets() - before, port)) if case.endswith("_cut") else None
             report.update(first_collective(dist, torch, dev, cut))
@@ -155,8 +162,12 @@ def first_collective(dist, torch, dev, cut=None) -> dict:
     return {**box, **result}
 
 
-def fail_by_itself(dist, torch, dev) -> dict:
-    """Rank 0's first all-reduce on this thread, left to end by itself, then the abort."""
+def fail_by_itself(dist, torch, dev, cut=None) -> dict:
+    """Rank 0's first all-reduce on this thread, left to end by itself (or by `cut`, called
+    from another thread 1 s in), then the abort."""
+    cuts: list = []
+    if cut is not None:
+        threading.Timer(1.0, lambda: cuts.append(cut())).start()
     t0 = time.perf_counter()
     try:
         dist.all_reduce(torch.ones(1 << 20, device=dev))
@@ -165,6 +176,8 @@ def fail_by_itself(dist, torch, dev) -> dict:
     except Exception as e:
         result = {"collective": f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"}
     result["ended_s"] = round(time.perf_counter() - t0, 3)
+    if cuts:
+        result["cut"] = cuts[0]
     t0 = time.perf_counter()
     dist.distributed_c10d._abort_process_group()
     result.update(abort="returned", abort_s=round(time.perf_counter() - t0, 3))
@@ -179,7 +192,8 @@ def run_case(case: str, runtime_connect: str, port: int) -> dict:
         os.remove(out)
     env = {**os.environ, "NCCL_RUNTIME_CONNECT": runtime_connect,
            "NCCL_SOCKET_RETRY_CNT": "12", "NCCL_SOCKET_RETRY_SLEEP_MSEC": "50",
-           **({"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"} if case.endswith("_timeout") else {})}
+           **({"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
+              if case.endswith(("_timeout", "_listeners")) else {})}
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", case, str(r), str(port), out],
                               env=env) for r in (0, 1)]
     start = time.perf_counter()

@@ -74,7 +74,7 @@ def await_join(me: RankSide) -> Joiner:
     me.rank, me.world_size = members.index(me.slot), len(members)
     url = urllib.parse.urlsplit(order["init"])
     # Non-blocking NCCL: the communicator the script makes lazily can be aborted (world.py), and
-    # its set-up ends when a member died before it came (TORCH_NCCL_NONBLOCKING_TIMEOUT).
+    # its set-up ends when a member died in it (TORCH_NCCL_NONBLOCKING_TIMEOUT).
     os.environ.update(RANK=str(me.rank), WORLD_SIZE=str(me.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")

@@ -64,16 +64,23 @@ NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "6", "NCCL_SOCKET_RETRY_SLEEP_M
 
 # How long a non-blocking communicator's set-up waits for its members (torch's default: 30
 # minutes; torch reads it once, at a process's first such wait): a survivor forming a world with
-# a member that died before it came goes on without it after this. Every world ddptui forms is
-# non-blocking, and a script's joiner's; a script's own communicators are not.
+# a member that died in it goes on without it after this, where the recover order's shutting of
+# NCCL's listening sockets did not end the wait first (trainer/elastic/sockets.py). Every world
+# ddptui forms is non-blocking, and a script's joiner's; a script's own communicators are not.
 NCCL_SETUP_TIMEOUT = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
 
 
 # The built-in loop's worlds are abortable once formed only if NCCL made every connection at
 # init (a peer dead before a collective's connections were made left the survivor waiting in
-# torch for ever, abort or not: bench/nccl_abort.py); no abort reaches a set-up, so it ends by
-# itself when a member never comes. Costs ~0.5 GiB of GPU memory per communicator.
-NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", **NCCL_SETUP_TIMEOUT}
+# torch for ever, abort or not: bench/nccl_abort.py); no abort reaches a set-up (above).
+# Costs ~0.5 GiB of GPU memory per communicator.
+# NCCL's cuMem buffers pass their handles to peers over Unix sockets at init: a survivor whose
+# request went to a joiner that died before answering waited out the set-up timeout (7 of 12
+# kills 0.35-0.5 s into a join, 6.3 s each); with CUDA IPC handles, which go over TCP, the
+# dead peer's closed connection fails the set-up at once (12 of 12: 0.7-1.6 s). All-reduce
+# bandwidth and images/s were the same on 2 x H100; NVLink SHARP (NVSwitch machines) needs
+# cuMem, so NCCL_CUMEM_ENABLE=1 keeps it (docs/benchmarks.md).
+NCCL_ABORTABLE = {"NCCL_RUNTIME_CONNECT": "0", "NCCL_CUMEM_ENABLE": "0", **NCCL_SETUP_TIMEOUT}
 
 
 def nccl_defaults(env: dict, abortable: bool = False) -> None:

@@ -297,9 +297,12 @@ def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_
     from trainer.bootstrap import nccl_defaults
 
     assert "NCCL_RUNTIME_CONNECT" not in env and env["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "5"
-    builtin = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
+    assert "NCCL_CUMEM_ENABLE" not in env
+    builtin = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "60", "NCCL_CUMEM_ENABLE": "1"}
     nccl_defaults(builtin, abortable=True)
     assert builtin["NCCL_RUNTIME_CONNECT"] == "0" and builtin["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "60"
+    assert builtin["NCCL_CUMEM_ENABLE"] == "1"  # the user's choice stands
+    assert nccl_defaults(fresh := {}, abortable=True) is None and fresh["NCCL_CUMEM_ENABLE"] == "0"
 
 
 def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..compat import default_store
 from .snapshot import WorldLost
-from .sockets import Sockets, open_sockets, sever
+from .sockets import Sockets, open_sockets, sever, shut_listeners
 from .store import open_ahead
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
@@ -36,11 +36,13 @@ LINKED_WAIT_S = 10.0  # a script's linked ranks wait this long for one another a
 
 @dataclasses.dataclass
 class FormingWorld:
-    """A world being formed: its store's port, whose it is and whether every member came
-    there."""
+    """A world being formed: its store's port, whose it is, whether every member came there
+    and, for an NCCL world, the sockets this process had before (NCCL's set-up makes the
+    rest)."""
     store_port: int | None
     own_store: bool = False
     met: bool = False
+    before: Sockets | None = None
 
     def cut_store(self) -> bool:
         return self.store_port is not None and (self.met or not self.own_store)
@@ -91,6 +93,10 @@ class Mailbox:
                         # Every connection to the world's store: rank 0 may have opened it
                         # before the forming began (open_ahead), with its own connection.
                         sever(open_sockets(), peer_port=forming.store_port)
+                    if forming is not None and forming.before is not None:
+                        # NCCL's set-up waiting to accept a member that died before it came
+                        # fails now, not at TORCH_NCCL_NONBLOCKING_TIMEOUT (5 s).
+                        shut_listeners(open_sockets() - forming.before, forming.store_port)
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
@@ -131,15 +137,18 @@ class Mailbox:
             raise WorldLost("a peer died as the world changed")
 
     @contextlib.contextmanager
-    def forming(self, store_port: int | None, own_store: bool = False) -> Iterator[None]:
+    def forming(self, store_port: int | None, own_store: bool = False,
+                nccl: bool = False) -> Iterator[None]:
         """While this rank forms an ordered world: a recover order (a member died before the
         world was made) cuts its connections to the world's store at `store_port`, so that a
         rank waiting there for the dead one (its address, NCCL's id) is woken now, not at a
         timeout. The store's own rank (`own_store`) waits polling for the others to come to
         it (meet()): its connections are cut only once they have (met()), as a request of its
-        own cut then corrupted its heap (a joiner killed before it came)."""
+        own cut then corrupted its heap (a joiner killed before it came). An `nccl` world's
+        set-up has its listening sockets shut down by a recover order."""
+        before = open_sockets() if nccl else None
         with self._lock:
-            self._forming = FormingWorld(store_port, own_store)
+            self._forming = FormingWorld(store_port, own_store, before=before)
         try:
             yield
         finally:

@@ -3,7 +3,8 @@ waits on one of them, in this process or at the other end, then fails at once.
 
 gloo cannot abort a collective in flight (its abort leaves the connections of a group that DDP
 still holds open), so a survivor could wait for ever on a peer that had gone on to the next
-world; NCCL's abort does not need this.
+world; NCCL's abort does not need this, but no abort reaches NCCL's set-up (torch holds the
+communicator's lock while it waits), which shutting its listening sockets ends.
 """
 
 from __future__ import annotations
@@ -46,5 +47,41 @@ def sever(sockets: Sockets, peer_port: int | None = None) -> int:
                 s.shutdown(socket.SHUT_RDWR)
             cut += 1
         except OSError:  # closed meanwhile, or no connection to shut
+            pass
+    return cut
+
+
+def _watched() -> set[int]:
+    """The fds some event loop of this process (an epoll set: gloo's, the store's) watches."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{name}") == "anon_inode:[eventpoll]":
+                    with open(f"/proc/self/fdinfo/{name}", encoding="ascii") as info:
+                        found.update(int(line.split()[1]) for line in info
+                                     if line.startswith("tfd:"))
+    return found
+
+
+def shut_listeners(sockets: Sockets, keep_port: int | None = None) -> int:
+    """Shut down each of `sockets` that listens for TCP connections and that no event loop
+    watches (NCCL's, which it accepts on in a polling loop that then fails at once); how many.
+    A listener in an event loop is gloo's or a store's, whose thread would end the process."""
+    watched, cut = _watched(), 0
+    for fd, inode in sockets:
+        if fd in watched:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != inode:
+                continue
+            with socket.socket(fileno=os.dup(fd)) as s:
+                if s.family not in (socket.AF_INET, socket.AF_INET6) or \
+                        not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or \
+                        s.getsockname()[1] == keep_port:
+                    continue
+                s.shutdown(socket.SHUT_RDWR)
+            cut += 1
+        except OSError:
             pass
     return cut

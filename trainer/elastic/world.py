@@ -86,7 +86,8 @@ def make_communicator(device: torch.device) -> None:
     joiner as soon as it made its world's gloo group, as form() does), while the world forms
     and no abort comes: a peer that died before it made its part left the others inside NCCL's
     set-up, where the abort could not reach them (the run was lost). A set-up that waits for a
-    dead member ends by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
+    dead member is failed by the recover order (its listening sockets shut: Mailbox), or ends
+    by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
     dist.all_reduce(torch.zeros(1, device=device))
 
 
@@ -102,7 +103,8 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
                  init_method: str, eager: bool = True, alike: bool = True):
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
-    with mailbox.forming(urllib.parse.urlsplit(init_method).port, own_store=rank == 0):
+    with mailbox.forming(urllib.parse.urlsplit(init_method).port, own_store=rank == 0,
+                         nccl=device.type == "cuda"):
         if mailbox.has_urgent:
             raise WorldLost("a peer died before the world formed")
         group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager,
