@@ -9,6 +9,7 @@ bytes / time), the median of 5 timed runs of 20 all-reduces each, bf16.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -16,17 +17,19 @@ import statistics
 import torch
 import torch.distributed as dist
 
-SIZES_MB = (4, 32, 128, 512)
-
 
 def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[4, 32, 128, 512], metavar="MB",
+                   help="message sizes in MB")
+    args = p.parse_args()
     rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     torch.cuda.set_device(device)
     dist.init_process_group("nccl", device_id=device)
     result = {"env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
               "ranks": n, "busbw_gbs": {}}
-    for mb in SIZES_MB:
+    for mb in args.sizes:
         x = torch.ones(mb * 2**20 // 2, dtype=torch.bfloat16, device=device)
         for _ in range(5):
             dist.all_reduce(x)
