@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 Sockets = frozenset  # of (fd, inode): the same fd may later name another socket
 
@@ -28,25 +29,38 @@ def open_sockets() -> Sockets:
     return frozenset(found)
 
 
+def _tcp(sockets: Sockets, skip: set[int] = frozenset()) -> Iterator[socket.socket]:
+    """Each of `sockets` (but the fds in `skip`) still open as the same TCP socket, as a
+    duplicate that is closed after: shutting it down shuts the socket itself. A Unix socket
+    made meanwhile by another thread (a pipe to a worker) is no part of any world."""
+    for fd, inode in sockets:
+        if fd in skip:
+            continue
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") != inode:
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:  # closed meanwhile
+            continue
+        with s:
+            if s.family in (socket.AF_INET, socket.AF_INET6):
+                yield s
+
+
 def sever(sockets: Sockets, peer_port: int | None = None) -> int:
     """Shut down each of `sockets` still open as the same socket (those connected to
     `peer_port` only, where given); how many were."""
     cut = 0
-    for fd, inode in sockets:
+    for s in _tcp(sockets):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") != inode:
+            # A connection only: shut, a listening socket fails gloo's or the store's accepting
+            # thread, which ends the process.
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or \
+                    peer_port not in (None, s.getpeername()[1]):
                 continue
-            with socket.socket(fileno=os.dup(fd)) as s:  # the connection, not just this fd
-                # A TCP connection only: shut, a listening socket fails gloo's or the store's
-                # accepting thread, which ends the process; a Unix socket made meanwhile by
-                # another thread (a pipe to a worker) is no part of the world.
-                if s.family not in (socket.AF_INET, socket.AF_INET6) or \
-                        s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or \
-                        peer_port not in (None, s.getpeername()[1]):
-                    continue
-                s.shutdown(socket.SHUT_RDWR)
+            s.shutdown(socket.SHUT_RDWR)
             cut += 1
-        except OSError:  # closed meanwhile, or no connection to shut
+        except OSError:  # no connection to shut
             pass
     return cut
 
@@ -68,20 +82,13 @@ def shut_listeners(sockets: Sockets, keep_port: int | None = None) -> int:
     """Shut down each of `sockets` that listens for TCP connections and that no event loop
     watches (NCCL's, which it accepts on in a polling loop that then fails at once); how many.
     A listener in an event loop is gloo's or a store's, whose thread would end the process."""
-    watched, cut = _watched(), 0
-    for fd, inode in sockets:
-        if fd in watched:
-            continue
+    cut = 0
+    for s in _tcp(sockets, skip=_watched()):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") != inode:
-                continue
-            with socket.socket(fileno=os.dup(fd)) as s:
-                if s.family not in (socket.AF_INET, socket.AF_INET6) or \
-                        not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) or \
-                        s.getsockname()[1] == keep_port:
-                    continue
+            if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) and \
+                    s.getsockname()[1] != keep_port:
                 s.shutdown(socket.SHUT_RDWR)
-            cut += 1
+                cut += 1
         except OSError:
             pass
     return cut
