@@ -389,23 +389,15 @@ def test_process_readings_keep_nothing_of_a_process_that_ended():
 
 def test_a_recover_order_fails_a_set_up_waiting_to_accept_and_spares_event_loops_listeners():
     """NCCL's set-up accepts in a polling loop; a member that died before it came leaves it
-    waiting there: shutting the world's unwatched listeners fails it at once. The store's and
-    gloo's listeners sit in event loops, whose thread a failed accept would end: kept."""
+    waiting there: a recover order while an NCCL world forms shuts the listeners made since,
+    which fails it at once. The store's and gloo's listeners sit in event loops, whose thread a
+    failed accept would end: kept. A gloo world's forming shuts no listener."""
     from datetime import timedelta
 
     import torch
     import torch.distributed as dist
 
-    from trainer.elastic.sockets import open_sockets, shut_listeners
-
-    before = open_sockets()
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("t", store), 0, 1, timedelta(seconds=5))
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.setblocking(False)
-    failed: list = []
-
-    def accept_as_nccl_does() -> None:
+    def accept_as_nccl_does(listener: socket.socket, failed: list) -> None:
         while True:
             try:
                 listener.accept()
@@ -415,14 +407,26 @@ def test_a_recover_order_fails_a_set_up_waiting_to_accept_and_spares_event_loops
                 failed.append(e)
                 return
 
-    waiter = threading.Thread(target=accept_as_nccl_does, daemon=True)
-    waiter.start()
-    assert shut_listeners(open_sockets() - before, keep_port=store.port) == 1
-    waiter.join(10)
-    assert failed and not waiter.is_alive()
-    store.set("still", "here")
-    assert store.get("still") == b"here"
-    ones = torch.ones(2)
-    gloo.allreduce([ones]).wait()
-    assert ones.tolist() == [1.0, 1.0]
-    listener.close()
+    ours, supervisor = multiprocessing.Pipe()
+    box = Mailbox(ours)
+    for nccl in (False, True):
+        with box.forming(None, nccl=nccl):
+            store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+            gloo = dist.ProcessGroupGloo(dist.PrefixStore("t", store), 0, 1, timedelta(seconds=5))
+            listener = socket.create_server(("127.0.0.1", 0))
+            listener.setblocking(False)
+            failed: list = []
+            waiter = threading.Thread(target=accept_as_nccl_does, args=(listener, failed),
+                                      daemon=True)
+            waiter.start()
+            supervisor.send({"op": "recover", "gen": 1})
+            assert box.wait_urgent(30) == {"op": "recover", "gen": 1}
+            waiter.join(10 if nccl else 0.5)
+        assert bool(failed) is nccl and waiter.is_alive() is not nccl
+        store.set("still", "here")
+        assert store.get("still") == b"here"
+        ones = torch.ones(2)
+        gloo.allreduce([ones]).wait()
+        assert ones.tolist() == [1.0, 1.0]
+        listener.close()
+        waiter.join(10)
