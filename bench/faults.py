@@ -119,21 +119,14 @@ def threads_and_sockets(pid: int) -> str:
     where native code (NCCL's set-up) waits, which Python's stacks do not show."""
     lines = []
     for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
-        def read(name: str, tid: str = tid) -> str:
-            try:
-                return open(f"/proc/{pid}/task/{tid}/{name}").read().strip()
-            except OSError:
-                return "?"
-        lines.append(f"  thread {tid} {read('comm')!r} wchan={read('wchan')} "
-                     f"syscall={read('syscall').split(' ')[0]}")
-    states = {}
+        task = f"/proc/{pid}/task/{tid}"
+        lines.append(f"  thread {tid} {_read(task + '/comm')!r} wchan={_read(task + '/wchan')} "
+                     f"syscall={_read(task + '/syscall').split(' ')[0]}")
+    states = {}  # socket inode -> its TCP row (addresses in hex, st=0A listening)
     for table in ("tcp", "tcp6"):
-        try:
-            for row in open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]:
-                f = row.split()
-                states[f[9]] = f"{table} {f[1]} -> {f[2]} st={f[3]}"
-        except OSError:
-            pass
+        for row in _read(f"/proc/{pid}/net/{table}").splitlines()[1:]:
+            f = row.split()
+            states[f[9]] = f"{table} {f[1]} -> {f[2]} st={f[3]}"
     for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -142,6 +135,14 @@ def threads_and_sockets(pid: int) -> str:
         if target.startswith("socket:"):
             lines.append(f"  fd {fd} {states.get(target[8:-1], 'unix/other')}")
     return "\n".join(lines)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
 
 
 def pid_of(run, slot: int) -> int:
