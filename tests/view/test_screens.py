@@ -166,6 +166,22 @@ def test_a_scripts_joiner_is_shown_preparing_then_joining():
     assert str(state_cell(joiner, now=104.0)) == "restarting · joining"
 
 
+def test_a_long_crash_reason_is_cut_in_the_state_column_and_its_standby_still_shown():
+    """The rank table's columns only grow while a run goes on: a state as long as its crash's
+    reason pushed the columns after it off a 160-column screen after one `k` (tried: 53 cells,
+    "crashed (SIGKILL: killed with k) · standby warming 2s"). The events pane has it whole."""
+    killed = RankView(1, RankState.CRASHED, reason="killed by SIGKILL: killed with k",
+                      standby="warming", standby_t=100.0)
+    assert str(state_cell(killed, now=102.0)) == "crashed (SIGKILL) · standby warming 2s"
+    killed.standby = ""
+    assert str(state_cell(killed, now=102.0)) == "crashed (SIGKILL: killed with k)"
+    failed = RankView(1, RankState.CRASHED, standby="ready",
+                      reason="RuntimeError: CUDA error: an illegal memory access was encountered")
+    cell = str(state_cell(failed, now=0.0))
+    assert cell.startswith("crashed (RuntimeError: CU") and cell.endswith("…) · standby ready")
+    assert len(cell) <= 44
+
+
 async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes():
     app = _app("eight-ranks")
     async with app.run_test(size=(160, 50)) as pilot:

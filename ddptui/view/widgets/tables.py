@@ -125,21 +125,37 @@ class RankTable(DataTable):
 JOINER = {"preparing": "preparing", "prepared": "joining"}
 
 
+# The most cells a state takes: a longer crash reason is cut (the events pane has it whole), as
+# the column, which only grows while a run goes on, pushed the columns after it off the screen.
+STATE_CELLS = 44
+
+
 def state_cell(r, now: float) -> Text:
     """'stalled 12s', 'stopped · standby warming 4s', 'crashed (killed by SIGKILL) · ...',
-    'restarting · preparing 3s'."""
-    text = r.state
+    'restarting · preparing 3s'; a crash's reason cut to fit STATE_CELLS."""
+    head, tail = r.state, ""
     if r.state.is_troubled and r.state_t:
-        text += f" {now - r.state_t:.0f}s"
+        head += f" {now - r.state_t:.0f}s"
+    if r.standby:
+        tail = f" · {JOINER.get(r.standby, f'standby {r.standby}')}"
+        if r.standby in ("warming", "preparing") and r.standby_t:
+            tail += f" {now - r.standby_t:.0f}s"
     if r.state == "crashed" and r.reason:
         why = "killed by ddptui" if r.reason.startswith("killed by ddptui") else \
             r.reason.removeprefix("killed by ")  # "SIGKILL", or the exception's line
-        text += f" ({why})"
-    if r.standby:
-        text += f" · {JOINER.get(r.standby, f'standby {r.standby}')}"
-        if r.standby in ("warming", "preparing") and r.standby_t:
-            text += f" {now - r.standby_t:.0f}s"
-    return Text(text, style=STATE_STYLE.get(r.state, ""))
+        head += f" ({_fit(why, STATE_CELLS - cell_len(head + tail) - 3)})"
+    return Text(head + tail, style=STATE_STYLE.get(r.state, ""))
+
+
+def _fit(why: str, room: int) -> str:
+    """A crash's reason in `room` cells (8 at least): a signal's alone ('SIGKILL' of 'SIGKILL:
+    killed with k'), else its start."""
+    room = max(room, 8)
+    if cell_len(why) <= room:
+        return why
+    if why.startswith("SIG") and cell_len(name := why.split(":")[0]) <= room:
+        return name
+    return why[:room - 1] + "…"
 
 
 class EpochTable(DataTable):
