@@ -129,11 +129,15 @@ class DashboardApp(App[int]):
         # The last events can be drawn before done is set (a replay's clock then stands still):
         # the first draw once it is set is always made, measuring the columns anew.
         over = self.source.done.is_set()
-        tables = view.now - self._tables[0] >= TABLES_S or shape != self._tables[1] or \
+        changed = shape != self._tables[1]
+        tables = view.now - self._tables[0] >= TABLES_S or changed or \
             (over and (view.now != self._tables[0] or not self._drawn_over))
+        # Every rank back at work after a change: the columns, which only grow, are measured
+        # anew, so a state that was long (a crash and its standby) does not keep its room.
+        calm = changed and all(r.state == "running" and not r.standby for r in view.ranks)
         if tables:
             self._tables, self._drawn_over = (view.now, shape), over
-            self.rank_table.show(view, self.selected_rank, refit=over)
+            self.rank_table.show(view, self.selected_rank, refit=over or calm)
             self.epoch_table.show(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):

@@ -11,9 +11,11 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+from textual.widgets.data_table import ColumnKey
 
 from ddptui.sources.replay import Replay
 from ddptui.state.views import RankView
@@ -180,6 +182,48 @@ def test_a_long_crash_reason_is_cut_in_the_state_column_and_its_standby_still_sh
     cell = str(state_cell(failed, now=0.0))
     assert cell.startswith("crashed (RuntimeError: CU") and cell.endswith("…) · standby ready")
     assert len(cell) <= 44
+
+
+class Gated(Replay):
+    """A replay that stops after each part of its events until the test lets it go on: a run
+    seen in the middle, not over (the final draw measures every column anew anyway)."""
+
+    def __init__(self, parts: list[list[dict]]):
+        super().__init__("gated", speed=0, events=[])
+        self.parts, self.gates = parts, [threading.Event() for _ in parts]
+        self.played = [threading.Event() for _ in parts]
+
+    def _read(self):
+        for part, played, gate in zip(self.parts, self.played, self.gates, strict=True):
+            yield from part
+            played.set()
+            gate.wait(60)
+
+
+async def test_the_state_column_gives_back_a_crashs_room_once_every_rank_runs_again():
+    """After `k` and `r` the state column kept the width of 'crashed (SIGKILL) · standby warming
+    2s' for the rest of the run: the columns after it stayed pushed off a 160-column screen."""
+    run = gpu_run(ranks=2, seconds=20)
+    crash_t = run[-1]["t"] + 1
+    down = [{"t": crash_t, "kind": "rank", "rank": 1, "state": "crashed", "standby": "warming",
+             "reason": "killed by SIGKILL: killed with k"}]
+    back = [{"t": crash_t + 5, "kind": "rank", "rank": 1, "state": "running", "pid": 4009}]
+    source = Gated([run + down, back])
+    app = DashboardApp(source)
+    async with app.run_test(size=(160, 50)) as pilot:
+        widths = []
+        for part in range(2):
+            while not source.played[part].is_set():
+                await pilot.pause(0.05)
+            for _ in range(3):
+                app.refresh_view()
+                await pilot.pause(0.1)
+            widths.append(app.rank_table.columns[ColumnKey("state")].get_render_width(
+                app.rank_table))
+            assert not source.done.is_set()  # the run goes on: no end-of-run measuring
+            source.gates[part].set()
+    assert widths[0] >= len("crashed (SIGKILL) · standby warming 2s")
+    assert widths[1] < len("crashed (SIGKILL)")
 
 
 async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes():

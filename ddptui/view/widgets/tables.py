@@ -58,8 +58,8 @@ class RankTable(DataTable):
             self.add_column(name, key=name)
 
     def show(self, view: RunView, selected: int, refit: bool = False) -> None:
-        """`refit`: measure the columns anew (once a run is over: they only ever grew, and how
-        far depended on which states happened to be drawn)."""
+        """`refit`: measure the columns anew (once a run is over, or every rank is back at
+        work: they only ever grow, and how far depended on which states happened to be drawn)."""
         script = bool(view.meta.get("script"))
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
         rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
