@@ -137,7 +137,7 @@ class DashboardApp(App[int]):
         calm = changed and all(r.state == "running" and not r.standby for r in view.ranks)
         if tables:
             self._tables, self._drawn_over = (view.now, shape), over
-            self.rank_table.show(view, self.selected_rank, refit=over or calm)
+            self.rank_table.show(view, self.selected_rank, refit=calm, final=over)
             self.epoch_table.show(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):

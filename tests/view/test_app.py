@@ -332,7 +332,7 @@ async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp
     sup = Supervisor(run_config(*TINY, "--epochs", "500"), str(tmp_path / "live.jsonl"))
     app = DashboardApp(sup)
 
-    def broken_show(view, selected, refit=False):
+    def broken_show(view, selected, refit=False, final=False):
         if any(r.step for r in view.ranks):
             raise RuntimeError("a widget bug")
 

@@ -202,17 +202,21 @@ class Gated(Replay):
 
 async def test_the_state_column_gives_back_a_crashs_room_once_every_rank_runs_again():
     """After `k` and `r` the state column kept the width of 'crashed (SIGKILL) · standby warming
-    2s' for the rest of the run: the columns after it stayed pushed off a 160-column screen."""
+    2s' for the rest of the run: the columns after it stayed pushed off a 160-column screen. The
+    column measured anew still grows for a longer state (a first try of this fixed its width:
+    'stopped · standby ready' showed as 'stopped')."""
     run = gpu_run(ranks=2, seconds=20)
     crash_t = run[-1]["t"] + 1
     down = [{"t": crash_t, "kind": "rank", "rank": 1, "state": "crashed", "standby": "warming",
              "reason": "killed by SIGKILL: killed with k"}]
     back = [{"t": crash_t + 5, "kind": "rank", "rank": 1, "state": "running", "pid": 4009}]
-    source = Gated([run + down, back])
+    stopped = [{"t": crash_t + 9, "kind": "rank", "rank": 1, "state": "stopped",
+                "standby": "ready"}]
+    source = Gated([run + down, back, stopped])
     app = DashboardApp(source)
     async with app.run_test(size=(160, 50)) as pilot:
         widths = []
-        for part in range(2):
+        for part in range(3):
             while not source.played[part].is_set():
                 await pilot.pause(0.05)
             for _ in range(3):
@@ -224,6 +228,7 @@ async def test_the_state_column_gives_back_a_crashs_room_once_every_rank_runs_ag
             source.gates[part].set()
     assert widths[0] >= len("crashed (SIGKILL) · standby warming 2s")
     assert widths[1] < len("crashed (SIGKILL)")
+    assert widths[2] >= len("stopped · standby ready")  # and it grows again when it must
 
 
 async def test_the_gpu_screen_shows_history_clocks_traffic_and_other_processes():

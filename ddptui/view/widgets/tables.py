@@ -57,19 +57,22 @@ class RankTable(DataTable):
         for name in self.COLUMNS:
             self.add_column(name, key=name)
 
-    def show(self, view: RunView, selected: int, refit: bool = False) -> None:
-        """`refit`: measure the columns anew (once a run is over, or every rank is back at
-        work: they only ever grow, and how far depended on which states happened to be drawn)."""
+    def show(self, view: RunView, selected: int, refit: bool = False,
+             final: bool = False) -> None:
+        """`refit`: measure the columns anew, as every rank is back at work (they only ever
+        grow, and how far depended on which states happened to be drawn); `final`: once a run
+        is over, to the widths its last figures need, now."""
         script = bool(view.meta.get("script"))
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
         rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
             self._cells(view)
-        if script != self.script or refit:  # a script's run (or its replay) has its own columns
+        if script != self.script or refit or final:  # a script's run has its own columns
             self.script = script
             self.clear(columns=True)
-            # Over: the widths the figures need, now (a table left to measure its new rows
-            # when the app is next idle was caught mid-way by a snapshot under load).
-            widths = [max([cell_len(name), *(_width(row[i]) for row in rows)]) if refit else None
+            # Final: fixed widths (a table left to measure its new rows when the app is next
+            # idle was caught mid-way by a snapshot under load); a fixed column would no longer
+            # grow, so a run going on keeps measuring its own.
+            widths = [max([cell_len(name), *(_width(row[i]) for row in rows)]) if final else None
                       for i, name in enumerate(columns)]
             for name, width in zip(columns, widths, strict=True):
                 self.add_column(name, key=name, width=width)
