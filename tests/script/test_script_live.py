@@ -48,12 +48,16 @@ def _float(text: str | None) -> float:
         return 0.0
 
 
-async def _until(pilot, predicate, timeout: float = 60) -> None:
+async def _until(pilot, predicate, timeout: float = 60, log=None) -> None:
+    """Until predicate(); a failure shows the run's last events but steps (`log`): what the
+    run was doing, for a wait that failed once in a loaded full suite and never alone."""
     for _ in range(int(timeout / 0.1)):
         if predicate():
             return
         await pilot.pause(0.1)
-    raise AssertionError("the dashboard never showed it")
+    last = [] if log is None else [e for e in events(log) if e["kind"] != "step"][-15:]
+    raise AssertionError("the dashboard never showed it; the run's last events:\n"
+                         + "\n".join(map(str, last)))
 
 
 def _row(app, rank: int) -> dict:
@@ -102,12 +106,14 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         await pilot.press("k")
         await pilot.press("y")
         await _until(pilot, lambda: any(e.get("restart") == 1 for e in events(log, "run")))
+        # The new process's row (its pid), not the old one's last look.
         await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", "") and
-                     _row(app, 1)["state"] == "running")
+                     _row(app, 1)["state"] == "running" and
+                     _row(app, 1)["pid"] not in {str(pid) for pid in first}, log=log)
         assert_gone(first)
         pids = rank_pids(log)
         await pilot.press("q")
-        await _until(pilot, run.done.is_set, 30)
+        await _until(pilot, run.done.is_set, 30, log)
         await pilot.pause(0.3)
     assert run.exit_code == 130
     states = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("reason", "")
