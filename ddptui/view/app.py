@@ -121,24 +121,7 @@ class DashboardApp(App[int]):
         self._refresh_keys()
         self.header.view = view
         self._show_devices(view)
-        shape = (tuple((r.rank, r.state, r.standby) for r in view.ranks), len(view.epochs),
-                 view.live_epoch is None)
-        # At most every TABLES_S of run time; once no more events can come (a run that has
-        # ended, a replay played out), the final state once more: a draw just before the end
-        # would otherwise stay on screen (a snapshot test caught a sparkline in the wrong colour).
-        # The last events can be drawn before done is set (a replay's clock then stands still):
-        # the first draw once it is set is always made, measuring the columns anew.
-        over = self.source.done.is_set()
-        changed = shape != self._tables[1]
-        tables = view.now - self._tables[0] >= TABLES_S or changed or \
-            (over and (view.now != self._tables[0] or not self._drawn_over))
-        # Every rank back at work after a change: the columns, which only grow, are measured
-        # anew, so a state that was long (a crash and its standby) does not keep its room.
-        calm = changed and all(r.state == "running" and not r.standby for r in view.ranks)
-        if tables:
-            self._tables, self._drawn_over = (view.now, shape), over
-            self.rank_table.show(view, self.selected_rank, refit=calm, final=over)
-            self.epoch_table.show(view)
+        self._show_tables(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):
             screen.view = view
@@ -163,6 +146,27 @@ class DashboardApp(App[int]):
             self._seq = seq
             stamp = f"{t - start:7.1f}s " if start else "         "
             self.events.write(Text(stamp + text, style=LEVEL_STYLE.get(level, "")))
+
+    def _show_tables(self, view: RunView) -> None:
+        """At most every TABLES_S of run time, or when a rank's state or the epochs changed;
+        once no more events can come (a run that has ended, a replay played out), the final
+        state once more: a draw just before the end would otherwise stay on screen (a snapshot
+        test caught a sparkline in the wrong colour). The last events can be drawn before done
+        is set (a replay's clock then stands still): the first draw once it is set is always
+        made, measuring the columns anew."""
+        shape = (tuple((r.rank, r.state, r.standby) for r in view.ranks), len(view.epochs),
+                 view.live_epoch is None)
+        over = self.source.done.is_set()
+        changed = shape != self._tables[1]
+        if not (view.now - self._tables[0] >= TABLES_S or changed or
+                (over and (view.now != self._tables[0] or not self._drawn_over))):
+            return
+        # Every rank back at work after a change: the columns, which only grow, are measured
+        # anew, so a state that was long (a crash and its standby) does not keep its room.
+        calm = changed and all(r.state == "running" and not r.standby for r in view.ranks)
+        self._tables, self._drawn_over = (view.now, shape), over
+        self.rank_table.show(view, self.selected_rank, refit=calm, final=over)
+        self.epoch_table.show(view)
 
     def _show_devices(self, view: RunView) -> None:
         self.devices.view = view
