@@ -77,7 +77,7 @@ class Elastic:
             self.me.mailbox.abort = lambda: world.abort(self._warn)
         if joining is not None:
             joining.prepared()
-            self.join(joining.order)
+            self.join(joining)
         for live in self.me.loaders:
             self.adopt(live)
 
@@ -161,12 +161,14 @@ class Elastic:
                 self._share(order, entered[2])
             self._settle(entered, order, leftover)
 
-    def join(self, order: dict) -> None:
+    def join(self, joining: Joiner) -> None:
         """A standby's script formed the order's world (ddptui.init() set its environment) and
         said it is prepared: the group orders are agreed in, as form() makes it on the members
         once they are told, then the state."""
-        with self.me.mailbox.changing():
-            group = dist.new_group(backend="gloo")
+        order, mailbox = joining.order, self.me.mailbox
+        with mailbox.changing():
+            group = world.control_group(joining.store, self.me.world_size,
+                                        lambda: mailbox.has_urgent)
             if self.cuda:
                 world.make_communicator(self.device)
             self._share(order, group)

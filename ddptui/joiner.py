@@ -27,8 +27,8 @@ class Joiner:
     said by run.elastic(), or by a watch of the main thread once your script waits inside
     torch.distributed before that."""
 
-    def __init__(self, me: RankSide, order: dict):
-        self.me, self.order = me, order
+    def __init__(self, me: RankSide, order: dict, store):
+        self.me, self.order, self.store = me, order, store  # store: the new world's
         self._said = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, args=(threading.main_thread().ident,),
@@ -78,6 +78,6 @@ def await_join(me: RankSide) -> Joiner:
     os.environ.update(RANK=str(me.rank), WORLD_SIZE=str(me.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    store.come_early(order["init"], me.world_size)
+    came = store.come_early(order["init"], me.world_size)
     me.reporter.emit("rank", state="restarting", pid=os.getpid(), standby="preparing")
-    return Joiner(me, order)
+    return Joiner(me, order, came)

@@ -4,18 +4,23 @@ repeated when the world shrinks or goes back to a rollback point."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from ddptui.cli import resolve_devices
 from ddptui.loader import LiveLoader
+from ddptui.script.options import parse_script_args
+from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
 from tests.conftest import (
@@ -33,6 +38,7 @@ from tests.script.test_script_live import _row, _run, _until, script_env  # noqa
 ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
 CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
 FAILS = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_fails.py")
+DIES = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_dies.py")
 
 
 @pytest.mark.timeout(120)
@@ -157,6 +163,64 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     steps = [e["global_step"] for e in events(log, "step") if e["rank"] == 0 and
              e["t"] > recovered["t"]]
     assert steps == sorted(steps)
+    assert_gone(pids)
+
+
+@pytest.mark.timeout(150)
+def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env, monkeypatch,
+                                                                tmp_path):
+    """A standby killed as its run.elastic() makes the new world's first group, and one killed
+    once it said it is prepared: rank 0 goes on alone each time, and the next r joins. On
+    2 x H200 the first left rank 0 waiting in gloo for the dead joiner's connection (5 x 30 s)
+    until ddptui's 60 s change timeout killed it too: the run lost."""
+    log, dies = tmp_path / "dies.jsonl", tmp_path / "dies"
+    monkeypatch.setenv("JOINER_DIES", str(dies))
+    config = parse_script_args([DIES, "--cpus", "2", "--log", str(log), "--", "--epochs",
+                                "1000", "--samples", "2048", "--image-size", "16"],
+                               resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=True))
+    worlds = lambda: [e for e in events(log, "world") if e["rank"] != -1]  # noqa: E731
+    rank1 = lambda: [e["pid"] for e in events(log, "rank") if e["rank"] == 1  # noqa: E731
+                     and e.get("pid")][-1]
+
+    def alone_again(after: float) -> None:
+        """A world of rank 0 alone formed after `after`, and rank 0 trains in it."""
+        world = wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] == 0
+                               and e["t"] > after)
+        assert (world["size"], world["ranks"]) == (1, [0])
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 0
+                       and e["t"] > world["t"])
+
+    run.start()
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1)
+        pids = rank_pids(log)
+        killed = time.time()
+        os.kill(rank1(), signal.SIGKILL)
+        alone_again(killed)
+        dies.touch()
+        asked = time.time()
+        run.restart_rank(1)
+        alone_again(asked)
+        dies.unlink()
+        pids |= rank_pids(log)
+        asked = time.time()
+        run.restart_rank(1)
+        wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 1 and
+                       e.get("standby") == "prepared" and e["t"] > asked)
+        os.kill(rank1(), signal.SIGKILL)
+        alone_again(asked)
+        pids |= rank_pids(log)
+        run.restart_rank(1)
+        wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] == 0
+                       and e["size"] == 2 and e["t"] > asked)
+        pids |= rank_pids(log)
+    finally:
+        run.stop()
+        code = run.wait(60)
+    assert code == 130
+    errors = [e["text"] for e in events(log, "error")]
+    assert errors == ["killed by SIGKILL"] * 3
     assert_gone(pids)
 
 

@@ -59,13 +59,14 @@ def open_ahead(init_method: str, world_size: int) -> None:
     OPENED[init_method] = _listen(init_method, world_size)
 
 
-def come_early(init_method: str, world_size: int) -> None:
+def come_early(init_method: str, world_size: int) -> dist.TCPStore:
     """A script's joiner counts itself in at its world's store before its script runs on: an
     init_process_group() that connects at once waits there for the members, which must not wait
-    for it in turn."""
+    for it in turn. Returns its connection to the store, kept for the process's life."""
     store = store_client(init_method, world_size)
     CAME.append(store)
     store.add(ARRIVED, 1)
+    return store
 
 
 def arrive(store: dist.TCPStore, key: str, world_size: int,

@@ -26,12 +26,12 @@ from .sockets import Sockets, open_sockets
 from .store import arrive, kept_on_failure, meet
 
 # How long gloo may take to connect a world's members, who have all met at its store by then
-# (and again before the control group: ARRIVED_AGAIN). gloo waits five times this for a pair's
-# peer to connect, and nothing else wakes that wait: with a member that died after the meeting,
-# a long timeout outlasted the change timeout, which then killed the survivor too (the run
-# lost). Live members that met connect in milliseconds. Their collectives get the default back
-# once connected. A world whose members do not all form it here (a script's joiner forms it
-# from env:// as the script does) meets once, and keeps 30 s.
+# (and again before the control group: ARRIVED_AGAIN, where a script's joiner meets them too).
+# gloo waits five times this for a pair's peer to connect, and nothing else wakes that wait:
+# with a member that died after the meeting, a long timeout outlasted the change timeout, which
+# then killed the survivor too (the run lost). Live members that met connect in milliseconds.
+# Their collectives get the default back once connected. A script joiner's world on CPUs: its
+# script's gloo init_process_group is outside ddptui's meeting, and keeps 30 s there.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
@@ -70,15 +70,27 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=connect,
                                     **where)
-        if alike:  # NCCL's set-up takes each member its own time
-            arrive(store, ARRIVED_AGAIN, world_size, give_up)
-        group = dist.new_group(backend="gloo", timeout=connect)
+        group = control_group(store, world_size, give_up)
         if device.type == "cuda":
             make_communicator(device)
-    for made in (group, None if device.type == "cuda" else dist.group.WORLD):
-        if made is not None:
-            set_group_timeout(dist.default_pg_timeout, made)
+    if device.type != "cuda":
+        set_group_timeout(dist.default_pg_timeout, dist.group.WORLD)
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
+
+
+def control_group(store: dist.Store | None, world_size: int,
+                  give_up: Callable[[], bool] = lambda: False):
+    """The world's small gloo group that carries live commands, made once every member came to
+    make it (`store`, the world's; a script's joiner comes from its run.elastic()): NCCL's
+    set-up, and a joiner's script between its init_process_group and run.elastic(), take each
+    member its own time. Its pairs then connect in CONNECT, and a member that died before it
+    came is noticed by `give_up` (a survivor waited in gloo 5 x 30 s for a joiner killed just
+    after it said it was prepared: the run lost, 2 x H200)."""
+    if store is not None:
+        arrive(store, ARRIVED_AGAIN, world_size, give_up)
+    group = dist.new_group(backend="gloo", timeout=CONNECT if store is not None else CONNECT_UNMET)
+    set_group_timeout(dist.default_pg_timeout, group)
+    return group
 
 
 def make_communicator(device: torch.device) -> None:
