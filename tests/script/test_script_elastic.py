@@ -167,8 +167,8 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
 
 
 @pytest.mark.timeout(150)
-def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env, monkeypatch,
-                                                                tmp_path):
+def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env,  # noqa: F811
+                                                                monkeypatch, tmp_path):
     """A standby killed as its run.elastic() makes the new world's first group, and one killed
     once it said it is prepared: rank 0 goes on alone each time, and the next r joins. On
     2 x H200 the first left rank 0 waiting in gloo for the dead joiner's connection (5 x 30 s)
@@ -179,7 +179,6 @@ def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env, monk
                                 "1000", "--samples", "2048", "--image-size", "16"],
                                resolve_devices)
     run = ScriptRun(dataclasses.replace(config, headless=True))
-    worlds = lambda: [e for e in events(log, "world") if e["rank"] != -1]  # noqa: E731
     rank1 = lambda: [e["pid"] for e in events(log, "rank") if e["rank"] == 1  # noqa: E731
                      and e.get("pid")][-1]
 
