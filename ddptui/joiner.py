@@ -11,6 +11,8 @@ import threading
 import time
 import urllib.parse
 
+import torch.distributed as dist
+
 from ddptui.kit.elastic import store
 from ddptui.rankside import RankSide
 
@@ -27,8 +29,8 @@ class Joiner:
     said by run.elastic(), or by a watch of the main thread once your script waits inside
     torch.distributed before that."""
 
-    def __init__(self, me: RankSide, order: dict, store):
-        self.me, self.order, self.store = me, order, store  # store: the new world's
+    def __init__(self, me: RankSide, order: dict, world_store: dist.TCPStore):
+        self.me, self.order, self.store = me, order, world_store
         self._said = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._watch, args=(threading.main_thread().ident,),
