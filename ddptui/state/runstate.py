@@ -59,6 +59,7 @@ class RunState:
         self.marks: deque = deque(maxlen=200)  # (t, label): world and settings changes
         self.live_epoch = LiveEpoch()  # the epoch (or part) now running, for its row
         self.lines: deque = deque(maxlen=500)  # (seq, t, level, text, kind) for the event pane
+        self.rank_said: dict[int, str] = {}  # the last line each rank's rank events made
         self.seq = 0
         self.exit_code: int | None = None
         self.reason = ""
@@ -90,6 +91,10 @@ class RunState:
             handler(ev, rank, t)
         if kind not in ("epoch", "message", "run", "step", "gpu", "world", "error"):
             text = describe(ev)
+            if kind == "rank" and text:
+                # The rank's own word and ddptui's on the same change ("rank 0 done" twice)
+                said, self.rank_said[rank] = self.rank_said.get(rank), text
+                text = None if text == said else text
             if text:
                 self._line(t, "warning" if ev.get("state") in TROUBLE else "info", text,
                            f"rank:{ev.get('state')}" if kind == "rank" else kind)
@@ -245,6 +250,8 @@ class RunState:
                 self._line(t, "info", describe(ev))
         elif status in ("done", "failed", "interrupted"):
             self.status, self.ended_t = status, t
+            for r in self.ranks.values():  # standbys end with the run
+                r.standby = ""
             self.exit_code = ev.get("exit_code")
             self.reason = ev.get("reason", "")
             self._line(t, "error" if status == "failed" else "info",

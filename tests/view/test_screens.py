@@ -18,6 +18,7 @@ import pytest
 from textual.widgets.data_table import ColumnKey
 
 from ddptui.sources.replay import Replay
+from ddptui.state.runstate import RunState
 from ddptui.state.views import RankView
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.bars import SPARKS
@@ -25,7 +26,7 @@ from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
 from tests.conftest import ROOT, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run, script_run
-from trainer.protocol.events import RankState
+from trainer.protocol.events import PARENT, RankState, event
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
@@ -182,6 +183,25 @@ def test_a_long_crash_reason_is_cut_in_the_state_column_and_its_standby_still_sh
     cell = str(state_cell(failed, now=0.0))
     assert cell.startswith("crashed (RuntimeError: CU") and cell.endswith("…) · standby ready")
     assert len(cell) <= 44
+
+
+def test_a_finished_run_shows_no_standby_and_says_a_ranks_end_once():
+    """Tried in tmux: a run that ended while rank 1's standby warmed (r pressed just before the
+    last epoch) kept "crashed (SIGKILL) · standby warming 1s" on its final screen, the standby
+    long gone; and the events pane said "rank 0 done" twice (the rank's word, then ddptui's
+    at its exit)."""
+    state = RunState({"script": "x.py"})
+    for ev in (event("run", PARENT, status="started", world_size=2),
+               event("rank", 0, state="running"), event("rank", 1, state="running"),
+               event("rank", 1, state="crashed", reason="killed by SIGKILL: killed with k",
+                     standby="warming"),
+               event("rank", 0, state="done"), event("rank", 0, state="done", exit_code=0),
+               event("run", PARENT, status="done", exit_code=0)):
+        state.apply(ev)
+    view = state.view()
+    assert str(state_cell(view.ranks[1], now=view.now)) == "crashed (SIGKILL: killed with k)"
+    said = [text for _, _, _, text, _ in state.lines_after(0)]
+    assert said.count("rank 0 done") == 1 and said[-1] == "run done"
 
 
 class Gated(Replay):
