@@ -240,7 +240,7 @@ class Elastic:
         """Form the order's world; returns the gloo group that orders are agreed in."""
         rank, size = order["members"].index(self.me.slot), len(order["members"])
         group = world.form_ordered(self.me.mailbox, rank, size, self.device, order["init"],
-                                   self.eager, alike=order.get("joiner") is None)
+                                   self.eager)
         return rank, size, group
 
     def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:

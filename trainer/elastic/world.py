@@ -30,8 +30,10 @@ from .store import arrive, kept_on_failure, meet
 # gloo waits five times this for a pair's peer to connect, and nothing else wakes that wait:
 # with a member that died after the meeting, a long timeout outlasted the change timeout, which
 # then killed the survivor too (the run lost). Live members that met connect in milliseconds.
-# Their collectives get the default back once connected. A script joiner's world on CPUs: its
-# script's gloo init_process_group is outside ddptui's meeting, and keeps 30 s there.
+# Their collectives get the default back once connected. A script's joiner meets them at the
+# first meeting (it came early) and waits inside its script's init_process_group when they come
+# (on CPUs: gloo connects there; a joiner killed then left the survivor waiting 5 x 30 s). A
+# world formed from env:// (no meeting) keeps 30 s.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
@@ -42,15 +44,14 @@ if TYPE_CHECKING:
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,
-         eager: bool = True, mailbox: Mailbox | None = None, alike: bool = True):
+         eager: bool = True, mailbox: Mailbox | None = None):
     """Join the process group at `init_method` as `rank` of `world_size`: nccl on GPUs, gloo
     on CPUs; returns the small gloo group that carries live commands, and on CPUs the
     connections the world was made of (cut when a peer dies: trainer/elastic/sockets.py).
     `eager`: NCCL's communicator is begun inside init_process_group (device_id); every member
     must choose alike (a script's joiner forms its world as the script does).
     `mailbox`: where a world ddptui ordered learns that a member died meanwhile (then a
-    recovery follows): rank 0 may have died before its store listened.
-    `alike`: every member forms the world here (not so a script's joiner)."""
+    recovery follows): rank 0 may have died before its store listened."""
     give_up = (lambda: mailbox.has_urgent) if mailbox is not None else (lambda: False)
     before = open_sockets()
     store = meet(init_method, rank, world_size, give_up)
@@ -59,8 +60,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     where = {"init_method": init_method} if store is None else {
         "store": dist.PrefixStore("default_pg", store)}
-    alike = alike and store is not None
-    connect = CONNECT if alike else CONNECT_UNMET
+    connect = CONNECT if store is not None else CONNECT_UNMET
     with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -112,7 +112,7 @@ def nonblocking():
 
 
 def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.device,
-                 init_method: str, eager: bool = True, alike: bool = True):
+                 init_method: str, eager: bool = True):
     """form() for a world ddptui ordered; a member's death meanwhile raises WorldLost (or the
     error of a cut connection) at once, and its recover order follows."""
     with mailbox.forming(urllib.parse.urlsplit(init_method).port, own_store=rank == 0,
@@ -120,7 +120,7 @@ def form_ordered(mailbox: Mailbox, rank: int, world_size: int, device: torch.dev
         if mailbox.has_urgent:
             raise WorldLost("a peer died before the world formed")
         group, mailbox.world_sockets = form(rank, world_size, device, init_method, eager,
-                                            mailbox, alike)
+                                            mailbox)
     if mailbox.has_urgent:  # formed as the order came: not aborted then (control.py)
         raise WorldLost("a peer died as the world formed")
     return group
