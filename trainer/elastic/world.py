@@ -60,7 +60,6 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
     where = {"init_method": init_method} if store is None else {
         "store": dist.PrefixStore("default_pg", store)}
-    connect = CONNECT if store is not None else CONNECT_UNMET
     with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -68,8 +67,8 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
                                     pg_options=nonblocking(), rank=rank, world_size=world_size,
                                     **where)
         else:
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=connect,
-                                    **where)
+            dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                    timeout=connect_within(store), **where)
         group = control_group(store, world_size, give_up)
         if device.type == "cuda":
             make_communicator(device)
@@ -88,9 +87,14 @@ def control_group(store: dist.Store | None, world_size: int,
     after it said it was prepared: the run lost, 2 x H200)."""
     if store is not None:
         arrive(store, ARRIVED_AGAIN, world_size, give_up)
-    group = dist.new_group(backend="gloo", timeout=CONNECT if store is not None else CONNECT_UNMET)
+    group = dist.new_group(backend="gloo", timeout=connect_within(store))
     set_group_timeout(dist.default_pg_timeout, group)
     return group
+
+
+def connect_within(store: dist.Store | None) -> timedelta:
+    """How long gloo may take to connect a world's members: CONNECT once they met at `store`."""
+    return CONNECT if store is not None else CONNECT_UNMET
 
 
 def make_communicator(device: torch.device) -> None:
