@@ -33,7 +33,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from trainer.elastic.sockets import open_sockets, shut_listeners  # noqa: E402
+from trainer.elastic.sockets import open_sockets, shut_listeners, tcp_sockets  # noqa: E402
 
 CASES = ("ready", "init_dead", "first_dead", "init_dead_cut", "first_dead_cut",
          "init_dead_timeout", "init_killed_timeout", "init_dead_listeners",
@@ -106,14 +106,9 @@ def rank_main(case: str, rank: int, port: int, out: str) -> None:
 def shut(sockets, store_port: int) -> int:
     """Shut down each TCP socket (listening ones too) but the store's; how many."""
     n = 0
-    for fd, inode in sockets:
+    for s in tcp_sockets(sockets):
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") != inode:
-                continue
-            with socket.socket(fileno=os.dup(fd)) as s:
-                if s.family not in (socket.AF_INET, socket.AF_INET6) or store_port in (
-                        s.getsockname()[1], _peer_port(s)):
-                    continue
+            if store_port not in (s.getsockname()[1], _peer_port(s)):
                 s.shutdown(socket.SHUT_RDWR)
                 n += 1
         except OSError:

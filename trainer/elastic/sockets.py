@@ -29,7 +29,7 @@ def open_sockets() -> Sockets:
     return frozenset(found)
 
 
-def _tcp(sockets: Sockets, skip: set[int] = frozenset()) -> Iterator[socket.socket]:
+def tcp_sockets(sockets: Sockets, skip: set[int] = frozenset()) -> Iterator[socket.socket]:
     """Each of `sockets` (but the fds in `skip`) still open as the same TCP socket, as a
     duplicate that is closed after: shutting it down shuts the socket itself. A Unix socket
     made meanwhile by another thread (a pipe to a worker) is no part of any world."""
@@ -51,7 +51,7 @@ def sever(sockets: Sockets, peer_port: int | None = None) -> int:
     """Shut down each of `sockets` still open as the same socket (those connected to
     `peer_port` only, where given); how many were."""
     cut = 0
-    for s in _tcp(sockets):
+    for s in tcp_sockets(sockets):
         try:
             # A connection only: shut, a listening socket fails gloo's or the store's accepting
             # thread, which ends the process.
@@ -83,7 +83,7 @@ def shut_listeners(sockets: Sockets, keep_port: int | None = None) -> int:
     watches (NCCL's, which it accepts on in a polling loop that then fails at once); how many.
     A listener in an event loop is gloo's or a store's, whose thread would end the process."""
     cut = 0
-    for s in _tcp(sockets, skip=_watched()):
+    for s in tcp_sockets(sockets, skip=_watched()):
         try:
             if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) and \
                     s.getsockname()[1] != keep_port:
