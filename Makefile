@@ -1,27 +1,36 @@
 # Two entry points for a fresh machine: `make run` (install + a real run on the built-in data)
-# and `make test` (install + the test suite). Both create .venv on first use.
+# and `make test` (install + the test suite). Both create .venv on first use; `make run`
+# installs only what running needs, `make test` adds the test extras.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# compat: a .pth file names the checkout; the default meta path finder prints a warning block
+# at every install ("Editable installation ...").
+PIP_INSTALL := $(BIN)/pip install -q --config-settings editable_mode=compat -e
 
-.PHONY: run test install lint clean
+.PHONY: run test install clean
 
-$(STAMP): pyproject.toml
+$(VENV)/.run-installed: pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	touch $(STAMP)
+	$(PIP_INSTALL) .
+	touch $@
 
-install: $(STAMP)
+$(VENV)/.test-installed: pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(PIP_INSTALL) '.[test]'
+	touch $@ $(VENV)/.run-installed
 
-run: $(STAMP)
+install: $(VENV)/.run-installed
+
+run: $(VENV)/.run-installed
 	$(BIN)/ddptui run resnet18 || test $$? -eq 130  # quitting with q or Ctrl-C is no error
 
 # Three tests at a time on CI's two cores: a test spends about a third of its time waiting on
 # ranks that import torch or on a timer; two at a time is slower, four no faster
 # (docs/benchmarks.md, the CPU machine).
-test: $(STAMP)
+test: $(VENV)/.test-installed
 	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 clean:

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
 STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
 ATTACH_PORT = 29600
+NOTHING_TO_RUN = ("say what to train: a model (ddptui run resnet18), your own script (ddptui run "
+                  "train.py) or module (ddptui run -m pkg.train); ddptui run --help")
 HEADLESS_HELP = "no dashboard: status lines on stdout (automatic when not a terminal)"
 
 EXAMPLES = f"""examples:
@@ -59,7 +61,8 @@ def build_parser() -> Parser:
     parser.add_argument("--version", action="version", version=f"ddptui {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     run = sub.add_parser("run", help="start one rank per GPU (or CPU rank) and watch it",
-                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+                         hints={"the following arguments are required: model": NOTHING_TO_RUN})
     groups = add_training_options(run, DeviceOptions, RunPolicy)
     groups["launch"].add_argument("--headless", action="store_true", help=HEADLESS_HELP)
     attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
@@ -239,9 +242,9 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad address, or NoKey
         raise UsageError(str(e)) from None
     log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
-    from trainer.parse import check_writable_dir
+    from trainer.parse import check_writable_file
 
-    check_writable_dir(os.path.dirname(os.path.abspath(log)), "--log directory")
+    check_writable_file(log, "--log")
     from ddptui.sources.attach import Attach
 
     try:
@@ -272,9 +275,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no such log: {args.file}")
     if args.speed < 0:
         raise UsageError(f"--speed must be 0 or more, got {args.speed}")
+    from ddptui.sources.replay import Replay, not_a_log
+
+    why = not_a_log(args.file)
+    if why:
+        raise UsageError(f"{args.file} is not a ddptui log: {why}")
     if args.csv is not None:
         return _epochs_csv(args.file, args.csv)
-    from ddptui.sources.replay import Replay
 
     replay = Replay(args.file, speed=args.speed)
     if args.headless or not sys.stdout.isatty():
@@ -288,12 +295,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def _epochs_csv(log: str, target: str) -> int:
     from ddptui.sources.export import write_epochs_csv
 
+    def warn(text: str) -> None:
+        print(f"ddptui: warning: {text}", file=sys.stderr)
+
     if target == "-":
-        write_epochs_csv(log, sys.stdout)
+        write_epochs_csv(log, sys.stdout, warn)
         return 0
     try:
         with open(target, "w", newline="") as out:
-            rows = write_epochs_csv(log, out)
+            rows = write_epochs_csv(log, out, warn)
     except OSError as e:
         raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
     print(f"ddptui: {rows} epoch rows written to {target}", file=sys.stderr)

@@ -10,10 +10,15 @@ from typing import Any
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a mistake is one line on stderr (no usage dump) and exit code 2."""
+    """argparse, but a mistake is one line on stderr (no usage dump) and exit code 2; `hints`
+    puts a plainer message in the place of one of argparse's own."""
+
+    def __init__(self, *args: Any, hints: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.hints = hints or {}
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {self.hints.get(message, message)}\n")
 
 
 def option(default: Any, help: str | None = None, /, *, flag: str | None = None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib.util
 import os
 import sys
@@ -25,7 +26,7 @@ from trainer.config import (
     TrainOptions,
 )
 from trainer.errors import UsageError
-from trainer.model_names import TORCHVISION_CLASSIFIERS
+from trainer.model_names import classifier_names
 from trainer.options import add_sections, from_args
 
 
@@ -75,7 +76,7 @@ def validate(config: RunConfig) -> None:
     if ckpt.dir:
         check_writable_dir(ckpt.dir, "--checkpoint-dir")
     if tele.log:
-        check_writable_dir(os.path.dirname(os.path.abspath(tele.log)), "--log directory")
+        check_writable_file(tele.log, "--log")
     if tele.tensorboard:
         check_tensorboard(tele.tensorboard)
     if tele.report:
@@ -92,15 +93,7 @@ def check_model_name(name: str) -> None:
     if ":" in name:
         _check_import_spec(name, "model")
         return
-    if name in TORCHVISION_CLASSIFIERS:
-        return
-    # A newer torchvision may know more names than our list; only then pay for importing it.
-    try:
-        import torchvision.models
-
-        known = torchvision.models.list_models(module=torchvision.models)
-    except Exception:
-        known = TORCHVISION_CLASSIFIERS
+    known = classifier_names()
     if name in known:
         return
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
@@ -176,6 +169,25 @@ def check_tensorboard(path: str) -> None:
         raise UsageError("--tensorboard needs the tensorboard package: "
                          "pip install tensorboard (or ddptui[tensorboard])")
     check_writable_dir(path, "--tensorboard directory")
+
+
+def check_writable_file(path: str, what: str) -> None:
+    """`what` PATH (a log) can be created or appended to; its folder is made if needed. A file
+    that was there is left as it was, one made here is removed."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot make its folder {folder} ({e.strerror})") from None
+    existed = os.path.exists(path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    except OSError as e:
+        # ENOENT for a file being created: its folder (/proc, /sys) makes no new files.
+        why = f"{folder} takes no new files" if e.errno == errno.ENOENT else e.strerror
+        raise UsageError(f"{what} {path}: cannot write this file ({why})") from None
+    if not existed:
+        os.remove(path)
 
 
 def check_writable_dir(path: str, what: str) -> None:

@@ -21,7 +21,7 @@ from ddptui.run.processes import ended_how
 from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
-from ddptui.script.output import StreamReader, last_traceback
+from ddptui.script.output import Console, StreamReader, last_traceback
 from ddptui.script.streams import Route
 from trainer.protocol.events import count
 
@@ -104,6 +104,7 @@ class RankGroup:
         self._deadlines: list[tuple[float, int, frozenset[int] | None]] = []
         self._grace = 0.0
         self._log_dir: list[str] = []  # torchrun's --log-dir folder of this run, once made
+        self._console = Console()  # every rank's lines go on whole
 
     def start(self, attempt: Attempt) -> None:
         self.ranks, self._reported, self._deadlines = [], set(), []
@@ -138,7 +139,7 @@ class RankGroup:
                                 routes[i] if self.echo else Route(False, None, routes[i].file),
                                 i + 1, self.echo and os.isatty(i + 1),
                                 lambda text, final, s=slot: self.on_line(s, text, final),
-                                f"rank{slot}-{('stdout', 'stderr')[i]}")
+                                f"rank{slot}-{('stdout', 'stderr')[i]}", self._console)
                    for i, (read, _write) in enumerate(pipes)]
         for r in readers:
             r.start()

@@ -17,7 +17,7 @@ from ddptui.script.target import module_problem
 from trainer.argtypes import non_negative_int, positive_float, positive_int
 from trainer.errors import UsageError
 from trainer.options import Parser, add_sections, flags, from_args, option, switches
-from trainer.parse import check_tensorboard, check_writable_dir
+from trainer.parse import check_tensorboard, check_writable_dir, check_writable_file
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -180,7 +180,7 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
                          "launch with torchrun and watch with ddptui attach (docs/cluster.md)")
     _check_target(target, module, args.no_python)
     if args.log:
-        check_writable_dir(os.path.dirname(os.path.abspath(args.log)), "--log directory")
+        check_writable_file(args.log, "--log")
     if args.log_dir:
         check_writable_dir(args.log_dir, "--log-dir")
     if args.tensorboard:

@@ -5,6 +5,7 @@ part of one, as the dashboard shows them, for a spreadsheet or a notebook.
 from __future__ import annotations
 
 import csv
+from collections.abc import Callable
 from typing import TextIO
 
 from ddptui.sources.replay import Replay
@@ -15,12 +16,15 @@ COLUMNS = ("restart", "epoch", "at_step", "start_step", "end_step", "partial", "
 SETTINGS = ("prefetch", "workers", "cudnn_benchmark")
 
 
-def write_epochs_csv(log_path: str, out: TextIO) -> int:
+def write_epochs_csv(log_path: str, out: TextIO, warn: Callable[[str], None]) -> int:
     """Play the log through (no waiting) and write its epochs table; returns the rows written.
-    A script's own figures (--metric, run.log) are columns after ddptui's."""
+    A script's own figures (--metric, run.log) are columns after ddptui's; lines of the log
+    that are not events are skipped, and `warn` says which."""
     replay = Replay(log_path, speed=0)
     replay.start()
     replay.done.wait()
+    if replay.bad_lines:
+        warn(replay.skipped())
     rows = replay.state.view().epochs
     figures = sorted({name for e in rows for name in e["metrics"]})
     writer = csv.writer(out, lineterminator="\n")

@@ -13,6 +13,23 @@ from ddptui.state.runstate import RunState
 from ddptui.state.source import RunSource
 from trainer.protocol.events import decode
 
+FIRST_LINE_MAX = 1 << 16  # a log's first line is one short event; another file's may be long
+
+
+def not_a_log(path: str) -> str | None:
+    """Why `path` is not a ddptui log, or None: every log starts with an event (blank lines
+    aside), so a file whose first line is not one is something else."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            number = 0
+            while line := f.readline(FIRST_LINE_MAX):
+                number += 1
+                if line.strip():
+                    return None if decode(line) else f"line {number} is not one of its events"
+    except OSError as e:
+        return e.strerror or str(e)
+    return "it is empty"
+
 
 class Replay(RunSource):
     """Feeds a JSONL log's events into `state` in a thread, at `speed` x the recorded pace."""
@@ -27,6 +44,7 @@ class Replay(RunSource):
         self.state = RunState({"log": path}, live=False)
         self.done = threading.Event()
         self.exit_code: int | None = None
+        self.bad_lines: list[int] = []  # line numbers that are not events, skipped
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._play, name="replay", daemon=True)
 
@@ -60,7 +78,19 @@ class Replay(RunSource):
             yield from self.events
             return
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
+            for number, line in enumerate(f, 1):
                 ev = decode(line)
                 if ev is not None:
                     yield ev
+                elif line.strip():  # cut short by a crash, or written over: the rest still plays
+                    self.bad_lines.append(number)
+                    if len(self.bad_lines) == 1:
+                        self.state.say(self.skipped(), "warning")
+        if len(self.bad_lines) > 1:
+            self.state.say(self.skipped(), "warning")
+
+    def skipped(self) -> str:
+        """What was skipped of the log: its first line that is not an event, and how many."""
+        more = len(self.bad_lines) - 1
+        return (f"{self.log_path} line {self.bad_lines[0]} is not a ddptui event: skipped"
+                + (f" (and {more} more such line{'s' if more > 1 else ''})" if more else ""))

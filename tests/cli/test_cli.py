@@ -3,6 +3,7 @@ imports torch; the model list matches torchvision."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -29,6 +30,8 @@ from trainer.errors import UsageError
     (["run", "nosuchpkg.models:net"], "model module not found: nosuchpkg.models"),
     (["run", "resnet18", "--amp", "fp8"], "invalid choice: 'fp8'"),
     (["replay", "/no/such.jsonl"], "no such log"),
+    (["replay", "half.pt"], "half.pt is not a ddptui log: line 1 is not one of its events"),
+    (["replay", "empty.jsonl", "--csv"], "empty.jsonl is not a ddptui log: it is empty"),
     (["replay", f"{ROOT}/tests/data/run-2cpu.jsonl", "--csv", "/proc/x.csv"],
      "cannot write /proc/x.csv"),
     (["run", "resnet18", "--report", "127.0.0.1:29600"], "--report is for ranks started by"),
@@ -38,10 +41,15 @@ from trainer.errors import UsageError
     (["run", "resnet18", "--stall-after", "0"], "--stall-after: must be above 0"),
     (["run", "resnet18", "--on-stall", "kill"], "invalid choice: 'kill'"),
     (["run", "resnet18", "--max-bad-samples", "-1"], "--max-bad-samples: must be 0 or more"),
+    (["run"], "say what to train: a model (ddptui run resnet18), your own script"),
+    (["run", "--cpus", "2"], "say what to train"),
+    (["run", "resnet18", "--log", "/proc/x.jsonl"],
+     "--log /proc/x.jsonl: cannot write this file (/proc takes no new files)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says, tmp_path, cli_main):
     """In this process (the validation is what is tested; a process each cost a second)."""
     (tmp_path / "half.pt").write_bytes(b"PK\x03\x04" + bytes(996))  # a zip cut before its directory
+    (tmp_path / "empty.jsonl").write_text("\n")
     code, err = cli_main(args)
     assert code == 2, err
     assert len(err) == 1, err
@@ -55,6 +63,25 @@ def test_bad_input_from_the_command_line_is_one_line_no_traceback(env, tmp_path)
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("ddptui: error: unknown model 'resnt18' (did you mean resnet18")
     assert not (tmp_path / "runs").exists()
+
+
+def test_bad_input_is_answered_before_torch_is_imported(env, tmp_path):
+    """An unknown model was refused only after torchvision had been imported to list its models
+    (6.9 s on a 2-core machine); no check may need torch."""
+    code = ("import sys\n"
+            "from ddptui.cli import main\n"
+            "for argv in (['run', 'resnet1000'], ['run', 'vit_b_99', '--cpus', '2'], ['run'],\n"
+            "             ['run', 'resnet18', '--log', '/proc/x.jsonl']):\n"
+            "    try:\n"
+            "        assert main(argv) == 2, argv\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code == 2, argv\n"
+            "sys.exit(3 if {'torch', 'torchvision'} & set(sys.modules) else 0)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("\n") == 4
+    assert "unknown model 'vit_b_99' (did you mean vit_b_32, vit_b_16" in r.stderr
 
 
 def test_mnist_missing_files_are_named(env, tmp_path):
@@ -109,10 +136,10 @@ def test_the_dashboard_path_never_imports_torch(env):
 def test_model_list_matches_torchvision():
     import torchvision.models
 
-    from trainer.model_names import TORCHVISION_CLASSIFIERS
+    from trainer.model_names import classifier_names
 
-    known = set(torchvision.models.list_models(module=torchvision.models))
-    assert set(TORCHVISION_CLASSIFIERS) <= known
+    known = torchvision.models.list_models(module=torchvision.models)
+    assert classifier_names() == tuple(sorted(known)) and "resnet18" in known
 
 
 def test_report_without_a_key_is_one_line_and_exit_2(env, tmp_path):
@@ -191,3 +218,19 @@ def test_replay_csv_writes_the_epochs_table_as_the_log_recorded_it(tmp_path, cli
     assert [float(r["train_loss"]) for r in rows] == \
         [float(f"{e['train_loss']:.6g}") for e in rank0]
     assert all(r["workers"] and r["world_size"] == "2" for r in rows)
+
+
+def test_a_partly_broken_log_plays_and_names_its_first_bad_line(tmp_path, env, cli_main):
+    """A log cut short by a crash (or written over) still plays; what was skipped is named."""
+    with open(os.path.join(ROOT, "tests", "data", "run-2cpu.jsonl")) as f:
+        lines = f.readlines()
+    log = tmp_path / "broken.jsonl"
+    log.write_text("".join(lines[:5]) + '{"kind": "step", "ra\n' + "".join(lines[5:]) + "\0\0\n")
+    r = ddptui(["replay", str(log), "--speed", "0"], env, tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if "not a ddptui event" in line]
+    assert said == [f"warning: {log} line 6 is not a ddptui event: skipped",
+                    f"warning: {log} line 6 is not a ddptui event: skipped (and 1 more such line)"]
+    assert "done in" in r.stdout.splitlines()[-1]
+    code, err = cli_main(["replay", str(log), "--csv", str(tmp_path / "e.csv")])
+    assert code == 0 and err[0].endswith("line 6 is not a ddptui event: skipped (and 1 more such line)")

@@ -41,6 +41,23 @@ def _script_env(env: dict) -> dict:
     return dict(env, OMP_NUM_THREADS="1")
 
 
+def test_each_line_a_rank_prints_is_passed_on_whole(env, tmp_path):
+    """Two ranks writing lines as fast as they can: each line reaches stdout whole (a rank's
+    write ends mid-line, and the other's rest of a line was written into it: 2 of 6,000 merged
+    in 2 of 2 runs), and so does a last line with no newline, on the console and in the log."""
+    log = tmp_path / "lines.jsonl"
+    r = ddptui(["run", "--nproc-per-node", "2", "--log", str(log),
+                os.path.join(SCRIPTS, "lines.py")], env, tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    expected = {f"rank {rank} step {i} loss {1 / (i + 1):.6f}" for rank in (0, 1) for i in range(3000)}
+    last = {f"rank {rank} ends without a newline" for rank in (0, 1)}
+    lines = r.stdout.split("\n")
+    assert lines[-1] == ""  # the last line ended too
+    assert sorted(lines[:-1]) == sorted(expected | last)
+    said = {e["text"] for e in events(log, "output") if e.get("final")}
+    assert last <= said
+
+
 @pytest.mark.timeout(120)
 def test_a_plain_torchrun_script_runs_as_under_torchrun(env, tmp_path):
     """Same output on stdout and the same exit code as torchrun --standalone; its loss lines
@@ -406,7 +423,8 @@ def test_the_parent_killed_takes_every_rank_with_it(env, tmp_path):
     (["run", "--steps", "3", LOOPING], "--steps is not a ddptui run option (ddptui run --help); "
                                         "the script's own arguments go after the script"),
     (["run", "--nnodes", "2", LOOPING], "--nnodes 2: ddptui run is one machine"),
-    (["run", LOOPING, "--log", "/proc/x.jsonl"], "--log directory is not writable: /proc"),
+    (["run", LOOPING, "--log", "/proc/x.jsonl"],
+     "--log /proc/x.jsonl: cannot write this file (/proc takes no new files)"),
     (["run", SCRIPTS], "is a folder: name the script in it"),
     (["run", "--start-method", "fork", LOOPING],
      "torchrun's --start-method is not supported by ddptui run yet"),
