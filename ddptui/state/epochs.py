@@ -14,14 +14,18 @@ class EpochRow:
     start_step: int = 0
     restart: int = 0  # a script's group started again: its epochs are rows of their own
     ranks: dict = field(default_factory=dict)  # rank -> its epoch event
+    said: bool = False  # its line is in the events
 
     def merged(self) -> dict:
+        """The row of every rank's event; a figure no rank knew is None (a script's rows read
+        from its output have no rates, no input wait)."""
         evs = list(self.ranks.values())
         first = self.ranks.get(0, evs[0])
         world = first.get("world_size", len(evs))
-        rate = sum(e.get("samples_per_s", 0) for e in evs)
-        if len(evs) < world:  # a rank died before it could report: lockstep, so scale
-            rate *= world / len(evs)
+        measured = [e for e in evs if e.get("source") != "output"]
+        rate = sum(e.get("samples_per_s", 0) for e in measured) if measured else None
+        if rate is not None and len(evs) < world:  # a rank died before it could report:
+            rate *= world / len(evs)  # lockstep, so scale
         return {
             "epoch": self.epoch,
             "start_step": self.start_step,
@@ -33,7 +37,8 @@ class EpochRow:
             "bad_samples": sum(e.get("bad_samples") or 0 for e in evs),
             "at_quit": bool(first.get("at_quit")),
             "rolled_back": first.get("rolled_back"),
-            "data_wait": sum(e.get("data_wait", 0) for e in evs) / len(evs),
+            "data_wait": (sum(e.get("data_wait", 0) for e in measured) / len(measured)
+                          if measured else None),
             "train_loss": first.get("train_loss"),
             "val_loss": first.get("val_loss"),
             "val_acc": first.get("val_acc"),

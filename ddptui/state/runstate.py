@@ -167,12 +167,12 @@ class RunState:
         self.live_epoch.ended(ev, t)
         live = [r for r in self.ranks.values()
                 if r.state.is_member or r.state == RankState.STARTING]
-        if len(row.ranks) == max(1, len(live)) or len(row.ranks) == ev.get("world_size"):
-            merged = row.merged()
-            if self.meta.get("device_kind") == "cpu" and merged["settings"]:
-                # The prefetcher is a CUDA side stream: CPU ranks load batches directly.
-                merged["settings"] = {**merged["settings"], "prefetch": "n/a"}
-            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **merged}))
+        # Said once every member has sent its row; ranks that ended meanwhile (a script's
+        # last epoch: rank 0 done before rank 1's row came) are not waited for.
+        if not row.said and (len(row.ranks) >= max(1, len(live))
+                             or len(row.ranks) == ev.get("world_size")):
+            row.said = True
+            self._line(t, "info", describe({"kind": "epoch", "rank": PARENT, **self._merged(row)}))
 
     def _on_settings(self, ev: schema.SettingsEvent, rank: int, t: float) -> None:
         status, request = ev.get("status"), ev.get("request")
@@ -258,7 +258,7 @@ class RunState:
                        f"run {status}" + (f": {self.reason}" if self.reason else ""), "run")
 
     def _on_message(self, ev: schema.MessageEvent, rank: int, t: float) -> None:
-        for name in ("steps_per_epoch", "num_train", "num_classes", "params"):
+        for name in ("steps_per_epoch", "num_train", "num_classes", "params", "epochs"):
             if name in ev:
                 self.meta[name] = ev[name]
         if ev.get("stacks_of") is not None:
@@ -308,7 +308,7 @@ class RunState:
                        for r in sorted(self.ranks.values(), key=_by_node)],
                 devices=[self._copy_device(d, now)
                          for d in sorted(self.devices.values(), key=_device_order)],
-                epochs=[self.epochs[k].merged() for k in sorted(self.epochs)],
+                epochs=[self._merged(self.epochs[k]) for k in sorted(self.epochs)],
                 live_epoch=None if self.ended_t is not None else self.live_epoch.row(
                     now, self.settings, self.meta.get("world_size")),
                 best_val_acc=self.best_val_acc,
@@ -361,6 +361,14 @@ class RunState:
         # A finished run's last readings (a GPU at 100%) must not read as the present.
         return replace(d, history=d.history.copy(), age=max(0.0, now - d.seen_t),
                        stale=self.ended_t is not None or now - d.seen_t > STALE_S)
+
+    def _merged(self, row: EpochRow) -> dict:
+        """An epoch row as every screen, line and CSV shows it."""
+        merged = row.merged()
+        if self.meta.get("device_kind") == "cpu" and merged["settings"]:
+            # The prefetcher is a CUDA side stream: CPU ranks load batches directly.
+            merged["settings"] = {**merged["settings"], "prefetch": "n/a"}
+        return merged
 
     def _progress(self) -> Progress:
         """Epoch, step and the fraction of the run done, from the

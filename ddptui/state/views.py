@@ -87,6 +87,12 @@ class Progress(NamedTuple):
     steps: int  # per epoch (0: not known)
     done: float  # fraction of the run
 
+    @property
+    def where(self) -> str:
+        """'epoch 2 of 0-4': epochs count from 0 everywhere (events, tables, lines, CSV), as
+        PyTorch's samplers and the frameworks count them, so the last of 5 is epoch 4."""
+        return f"epoch {self.epoch}" + (f" of 0-{self.epochs - 1}" if self.epochs else "")
+
 
 @dataclass
 class Vitals:

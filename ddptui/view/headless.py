@@ -14,7 +14,7 @@ STATUS_EVERY_S = 5.0
 
 
 def status_line(view: RunView) -> str:
-    epoch, epochs, step, _steps, done = view.progress
+    step, done = view.progress.step, view.progress.done
     loss = next((r.loss for r in view.ranks if r.loss is not None), None)
     devices = " ".join(_device(d) for d in view.devices)
     mins, secs = divmod(int(view.elapsed), 60)
@@ -22,7 +22,7 @@ def status_line(view: RunView) -> str:
     troubled = [f"rank {r.rank} {r.state}" for r in view.ranks
                 if r.state.is_troubled]
     trouble = f"  [{', '.join(troubled)}]" if troubled else ""
-    return (f"[{mins:02d}:{secs:02d}] epoch {epoch + 1}/{epochs} step {step} "
+    return (f"[{mins:02d}:{secs:02d}] {view.progress.where} step {step} "
             f"({100 * done:.0f}%)  loss {'-' if loss is None else f'{loss:.4f}'}  "
             f"{view.throughput:,.0f} img/s  {devices}{paused}{trouble}")
 
@@ -36,11 +36,11 @@ def _device(d) -> str:
 
 def summary(view: RunView) -> str:
     epochs = view.epochs
-    rate = (sum(e["samples_per_s"] for e in epochs) / len(epochs)) if epochs else 0.0
+    rates = [e["samples_per_s"] for e in epochs if e["samples_per_s"] is not None]
     finished = len([e for e in epochs if not e["partial"]])
     best = view.best_val_acc
     return (f"{view.status} in {view.elapsed:.1f} s: {finished} epochs, "
-            f"{rate:,.0f} img/s mean, best val_acc "
+            f"{f'{sum(rates) / len(rates):,.0f}' if rates else '-'} img/s mean, best val_acc "
             f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view.meta.get('log')}")
 
 

@@ -140,6 +140,8 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         assert {e["rank"] for e in steps} == {0, 1}
         assert all(e.get("source") is None and e["samples_per_s"] > 0 for e in steps)
         assert "pause" in run.controls and run.refuse("pause") is None
+        # run.epochs(1000) gives the header its range: it said "epoch 39" with no total.
+        assert run.state.view().progress.where.endswith(" of 0-999")
         epoch = events(log, "epoch")[0]
         assert epoch["samples"] == 1024 and "train_acc" in epoch["metrics"]
         assert 0 < epoch["data_wait"] < 1  # run.step's waits for run.loader(), over the epoch

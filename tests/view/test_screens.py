@@ -21,6 +21,7 @@ from ddptui.sources.replay import Replay
 from ddptui.state.runstate import RunState
 from ddptui.state.views import RankView
 from ddptui.view.app import DashboardApp
+from ddptui.view.headless import status_line
 from ddptui.view.widgets.bars import SPARKS
 from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
@@ -144,6 +145,9 @@ async def test_the_running_epoch_has_a_live_row_that_a_finished_run_does_not():
         assert last[0].startswith("2 40% 00:2")
         assert float(last[4].replace(",", "")) > 0 and float(last[6]) > 0
         assert last[7] == "…"  # validation comes at the epoch's end
+        # One numbering: the header, the table, the console (it said "epoch 3/4" beside row 2).
+        assert "epoch 2 of 0-3 " in _text(app).splitlines()[1]
+        assert status_line(app.source.state.view()).startswith("[02:05] epoch 2 of 0-3 step 80 ")
     done = _app("eight-ranks")
     async with done.run_test(size=(160, 50)) as pilot:
         await settle(pilot)

@@ -176,11 +176,13 @@ def _epoch_line(ev: dict) -> str:
     if ev.get("source") == "output":  # read from a script's output: no rates, no settings
         return f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}"
     rate = f"img/s ({count(n, 'rank')})" if n else "img/s/rank"
+    samples, wait = ev.get("samples_per_s"), ev.get("data_wait")
+    # Settings only where the rank has ours (a script without run.loader() has none).
+    named = (f"  [prefetch {onoff(s.get('prefetch'))}, workers {onoff(s.get('workers'))}, "
+             f"cudnn.benchmark {onoff(s.get('cudnn_benchmark'))}]" if s else "")
     return (f"{epoch_label(ev)}: loss {_num(ev.get('train_loss'))}{val}{figures(ev)}  "
-            f"{ev.get('samples_per_s', 0):,.0f} {rate}  "
-            f"data-wait {100 * (ev.get('data_wait') or 0):.0f}%  "
-            f"[prefetch {onoff(s.get('prefetch'))}, workers {s.get('workers')}, "
-            f"cudnn.benchmark {'on' if s.get('cudnn_benchmark') else 'off'}]")
+            f"{'-' if samples is None else f'{samples:,.0f}'} {rate}  "
+            f"data-wait {'-' if wait is None else f'{100 * wait:.0f}%'}{named}")
 
 
 def count(n: int, noun: str) -> str:

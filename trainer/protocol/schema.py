@@ -233,6 +233,8 @@ class MessageEvent(Event):
     num_train: NotRequired[Annotated[int, "training samples"]]
     steps_per_epoch: NotRequired[Annotated[int, "steps in an epoch of the whole world"]]
     params: NotRequired[Annotated[int, "the model's parameters"]]
+    epochs: NotRequired[Annotated[int, "the epochs the run trains, where a script says so "
+                                       "(`run.epochs(n)`)"]]
     world_size: NotRequired[Annotated[int, "ranks in the world"]]
     global_step: NotRequired[Annotated[int, "steps done since the run began"]]
 

@@ -34,13 +34,12 @@ class RunHeader(Static):
             ("ddptui ", "bold"), (f"{meta.get('model', '?')}", "bold cyan"),
             f" · {meta.get('data', '?')} · {world} × {kind} · bs {meta.get('batch_size', '?')}/rank  ",
             (f" {status} ", _status_style(status)))
-        epoch, epochs, _step, _steps, done = v.progress
+        done = v.progress.done
         eta = (v.elapsed / done - v.elapsed) if 0.02 < done < 1 else None
         best = v.best_val_acc
         wide = self.size.width >= 100
         line2 = Text.assemble(
-            f"epoch {min(epoch + 1, epochs or 1)}/{epochs} ", bar(100 * done, 20 if wide else 8,
-                                                                   "cyan"),
+            f"{v.progress.where} ", bar(100 * done, 20 if wide else 8, "cyan"),
             f" {100 * done:3.0f}%  ETA {duration(eta)}  {'elapsed ' if wide else ''}"
             f"{duration(v.elapsed)}  ", (f"{v.throughput:,.0f} img/s", "bold"),
             f"  best {'val_acc ' if wide else ''}{'-' if best is None else f'{100 * best:.1f}%'}")
@@ -53,10 +52,9 @@ class RunHeader(Static):
         line1 = Text.assemble(("ddptui ", "bold"), (meta["script"], "bold cyan"),
                               f" · {world} × {kind}{restart}  ", (f" {status} ",
                                                                   _status_style(status)))
-        epoch = v.progress[0]
         losses = [r.loss for r in v.ranks if r.loss is not None]
         counting = [r for r in v.ranks if r.iteration]  # a script that names no epochs
-        where = f"step {max(r.step for r in counting)}" if counting else f"epoch {epoch}"
+        where = f"step {max(r.step for r in counting)}" if counting else v.progress.where
         parts = [where if v.epochs or losses else "no figures printed yet",
                  f"elapsed {duration(v.elapsed)}"]
         if losses:

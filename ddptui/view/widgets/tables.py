@@ -258,9 +258,10 @@ def _setting_cells(settings: dict, e: dict, script: bool, cpu: bool) -> tuple:
     """prefetch, workers, bench, img/s, wait: a script has no settings of ours to show."""
     if script and not settings:
         return ("-", "-", "-", _rate(e), "-")
-    return ("n/a" if cpu else onoff(settings.get("prefetch")), str(settings.get("workers", "-")),
-            onoff(settings.get("cudnn_benchmark")), f"{e['samples_per_s']:,.0f}",
-            f"{100 * e['data_wait']:.0f}%")
+    wait = e.get("data_wait")
+    return ("n/a" if cpu else onoff(settings.get("prefetch")), onoff(settings.get("workers")),
+            onoff(settings.get("cudnn_benchmark")), _fmt(e.get("samples_per_s"), ",.0f"),
+            "-" if wait is None else f"{100 * wait:.0f}%")
 
 
 def _mib(mib: int | None) -> str:
