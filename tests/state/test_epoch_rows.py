@@ -5,8 +5,8 @@ default."""
 from __future__ import annotations
 
 import csv
-import json
 import io
+import json
 
 from ddptui.sources.export import write_epochs_csv
 from ddptui.state.runstate import RunState
