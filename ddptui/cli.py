@@ -160,6 +160,7 @@ def cmd_run_script(argv: list[str]) -> int:
 def run_dashboard(source: OwnedRun) -> int:
     """The dashboard over a run that ddptui owns (built-in trainer or script) until it ends."""
     from ddptui.view.app import DashboardApp
+    from ddptui.view.headless import summary
 
     app = DashboardApp(source)
 
@@ -180,6 +181,7 @@ def run_dashboard(source: OwnedRun) -> int:
               f"log: {source.log_path}", file=sys.stderr)
         return 1 if code in (0, 130, None) else code
     view = source.state.view()
+    print(f"ddptui: {summary(view)}", flush=True)  # the screen is gone: what it came to
     if code not in (0, None) and view.reason:
         print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
     return 1 if code is None else code

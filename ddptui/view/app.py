@@ -30,6 +30,7 @@ from ddptui.view.widgets.tables import EpochTable, RankTable
 from trainer.protocol.events import onoff
 
 REFRESH_S = 0.2
+WIDE = 140  # columns from which the tables take more of the width than the GPUs and charts
 CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows nothing new
 # The tables' figures (loss, img/s per rank) at 2 Hz: a table renders all its rows anew at each
 # change, and at 5 Hz that was a third of the dashboard's CPU. States and rows show at once.
@@ -38,6 +39,15 @@ CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_ra
                    "kill_rank"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 _ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
+# The footer's order: q and ? first, so a narrow terminal cuts the least used keys instead
+# (at 160 columns it ended "c Chec▏^p palette": no way out of a finished run was shown).
+_FOOTER_FIRST = ("q", "question_mark")
+_WORKERS = Binding.Group("Workers", compact=True)  # w W Workers: one place for the pair
+
+
+def _binding(k) -> Binding:
+    group = _WORKERS if k.action.startswith("workers") else None
+    return Binding(k.keys, k.action, k.label, show=k.footer, group=group)
 
 
 class DashboardApp(App[int]):
@@ -46,7 +56,7 @@ class DashboardApp(App[int]):
 
     CSS_PATH = "ddptui.tcss"
     TITLE = "ddptui"
-    BINDINGS = [*(Binding(k.keys, k.action, k.label, show=k.footer) for k in KEYS),
+    BINDINGS = [*(_binding(k) for k in sorted(KEYS, key=lambda k: k.keys not in _FOOTER_FIRST)),
                 Binding("ctrl+c", "quit", "Quit", show=False, priority=True)]
 
     selected_rank: reactive[int] = reactive(0)
@@ -86,12 +96,13 @@ class DashboardApp(App[int]):
             with Vertical(id="side"):
                 yield _boxed(self.epoch_table, "epochs")
                 yield _boxed(self.events, "events")
-        yield Footer()
+        yield Footer(show_command_palette=False)  # ctrl+p still opens it
 
     def on_resize(self) -> None:
         # Below 100 columns the charts give their room to the tables; with many devices or few
         # rows, each device gets one line.
         self.set_class(self.size.width < 100, "-narrow")
+        self.set_class(self.size.width >= WIDE, "-wide")
         self.call_after_refresh(self.refresh_charts)
 
     def on_mount(self) -> None:
@@ -175,8 +186,9 @@ class DashboardApp(App[int]):
         self.devices.compact = len(view.devices) > 4 or self.size.height < 30
 
     def _refresh_keys(self) -> None:
-        """The footer dims the keys that cannot act, once a script's ranks said what they take."""
-        disabled = frozenset(a for a in NEEDS if self.why_not(a))
+        """The footer dims the keys that cannot act, once a script's ranks said what they take,
+        and drops the steering keys once the run is over."""
+        disabled = frozenset(a for a in CONTROL_ACTIONS if self.why_not(a))
         if disabled != self._disabled:
             self._disabled = disabled
             self.refresh_bindings()
@@ -187,15 +199,17 @@ class DashboardApp(App[int]):
 
     # -- keys -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in CONTROL_ACTIONS and not self.source.can_steer:
-            return False  # a replay has nothing to steer: hide those keys
+        if action in CONTROL_ACTIONS and (not self.source.can_steer or self.source.done.is_set()):
+            return False  # a replay, or a run that is over, has nothing to steer: hidden
         return None if self.why_not(action) else True  # dimmed in the footer
 
     def why_not(self, action: str) -> str | None:
         """Why a key's action cannot act in the run on screen (a script that takes no pause, no
-        --checkpoint-dir, an attach), or None."""
+        --checkpoint-dir, an attach, a run that is over), or None."""
         if action in CONTROL_ACTIONS and not self.source.can_steer:
             return "a replay has nothing to steer"
+        if action in CONTROL_ACTIONS and self.source.done.is_set():
+            return "the run is over: q quits"
         need = NEEDS.get(action)
         return self.source.refuse(need) if need else None
 

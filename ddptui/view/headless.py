@@ -35,13 +35,20 @@ def _device(d) -> str:
 
 
 def summary(view: RunView) -> str:
+    """How the run ended, in one line: its outcome and time, the epochs it finished, its mean
+    rate where measured, its best figure (validation accuracy, else the lowest epoch loss), and
+    where its log is. The console's last line, and the line left after the dashboard closes."""
     epochs = view.epochs
     rates = [e["samples_per_s"] for e in epochs if e["samples_per_s"] is not None]
     finished = len([e for e in epochs if not e["partial"]])
-    best = view.best_val_acc
-    return (f"{view.status} in {view.elapsed:.1f} s: {finished} epochs, "
-            f"{f'{sum(rates) / len(rates):,.0f}' if rates else '-'} img/s mean, best val_acc "
-            f"{'-' if best is None else f'{100 * best:.1f}%'}; log {view.meta.get('log')}")
+    losses = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
+    if view.best_val_acc is not None:
+        best = f"best val_acc {100 * view.best_val_acc:.1f}%"
+    else:
+        best = f"best loss {min(losses):.4f}" if losses else "best val_acc -"
+    rate = f", {sum(rates) / len(rates):,.0f} img/s mean" if rates else ""
+    return (f"{view.status} in {view.elapsed:.1f} s: {finished} epochs{rate}, {best}; "
+            f"log {view.meta.get('log')}")
 
 
 class HeadlessConsole:

@@ -155,6 +155,75 @@ async def test_the_running_epoch_has_a_live_row_that_a_finished_run_does_not():
         assert labels == ["0", "1"]
 
 
+class Steerable(Replay):
+    """A replay that steers as a run ddptui owns, and plays into a run that goes on."""
+
+    can_steer = owns_ranks = True
+
+    def __init__(self, events: list[dict]):
+        super().__init__("steerable", speed=0, events=events)
+        self.played = threading.Event()
+
+    def refuse(self, need: str | None) -> str | None:
+        return None
+
+    def restarts_group(self, key: str) -> bool:
+        return False
+
+    def _play(self) -> None:
+        super()._play()
+        self.done.clear()  # the run goes on
+        self.played.set()
+
+
+async def _drawn(pilot) -> None:
+    app = pilot.app
+    while not app.source.played.is_set():
+        await pilot.pause(0.05)
+    for _ in range(3):
+        app.refresh_view()
+        await pilot.pause(0.2)
+
+
+def _footer(app) -> str:
+    return " ".join(f"{k.key_display} {k.description}" for k in app.screen.query("FooterKey")
+                    if k.region.right <= app.size.width and k.region.width)
+
+
+@pytest.mark.parametrize("width", [100, 160])
+async def test_the_footer_always_shows_help_and_quit_and_a_finished_run_no_steering(width):
+    """At 160 columns the footer ended "a Apply now  c Chec▏^p palette": neither ? nor q was
+    visible in a live run, and a finished run showed steering keys and no way out."""
+    app = DashboardApp(Steerable(gpu_run(ranks=2)))
+    async with app.run_test(size=(width, 40), notifications=True) as pilot:
+        await _drawn(pilot)
+        live = _footer(app)
+        assert live.startswith("? Help q Quit s Stop rank r Restart rank k Kill rank t Stacks"), live
+        if width == 160:
+            assert live.endswith("c Checkpoint")  # every key
+        app.source.done.set()
+        app.refresh_view()
+        await pilot.pause(0.3)
+        assert _footer(app) == "? Help q Quit t Stacks g GPU detail"
+        await pilot.press("s")
+        await pilot.pause(0.1)
+        assert any("the run is over: q quits" in str(t.render()) for t in app.screen.query("Toast"))
+
+
+@pytest.mark.parametrize("scene", ["live", "script"])
+async def test_every_column_of_both_tables_fits_at_160(scene):
+    """A script's ranks table showed "pid de" (device cut behind a 36-cell output line), the
+    epochs table "b" for its bad-samples column."""
+    app = _script_app() if scene == "script" else _app("live")
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        for table in (app.rank_table, app.epoch_table):
+            assert table.virtual_size.width <= table.size.width, table
+        shown = _text(app)
+        assert ("samples/s  pid  device" if scene == "script" else "pid   device") in shown
+        assert ("other figures" if scene == "script" else "val_acc  bad  ranks") in shown
+
+
 async def test_stopped_and_crashed_ranks_say_so_and_the_charts_mark_the_changes():
     app = _app("stopped-crashed")
     async with app.run_test(size=(160, 50)) as pilot:

@@ -52,6 +52,17 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
             time.sleep(0.3)
         assert events(log, "run")[-1]["status"] == "interrupted"
         assert_gone(pids)
+        # The screen closed: one line says what the run came to and where its log is (nothing
+        # was printed).
+        deadline, said = time.monotonic() + 30, []
+        while time.monotonic() < deadline and not said:
+            said = [line for line in _tmux("capture-pane", "-p", "-t", session).splitlines()
+                    if line.startswith("ddptui: interrupted in ")]
+            time.sleep(0.3)
+        assert len(said) == 1 and re.match(r"ddptui: interrupted in [\d.]+ s: \d+ epochs"
+                                           r"(, [\d,]+ img/s mean)?, best (val_acc|loss) \S+; "
+                                           r"log ", said[0]), said
+        assert said[0].endswith(f"log {log}") or str(log).startswith(said[0].split("log ")[-1])
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
 

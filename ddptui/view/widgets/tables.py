@@ -47,8 +47,11 @@ class RankTable(DataTable):
     SCRIPT_COLUMNS = ("rank", "state", "epoch/step", "loss", "output", "process", "CPU", "RSS",
                       "GPU mem", "samples/s", "pid", "device")
     SPARK = 12  # cells of the step-time sparkline
-    OUTPUT = 36  # characters of a rank's last line
+    OUTPUT = 36  # characters of a rank's last line, where there is room
+    OUTPUT_MIN = 16  # ... where there is not: the line is cut, not the columns after it
     can_focus = False
+    output_room = OUTPUT
+    _shown: RunView | None = None  # what was last drawn
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -85,12 +88,41 @@ class RankTable(DataTable):
         index = next((i for i, r in enumerate(view.ranks) if r.rank == selected), 0)
         if self.row_count and self.cursor_row != index:
             self.move_cursor(row=index)
+        self._shown = view
+        self._refit_output()
+
+    def on_resize(self) -> None:
+        self._refit_output()  # the layout settles after the last rows came
+
+    def _refit_output(self) -> None:
+        view = self._shown
+        if view is not None and self.script and self._fit_output():
+            for r in view.ranks:  # the lines again, cut to the room they now have
+                update_row(self, str(r.rank), {"output": self._script_cells(r, view.now)[4]})
+
+    def _fit_output(self) -> bool:
+        """The output column takes the room the other columns leave, within OUTPUT_MIN and
+        OUTPUT: at 160 columns the last ones (pid, device) were cut behind a 36-cell line.
+        Whether its width changed."""
+        column = self.columns.get(ColumnKey("output"))
+        if column is None or not self.size.width:
+            return False
+        others = sum(c.get_render_width(self) for key, c in self.columns.items() if key != "output")
+        room = self.size.width - others - 2 * self.cell_padding
+        room = max(self.OUTPUT_MIN, min(self.OUTPUT, room))
+        if not column.auto_width and column.width == room == self.output_room:
+            return False
+        self.output_room = column.width = room
+        column.auto_width = False
+        self._require_update_dimensions = True
+        self.refresh()
+        return True
 
     def _script_cells(self, r, now: float) -> tuple:
         stepped = bool(r.last_step_t)
         # Its colours as it printed them (only colours: keep_colours made the rest inert).
         out = Text.from_ansi(r.last_line, style="dim", no_wrap=True, end="")
-        out.truncate(self.OUTPUT, overflow="ellipsis")
+        out.truncate(self.output_room, overflow="ellipsis")
         where = (str(r.step) if r.iteration else f"{r.epoch}/{r.step}") if stepped else "-"
         return (str(r.rank), state_cell(r, now), where, _fmt(r.loss, ".4f"), out,
                 Text(r.status or "-", style="bold red" if r.status in ("stopped", "zombie")
@@ -165,9 +197,11 @@ class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
     # Fixed widths: the table does not shift as the live row's figures grow or as rows go, and
-    # usual labels ("12 ·1024-2048 quit") fit; a longer one is cut at the end.
-    COLUMNS = {"epoch": 18, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 8, "wait": 4,
-               "loss": 7, "val_loss": 8, "val_acc": 7, "bad": 4, "ranks": 5}
+    # usual labels ("12 ·1024-2048 quit") fit; a longer one is cut at the end. The epoch column
+    # gives up to EPOCH_GIVES of its cells where the others would be cut ("b" for "bad").
+    COLUMNS = {"epoch": 18, "prefetch": 8, "workers": 7, "bench": 5, "img/s": 7, "wait": 4,
+               "loss": 7, "val_loss": 8, "val_acc": 7, "bad": 3, "ranks": 5}
+    EPOCH_GIVES = 6
     # A script's rows with no settings of ours (its epochs read from its output, or sent by
     # ddptui.init() without run.loader()): its own figures take the settings' room.
     SCRIPT_COLUMNS = {"epoch": 18, "img/s": 8, "loss": 7, "val_loss": 8, "val_acc": 7,
@@ -191,6 +225,7 @@ class EpochTable(DataTable):
             self.clear(columns=True)
             for name, width in wanted.items():
                 self.add_column(name, key=name, width=width)
+        self._fit_epoch()
         new = [e for e in view.epochs if _row_key(e) not in self.rows]
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")
@@ -204,6 +239,22 @@ class EpochTable(DataTable):
             new.append(live)
         if new:
             self.scroll_end(animate=False)
+
+    def on_resize(self) -> None:
+        self._fit_epoch()
+
+    def _fit_epoch(self) -> None:
+        column = self.columns.get(ColumnKey("epoch"))
+        if column is None or not self.size.width:
+            return
+        others = sum(c.get_render_width(self) for key, c in self.columns.items() if key != "epoch")
+        full = self.columns_now["epoch"]
+        width = max(full - self.EPOCH_GIVES,
+                    min(full, self.size.width - others - 2 * self.cell_padding))
+        if column.width != width:
+            column.width = width
+            self._require_update_dimensions = True
+            self.refresh()
 
     script = False  # a script's run: no settings, and rates only where it reports them
     cpu = False  # CPU ranks: no prefetcher (a CUDA side stream) runs there
