@@ -59,6 +59,7 @@ class ScriptRun(OwnedRun):
         self.outcome = Outcome()  # the current attempt's
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
+        self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
                      "stop_rank": self._stop_rank, "kill_rank": self._kill_rank,
                      "restart_rank": self._restart_rank}
@@ -167,7 +168,9 @@ class ScriptRun(OwnedRun):
             self.group.escalate(self.say)
             alive = self.group.alive()
             if alive and all(self._outside(r) for r in alive):
-                for r in alive:  # nothing is left for them to join
+                for r in alive:  # nothing is left for them to join: ended with the run, quietly
+                    self._unneeded.add(r.pid)
+                    self._link.ending(r.pid)
                     os.killpg(r.pid, signal.SIGKILL)
                 continue
             if alive:
@@ -227,7 +230,11 @@ class ScriptRun(OwnedRun):
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
         self.watch.finished(r.slot, code == 0, r.pid)
-        if self.world.is_standby(r.slot, r.pid):  # it never joined: the slot stays out
+        if r.pid in self._unneeded:  # a standby or a joiner the run's end made pointless
+            if self.world.standing_by.pop(r.slot, None) != r.pid:  # a joiner, shown coming:
+                state, reason = self.world.out_state(r.slot)  # the slot is as before r
+                self._handle(event("rank", r.slot, state=state, reason=reason, pid=r.pid))
+        elif self.world.is_standby(r.slot, r.pid):  # it never joined: the slot stays out
             del self.world.standing_by[r.slot]
             if not self._ending and code != -signal.SIGKILL:
                 self.say(f"the standby for rank {r.slot} {r.death()}; r starts another",

@@ -30,6 +30,7 @@ class ReportListener:
         self._conns: dict[int, Connection] = {}  # rank -> its connection
         self._open: set[Connection] = set()
         self._closing = False
+        self._ending: set[int] = set()  # pids ended on purpose: their connections' loss is no news
         # A script's ranks without a process group cannot agree on a step: each takes the
         # orders itself (they said so in a `rank` event with `alone`).
         self._alone = False
@@ -57,6 +58,12 @@ class ReportListener:
         with self._lock:  # each reader closes its own connection, once (see _serve)
             for conn in self._open:
                 _wake(conn)
+
+    def ending(self, pid: int) -> None:
+        """The process `pid` is being ended on purpose (a standby the run's end left with
+        nothing to join): its connection breaking is no news."""
+        with self._lock:
+            self._ending.add(pid)
 
     def idle(self) -> bool:
         with self._lock:
@@ -108,12 +115,15 @@ class ReportListener:
         with self._lock:
             self._open.add(conn)
         ranks: set[int] = set()
+        pids: set[int] = set()
         try:
             while True:
                 ev = receive(conn)
                 if ev is None or "kind" not in ev:
                     continue  # malformed: dropped, the dashboard goes on
                 ranks.add(ev["rank"])
+                if ev["kind"] == "rank" and isinstance(ev.get("pid"), int):
+                    pids.add(ev["pid"])
                 with self._lock:
                     # A process that announces itself for a rank takes its orders from now
                     # on: a standby for rank 1 says it is warm while the rank 1 that left may
@@ -128,7 +138,8 @@ class ReportListener:
             self.note("warning", f"dropped the connection from {peer}: message over the size "
                       "limit")
         except (OSError, TypeError) as e:  # TypeError: closed by close() while reading
-            if not self._closing:  # after close() every connection is closed on purpose
+            # After close() every connection is closed on purpose, and so is an ended one's.
+            if not self._closing and not pids & self._ending:
                 self.note("warning", f"lost the connection from {peer}: "
                           f"{getattr(e, 'strerror', None) or e}")
         except EOFError:

@@ -39,6 +39,7 @@ ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
 CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
 FAILS = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_fails.py")
 DIES = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_dies.py")
+SLOW = os.path.join(ROOT, "tests", "helpers", "scripts", "slow_standby.py")
 
 
 @pytest.mark.timeout(120)
@@ -226,6 +227,43 @@ def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env,  # n
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("slow", ["STANDBY_WARMS", "STANDBY_PREPARES"])
+def test_a_run_that_ends_while_a_standby_warms_or_prepares_ends_cleanly(script_env,  # noqa: F811
+                                                                        monkeypatch, tmp_path,
+                                                                        slow):
+    """r after a crash, and the others finish before the standby could join: the run ended
+    "done" after "lost the connection ... reset by peer", "rank 1 failed (exit code 137):
+    killed by SIGKILL" and "rank 1 killed by SIGKILL before it joined". A standby ended because
+    the run ended is no failure: nothing of it is said, and nothing of it is left."""
+    monkeypatch.setenv(slow, "600")
+    log = tmp_path / "end.jsonl"
+    run = _run([SLOW, "--cpus", "2", "--grace", "10", "--", "--epochs", "60", "--samples",
+                "1024", "--image-size", "16", "--fail-at-epoch", "1"], log)
+    run.start()
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] == 0
+                       and e["size"] == 1, 60)
+        run.restart_rank(1)
+        standby = wait_for_event(log, lambda e: e["kind"] == "rank" and e.get("standby")
+                                 == "warming", 30)
+        if slow == "STANDBY_PREPARES":  # it got its join order, and runs its script's set-up
+            wait_for_event(log, lambda e: e.get("standby") == "preparing", 60)
+        assert run.done.wait(90), "the run did not end"
+    finally:
+        run.stop()
+        run.stop()
+    assert run.wait(30) == 0
+    (error,) = events(log, "error")  # the crash asked for, and nothing after it
+    assert error["text"] == "RuntimeError: rank 1 gave up at epoch 1"
+    warned = [e["text"] for e in events(log, "message") if e.get("level") != "info"]
+    assert not [w for w in warned if "SIGKILL" in w or "lost the connection" in w], warned
+    assert [e["status"] for e in events(log, "run")] == ["started", "done"]
+    last = [e for e in events(log, "rank") if e["rank"] == 1][-1]
+    assert last["state"] == "crashed" and "gave up" in last.get("reason", "")
+    assert_gone([standby["pid"], *rank_pids(log)])
+
+
 def test_a_rank_killed_outside_ddptui_leaves_nothing_behind_when_the_others_go_on(env, tmp_path):
     """kill -9 of a rank (the OOM killer, a segfault) leaves its children: DataLoader workers
     held its output open until their next check of their parent, up to 5 s, and the survivor
