@@ -1,6 +1,7 @@
-"""examples/elastic_ddp.py whose standby (r) is slow: it sleeps $STANDBY_WARMS seconds before
-ddptui.init() (warming), or $STANDBY_PREPARES after it, in its script's set-up (a joiner
-preparing), so that the others can finish the run first."""
+"""examples/elastic_ddp.py whose standby (r), once it has its join order, prepares for ever (its
+script's set-up after ddptui.init() never ends), and whose members wait before epoch 2 until it
+has begun: the run ends while the joiner prepares, whatever the machine's speed. The flag is the
+file named by $PREPARING."""
 
 import os
 import runpy
@@ -10,13 +11,23 @@ import time
 import ddptui
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "elastic_ddp.py")
-STANDBY = os.environ.get("DDPTUI_STANDBY") == "1"
+FLAG = os.environ["PREPARING"]
 
 
 def init(*args, **kwargs):
-    time.sleep(float(os.environ.get("STANDBY_WARMS", 0)) if STANDBY else 0)
     run = _init(*args, **kwargs)
-    time.sleep(float(os.environ.get("STANDBY_PREPARES", 0)) if STANDBY else 0)
+    if os.environ.get("DDPTUI_STANDBY") == "1":  # returns with the join order: it prepares
+        open(FLAG, "w").close()
+        time.sleep(3600)
+    epochs = run.epochs
+
+    def waiting(n, sampler=None, start=0):
+        for epoch in epochs(n, sampler, start):
+            while epoch == 2 and not os.path.exists(FLAG):
+                time.sleep(0.1)
+            yield epoch
+
+    run.epochs = waiting
     return run
 
 
