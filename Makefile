@@ -4,22 +4,22 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# compat: a .pth file names the checkout; the default meta path finder prints a warning block
-# at every install ("Editable installation ...").
-PIP_INSTALL := $(BIN)/pip install -q --config-settings editable_mode=compat -e
+SOURCES := $(shell find ddptui trainer -name '*.py' -o -name '*.tcss')
 
 .PHONY: run test install clean
 
-$(VENV)/.run-installed: pyproject.toml
+# make run: a plain install (an editable one prints setuptools' warning block at each install),
+# made again when a source changes; where make test made the editable one, that one is kept.
+$(VENV)/.run-installed: pyproject.toml $(SOURCES)
 	test -d $(VENV) || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(PIP_INSTALL) .
+	test -f $(VENV)/.test-installed || { $(BIN)/pip install -q --upgrade pip && \
+		$(BIN)/pip install -q . ; }
 	touch $@
 
 $(VENV)/.test-installed: pyproject.toml
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(PIP_INSTALL) '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 	touch $@ $(VENV)/.run-installed
 
 install: $(VENV)/.run-installed

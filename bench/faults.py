@@ -25,7 +25,7 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from trainer.protocol.events import decode
+from ddptui.contract.events import decode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join", 0.3),

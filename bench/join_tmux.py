@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from trainer.protocol.events import read_events
+from ddptui.contract.events import read_events
 
 
 def events(log: str) -> list[dict]:

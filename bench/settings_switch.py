@@ -13,11 +13,11 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
+from ddptui.contract.events import read_events
 from ddptui.run.supervisor import Supervisor
 from trainer.config import DeviceOptions
 from trainer.options import Parser
 from trainer.parse import add_training_options, config_from_args
-from trainer.protocol.events import read_events
 
 
 def parse_switch(items: list[str]) -> list[dict]:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.telemetry.gpu import DeviceSampler
-from trainer.telemetry.reporter import Reporter, StepMeter
+from ddptui.kit.telemetry.gpu import DeviceSampler
+from ddptui.kit.telemetry.reporter import Reporter, StepMeter
 
 
 def main() -> None:

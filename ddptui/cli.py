@@ -236,7 +236,7 @@ def _stop_on_signals(stop) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    from trainer.protocol.channel import load_key, parse_address
+    from ddptui.contract.channel import load_key, parse_address
 
     try:
         address = parse_address(args.listen, "--listen")

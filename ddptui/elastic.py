@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddptui.contract.events import count
 from ddptui.joiner import Joiner
 from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost, agree
-from ddptui.kit.protocol.events import count
 from ddptui.orders import Orders
 from ddptui.rankside import RankSide
 from ddptui.rollback import Rollback

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
-from ddptui.kit.pipeline.prefetch import prefetched_batches, side_stream, to_device
-from ddptui.kit.pipeline.sampler import ShardedBatchSampler
+from ddptui.kit.prefetch import prefetched_batches, side_stream, to_device
+from ddptui.kit.sampler import ShardedBatchSampler
 
 
 class _Order(Sampler):

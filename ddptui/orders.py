@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ddptui.kit.elastic.agreed import AgreedOrders
 from ddptui.kit.elastic.control import CONTROL_OFF, Control, every_rank_linked
-from ddptui.kit.elastic.orders import AgreedOrders
 from ddptui.rankside import RankSide
 
 

@@ -12,9 +12,9 @@ from typing import NoReturn
 
 import torch
 
+from ddptui.contract.channel import load_key, parse_address
 from ddptui.figures import Figures
 from ddptui.kit.elastic.control import Mailbox
-from ddptui.kit.protocol.channel import load_key, parse_address
 from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
 from ddptui.kit.telemetry.reporter import Reporter

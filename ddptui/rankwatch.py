@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from ddptui.kit.protocol.events import event
+from ddptui.contract.events import event
 from ddptui.kit.telemetry.gpu import physical_index
 from ddptui.script.flight import trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics

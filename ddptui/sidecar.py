@@ -20,9 +20,9 @@ import time
 
 import psutil
 
+from ddptui.contract.channel import load_key, parse_address
+from ddptui.contract.events import event
 from ddptui.kit.elastic.lifeline import die_with_parent
-from ddptui.kit.protocol.channel import load_key, parse_address
-from ddptui.kit.protocol.events import event
 from ddptui.kit.telemetry.gpu import DeviceSampler
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
 from ddptui.run.stacks import StackRequests, innermost

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from ddptui.contract.check import problems
+from ddptui.contract.events import read_events
 from ddptui.run.processes import is_helper
 from ddptui.view.widgets.charts import Chart
-from trainer.protocol.contract import problems
-from trainer.protocol.events import read_events
 
 # plotext chooses tick labels and colours in str-hash order: a chart's snapshot is the same
 # from run to run only with a fixed hash seed (make test sets PYTHONHASHSEED=0).
@@ -134,7 +134,7 @@ def events(path, kind: str | None = None) -> list[dict]:
     seen = _CHECKED.get(str(path), 0)
     seen = seen if seen <= len(evs) else 0  # a log written anew
     wrong = [(e, p) for e in evs[seen:] for p in problems(e)]
-    assert not wrong, f"{path}: events that do not fit trainer/protocol/schema.py: {wrong[:5]}"
+    assert not wrong, f"{path}: events that do not fit ddptui/contract/schema.py: {wrong[:5]}"
     _CHECKED[str(path)] = len(evs)
     return [e for e in evs if kind is None or e["kind"] == kind]
 

@@ -12,11 +12,11 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from trainer.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
+from ddptui.contract.events import event
+from ddptui.kit.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
+from ddptui.kit.elastic.lifeline import die_with_parent, watch_parent
 from trainer.config import RunConfig
-from trainer.elastic.lifeline import die_with_parent, watch_parent
 from trainer.pipeline.forkserver import start_worker_server
-from trainer.protocol.events import event
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ NCCL_CONNECT_RETRIES = {"NCCL_SOCKET_RETRY_CNT": "6", "NCCL_SOCKET_RETRY_SLEEP_M
 # How long a non-blocking communicator's set-up waits for its members (torch's default: 30
 # minutes; torch reads it once, at a process's first such wait): a survivor forming a world with
 # a member that died in it goes on without it after this, where the recover order's shutting of
-# NCCL's listening sockets did not end the wait first (trainer/elastic/sockets.py). Every world
+# NCCL's listening sockets did not end the wait first (ddptui/kit/elastic/sockets.py). Every world
 # ddptui forms is non-blocking, and a script's joiner's; a script's own communicators are not.
 NCCL_SETUP_TIMEOUT = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "5"}
 
@@ -99,7 +99,7 @@ def gpu_environment(spec: RankSpec) -> None:
     dp = spec.config.devices.strategy == "dp"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \
         else str(spec.physical_gpu)
-    # A dead peer is handled by aborting the communicators ourselves (trainer/elastic/world.py);
+    # A dead peer is handled by aborting the communicators ourselves (ddptui/kit/elastic/world.py);
     # NCCL's watchdog must not tear the process down first.
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     nccl_defaults(os.environ, abortable=True)
@@ -154,7 +154,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         channel.send(event("message", 0, level="info", text="importing torch"))
     import torch
 
-    from trainer.elastic import world
+    from ddptui.kit.elastic import world
 
     sanitize_if_asked()
 

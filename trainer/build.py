@@ -12,21 +12,21 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from ddptui.kit.elastic import world
+from ddptui.kit.elastic.control import Mailbox
+from ddptui.kit.elastic.snapshot import Snapshots, buffer_count, state_tensors
+from ddptui.kit.sampler import ShardedBatchSampler
+from ddptui.kit.telemetry.reporter import StepMeter
 from trainer.checkpoint import Writer, find_resume_state, load_checkpoint
 from trainer.config import RunConfig
-from trainer.elastic import world
-from trainer.elastic.control import Mailbox
-from trainer.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from trainer.errors import UsageError
 from trainer.models import build_model
 from trainer.orders import LoopOrders
 from trainer.parts import Parts, State
 from trainer.pipeline.datasets import DataBundle, build_datasets
 from trainer.pipeline.loaders import Loaders
-from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
 from trainer.reports import announce_checkpoint
-from trainer.telemetry.reporter import StepMeter
 
 
 def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer.elastic import world
-from trainer.elastic.snapshot import WorldLost
+from ddptui.contract.events import count, describe
+from ddptui.kit.elastic import world
+from ddptui.kit.elastic.snapshot import WorldLost
 from trainer.parts import Parts
-from trainer.protocol.events import count, describe
 from trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
 VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading

@@ -4,7 +4,7 @@ settings wait in the loop's state for the epoch's end.
 
 from __future__ import annotations
 
-from trainer.elastic.orders import AgreedOrders
+from ddptui.kit.elastic.agreed import AgreedOrders
 from trainer.parts import Parts
 from trainer.reports import save
 

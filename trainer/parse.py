@@ -80,7 +80,7 @@ def validate(config: RunConfig) -> None:
     if tele.tensorboard:
         check_tensorboard(tele.tensorboard)
     if tele.report:
-        from trainer.protocol.channel import load_key, parse_address
+        from ddptui.contract.channel import load_key, parse_address
 
         try:
             parse_address(tele.report, "--report")

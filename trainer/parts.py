@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddptui.kit.elastic.agreed import AgreedOrders
+from ddptui.kit.elastic.control import Control, Mailbox
+from ddptui.kit.elastic.snapshot import Snapshots
+from ddptui.kit.sampler import ShardedBatchSampler
+from ddptui.kit.telemetry.reporter import StepMeter
 from trainer.checkpoint import Writer
 from trainer.config import RunConfig
-from trainer.elastic.control import Control, Mailbox
-from trainer.elastic.orders import AgreedOrders
-from trainer.elastic.snapshot import Snapshots
 from trainer.pipeline.loaders import Loaders
-from trainer.pipeline.sampler import ShardedBatchSampler
 from trainer.rank import Rank
-from trainer.telemetry.reporter import StepMeter
 
 
 @dataclass

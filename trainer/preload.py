@@ -9,5 +9,5 @@ write_bytecode_to_the_cache()  # the server, as each rank did, fills ddptui's by
 import torch._dynamo  # noqa: E402,F401  DDP's constructor and the optimizers import it
 import torchvision.models  # noqa: E402,F401
 
-import trainer.elastic.world  # noqa: E402,F401
+import ddptui.kit.elastic.world  # noqa: E402,F401
 import trainer.rank_main  # noqa: E402,F401

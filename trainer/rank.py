@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainer.telemetry.heartbeat import Pulse
-from trainer.telemetry.reporter import Reporter
+from ddptui.kit.telemetry.heartbeat import Pulse
+from ddptui.kit.telemetry.reporter import Reporter
 
 
 @dataclass

@@ -13,22 +13,22 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ddptui.contract.channel import load_key, parse_address
+from ddptui.contract.events import count
+from ddptui.kit.elastic import world
+from ddptui.kit.elastic.control import CONTROL_OFF, Control, all_linked
+from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
+from ddptui.kit.telemetry.heartbeat import Heartbeat
+from ddptui.kit.telemetry.remote import RemoteLink, node_name
+from ddptui.kit.telemetry.reporter import Reporter
+from ddptui.kit.telemetry.tensorboard import TensorBoardSink
 from trainer.build import build_parts, warm_up
 from trainer.config import RunConfig
-from trainer.elastic import world
-from trainer.elastic.control import CONTROL_OFF, Control, all_linked
 from trainer.errors import DataError, UsageError
 from trainer.loop import on_urgent, run_epochs
 from trainer.models import count_parameters
 from trainer.parts import Parts
-from trainer.protocol.channel import load_key, parse_address
-from trainer.protocol.events import count
 from trainer.rank import Rank
-from trainer.telemetry.gpu import DeviceSampler, physical_index
-from trainer.telemetry.heartbeat import Heartbeat
-from trainer.telemetry.remote import RemoteLink, node_name
-from trainer.telemetry.reporter import Reporter
-from trainer.telemetry.tensorboard import TensorBoardSink
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,

@@ -8,9 +8,9 @@ import time
 
 import torch
 
+from ddptui.contract.events import count
 from trainer.errors import DataError
 from trainer.parts import Parts
-from trainer.protocol.events import count
 from trainer.rank import Rank
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import ddptui
-from ddptui.kit.pipeline.prefetch import tensors_of
+from ddptui.kit.prefetch import tensors_of
 
 
 class DdptuiCallback(keras.callbacks.Callback):

@@ -18,7 +18,7 @@ except ImportError:  # the older package name
     from pytorch_lightning import Callback
 
 import ddptui
-from ddptui.kit.pipeline.prefetch import tensors_of
+from ddptui.kit.prefetch import tensors_of
 
 
 class DdptuiCallback(Callback):

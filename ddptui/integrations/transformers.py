@@ -14,7 +14,7 @@ from __future__ import annotations
 from transformers import TrainerCallback
 
 import ddptui
-from ddptui.kit.pipeline.prefetch import tensors_of
+from ddptui.kit.prefetch import tensors_of
 
 
 class DdptuiCallback(TrainerCallback):

@@ -10,7 +10,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-from trainer.protocol.events import RankState
+from ddptui.contract.events import RankState
 
 STALL_MIN_S = 10.0  # --stall-after's default floor ...
 STALL_STEPS = 20  # ... or this many median steps, whichever is longer

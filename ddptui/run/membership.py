@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ddptui.contract.events import RankState, count
 from ddptui.run.outcome import EXIT_FAILED
-from trainer.protocol.events import RankState, count
 
 CHANGE_TIMEOUT_S = 60.0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.telemetry.gpu import memory_info
+from ddptui.kit.telemetry.gpu import memory_info
 
 # Cumulative byte counters read as NVML field values: (field, scope, unit in bytes). NVLink's are
 # summed over all links (scope 0xFFFFFFFF); a GPU or driver without one simply leaves it out.

@@ -11,10 +11,10 @@ import threading
 from abc import abstractmethod
 from collections.abc import Iterator
 
+from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
 from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_INTERRUPTED, Ending
 from ddptui.state.source import RunSource
-from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 
 class OwnedRun(RunSource):

@@ -19,11 +19,11 @@ from multiprocessing import forkserver, resource_tracker
 
 import psutil
 
+from ddptui.contract.events import RankState
+from ddptui.kit.compat import forkserver_pid
 from ddptui.run.stacks import innermost
 from trainer.bootstrap import RANK_ONLY_VARIABLES
-from trainer.compat import forkserver_pid
 from trainer.config import RunConfig
-from trainer.protocol.events import RankState
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
 SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import psutil
 
+from ddptui.contract.events import event
+from ddptui.kit.telemetry.gpu import ProcessTree
 from ddptui.run.nvml import open_nvml
-from trainer.protocol.events import event
-from trainer.telemetry.gpu import ProcessTree
 
 SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
 

@@ -13,6 +13,7 @@ import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
+from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.run.membership import Membership
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
@@ -22,7 +23,6 @@ from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.state.runstate import RunState
 from trainer.config import RunConfig
-from trainer.protocol.events import PARENT, RankState, count, event
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit

@@ -13,6 +13,8 @@ import signal
 import threading
 import time
 
+from ddptui.contract.events import PARENT, RankState, count, event
+from ddptui.kit.telemetry.tensorboard import TensorBoardSink
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.processes import crash_cause, free_port
@@ -26,8 +28,6 @@ from ddptui.script.watch import ScriptWatch
 from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
-from trainer.protocol.events import PARENT, RankState, count, event
-from trainer.telemetry.tensorboard import TensorBoardSink
 
 
 class ScriptRun(OwnedRun):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 
+from ddptui.contract.events import PARENT, RankState
 from ddptui.run.membership import Fail, Membership
 from ddptui.run.processes import free_port
-from trainer.protocol.events import PARENT, RankState
 
 # What a script can take once it opted in through ddptui.init() (the ranks say which).
 NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",

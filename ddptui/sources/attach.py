@@ -9,13 +9,13 @@ import os
 import threading
 import time
 
+from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
 from ddptui.script.options import STALL_S
 from ddptui.sources.listener import ReportListener
 from ddptui.sources.remote_watch import RemoteWatch
 from ddptui.state.runstate import RunState
 from ddptui.state.source import RunSource
 from ddptui.text import plain
-from trainer.protocol.events import PARENT, JsonlWriter, event, settings_request
 
 CHECK_EVERY_S = 0.5
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "

@@ -1,4 +1,4 @@
-"""The listening end of the ranks' report channel (trainer/protocol/channel.py): authenticates
+"""The listening end of the ranks' report channel (ddptui/contract/channel.py): authenticates
 every connection, hands each event on, and sends the dashboard's orders. `ddptui attach` listens
 for torchrun and srun jobs; `ddptui run SCRIPT` for its ranks that call ddptui.init().
 """
@@ -11,8 +11,8 @@ from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
-from trainer.protocol.channel import MessageTooLong, handshake, receive, send
-from trainer.protocol.events import RankState
+from ddptui.contract.channel import MessageTooLong, handshake, receive, send
+from ddptui.contract.events import RankState
 
 # The rank states a process announces itself in.
 TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)

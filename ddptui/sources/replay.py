@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Iterator
 
+from ddptui.contract.events import decode
 from ddptui.state.runstate import RunState
 from ddptui.state.source import RunSource
-from trainer.protocol.events import decode
 
 FIRST_LINE_MAX = 1 << 16  # a log's first line is one short event; another file's may be long
 

@@ -13,14 +13,14 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from ddptui.contract.events import PARENT, RankState, count, describe
 from ddptui.state.epochs import EpochRow, LiveEpoch
 from ddptui.state.timeline import Timeline
 from ddptui.state.views import DeviceView, Progress, RankView, RunView, Vitals
 from ddptui.text import keep_colours, plain
-from trainer.protocol.events import PARENT, RankState, count, describe
 
 if TYPE_CHECKING:
-    from trainer.protocol import schema
+    from ddptui.contract import schema
 
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...

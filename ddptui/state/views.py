@@ -7,8 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from ddptui.contract.events import RankState
 from ddptui.state.timeline import Recent
-from trainer.protocol.events import RankState
 
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline

@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
+from ddptui.contract.events import onoff
 from ddptui.state.source import RunSource
 from ddptui.state.views import RankView, RunView
 from ddptui.view.keys import KEYS, NEEDS, key_rows
@@ -27,7 +28,6 @@ from ddptui.view.widgets.header import RunHeader
 from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.stacks_screen import StacksScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
-from trainer.protocol.events import onoff
 
 REFRESH_S = 0.2
 WIDE = 140  # columns from which the tables take more of the width than the GPUs and charts

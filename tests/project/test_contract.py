@@ -1,4 +1,4 @@
-"""The event and command contract: docs/events.md is what trainer/protocol/schema.py says, the
+"""The event and command contract: docs/events.md is what ddptui/contract/schema.py says, the
 checker catches an event that breaks it (tests/conftest.py's `events` runs it on every log a
 test reads), and every command the dashboard's sources send fits it."""
 
@@ -9,13 +9,13 @@ import os
 import typing
 from pathlib import Path
 
+from ddptui.contract.check import command_problems, problems, reference
+from ddptui.contract.events import decode, encode, event
+from ddptui.contract.schema import COMMANDS, EVENTS
+from ddptui.kit.elastic.agreed import AgreedOrders
 from ddptui.run.supervisor import Supervisor
 from tests.conftest import ROOT
 from trainer.config import DeviceOptions, RunConfig
-from trainer.elastic.orders import AgreedOrders
-from trainer.protocol.contract import command_problems, problems, reference
-from trainer.protocol.events import decode, encode, event
-from trainer.protocol.schema import COMMANDS, EVENTS
 
 DOCS = os.path.join(ROOT, "docs", "events.md")
 READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command
@@ -85,7 +85,7 @@ def _called(call: ast.Call) -> str | None:
 def test_docs_events_md_is_generated_from_the_schema():
     with open(DOCS, encoding="utf-8") as f:
         assert f.read() == reference(), \
-            "run: python -m trainer.protocol.contract > docs/events.md"
+            "run: python -m ddptui.contract.check > docs/events.md"
     for kind in EVENTS:
         assert f"## `{kind}`" in reference()
 
@@ -174,8 +174,8 @@ def test_the_rank_states_the_schema_allows_are_rank_state_s():
     """schema.py cannot import events.py (which imports it): the two lists are kept equal here."""
     from typing import get_args, get_type_hints
 
-    from trainer.protocol.events import RankState
-    from trainer.protocol.schema import RankEvent
+    from ddptui.contract.events import RankState
+    from ddptui.contract.schema import RankEvent
 
     state = get_type_hints(RankEvent, include_extras=True)["state"]
     assert get_args(get_args(state)[0]) == tuple(s.value for s in RankState)
@@ -186,7 +186,7 @@ def test_a_ranks_heartbeat_fits_the_contract():
     reads): what the heartbeat thread sends is checked here."""
     import threading
 
-    from trainer.telemetry.heartbeat import Heartbeat, Pulse
+    from ddptui.kit.telemetry.heartbeat import Heartbeat, Pulse
 
     beats, two = [], threading.Event()
 

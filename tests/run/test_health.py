@@ -218,8 +218,8 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
 
 
 def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
+    from ddptui.contract.events import event
     from ddptui.state.runstate import RunState
-    from trainer.protocol.events import event
 
     state = RunState({"device_kind": "cpu"})
     state.apply(event("rank", 0, state="running"))

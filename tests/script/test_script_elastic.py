@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -40,30 +37,6 @@ CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
 FAILS = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_fails.py")
 DIES = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_dies.py")
 SLOW = os.path.join(ROOT, "tests", "helpers", "scripts", "slow_standby.py")
-
-
-@pytest.mark.timeout(120)
-def test_your_script_runs_beside_a_trainer_py_of_its_own(env, tmp_path):
-    """A project with its own trainer.py beside its script (a common name), run with the
-    installed command from that folder: ddptui.init(), run.loader() and run.elastic() work in
-    every rank, and the script's `import trainer` finds the project's module."""
-    for name in ("elastic_ddp.py", "plain_ddp.py"):
-        shutil.copy(os.path.join(ROOT, "examples", name), tmp_path)
-    (tmp_path / "trainer.py").write_text("NAME = \"the project's own\"\n")
-    script = tmp_path / "elastic_ddp.py"
-    script.write_text(script.read_text().replace(
-        "import ddptui\n", "import ddptui\nimport trainer\n\nprint('trainer:', trainer.NAME)\n", 1))
-    log = tmp_path / "own.jsonl"
-    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ddptui"), "run",
-                        str(script), "--cpus", "2", "--headless", "--log", str(log), "--",
-                        "--epochs", "1", "--samples", "64", "--image-size", "16"],
-                       env=dict(env, OMP_NUM_THREADS="1"), cwd=tmp_path, capture_output=True,
-                       text=True, timeout=100)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.count("trainer: the project's own") == 2
-    opted = {e["rank"]: set(e["control"]) for e in events(log, "rank") if e.get("control")}
-    assert opted.keys() == {0, 1} and all({"elastic", "settings"} <= c for c in opted.values())
-    assert {e["rank"] for e in events(log, "epoch")} == {0, 1}
 
 
 @pytest.mark.timeout(120)

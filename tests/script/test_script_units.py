@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 
+from ddptui.contract.events import event
 from ddptui.script.metrics import MetricReader, compile_metrics, read_line
 from ddptui.script.output import Lines, last_traceback
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.state.runstate import RunState
 from ddptui.text import keep_colours, plain
-from trainer.protocol.events import event
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))
 
@@ -146,7 +146,7 @@ def test_ranks_blocked_in_a_collective_wait_for_the_one_stuck_in_its_own_code():
 def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
     import torch
 
-    from trainer.telemetry.lagmeter import LagMeter
+    from ddptui.kit.telemetry.lagmeter import LagMeter
 
     meter = LagMeter()
     assert meter.read() is None

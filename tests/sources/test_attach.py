@@ -14,10 +14,10 @@ from multiprocessing.connection import Client
 
 import pytest
 
+from ddptui.contract.channel import MAX_MESSAGE
+from ddptui.contract.events import event
 from ddptui.sources.attach import Attach
 from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
-from trainer.protocol.channel import MAX_MESSAGE
-from trainer.protocol.events import event
 
 KEY = "test-key-0123456789"
 
@@ -131,7 +131,7 @@ def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_go
     """A wrapped rank or ddptui.init() reporting to DDPTUI_REPORT: nobody listening yet, or a
     dashboard with another key, is one line each (not one a retry); the events wait for an
     attach that comes later."""
-    from trainer.telemetry.remote import RETRY_S, RemoteLink
+    from ddptui.kit.telemetry.remote import RETRY_S, RemoteLink
 
     port = _port()
     said: list[str] = []
@@ -205,8 +205,8 @@ def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
 
 
 async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp_path):
+    from ddptui.contract.channel import receive, send
     from ddptui.view.app import DashboardApp
-    from trainer.protocol.channel import receive, send
 
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
@@ -274,8 +274,8 @@ def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_en
 def test_the_ranks_table_groups_ranks_by_node():
     """srun's cyclic distribution puts ranks 0 and 2 on one node, 1 and 3 on the other; node 10
     comes after node 2."""
+    from ddptui.contract.events import event
     from ddptui.state.runstate import RunState
-    from trainer.protocol.events import event
 
     state = RunState()
     for rank, node in ((0, "gpu/2"), (1, "gpu/10"), (2, "gpu/2"), (3, "gpu/10")):
@@ -291,8 +291,8 @@ def test_closing_the_listener_ends_every_connection_once(monkeypatch):
     nothing, and the reader closed the descriptor a second time when the next message came."""
     import threading
 
+    from ddptui.contract.channel import connect, receive, send
     from ddptui.sources.listener import ReportListener
-    from trainer.protocol.channel import connect, receive, send
 
     failed: list = []
     monkeypatch.setattr(threading, "excepthook", failed.append)

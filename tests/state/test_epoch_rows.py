@@ -8,10 +8,10 @@ import csv
 import io
 import json
 
+from ddptui.contract.events import PARENT, event
 from ddptui.sources.export import write_epochs_csv
 from ddptui.state.runstate import RunState
 from tests.conftest import ROOT
-from trainer.protocol.events import PARENT, event
 
 
 def _script_epoch(rank: int, epoch: int) -> dict:

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
+from ddptui.kit.prefetch import threaded_batches
 from trainer.errors import DataError
-from trainer.pipeline.prefetch import threaded_batches
 
 CPU = torch.device("cpu")
 

@@ -15,16 +15,16 @@ import time
 import pytest
 import torch
 
+from ddptui.kit.elastic.control import Mailbox
+from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
+from ddptui.kit.elastic.store import await_store, meet
+from ddptui.kit.sampler import ShardedBatchSampler
+from ddptui.kit.telemetry.buffer import EventBuffer
 from trainer.bootstrap import cuda_defaults
 from trainer.build import build_optimizer
 from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from trainer.config import DataOptions, RunConfig, TrainOptions
-from trainer.elastic.control import Mailbox
-from trainer.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
-from trainer.elastic.store import await_store, meet
 from trainer.loop import padded
-from trainer.pipeline.sampler import ShardedBatchSampler
-from trainer.telemetry.buffer import EventBuffer
 
 
 def test_agreement_takes_the_newest_point_all_hold_and_one_knows_good():
@@ -342,7 +342,7 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
 def test_cutting_a_worlds_connections_wakes_what_waits_on_them_and_spares_listeners():
     """The sockets opened while a world formed are cut on a recover order: a thread blocked
     reading one wakes at once (as gloo's would), a listening socket and a Unix socket stay."""
-    from trainer.elastic.sockets import open_sockets, sever
+    from ddptui.kit.elastic.sockets import open_sockets, sever
 
     before = open_sockets()
     listener = socket.create_server(("127.0.0.1", 0))
@@ -369,7 +369,7 @@ def test_process_readings_keep_nothing_of_a_process_that_ended():
     import subprocess
     import sys
 
-    from trainer.telemetry.gpu import ProcessTree
+    from ddptui.kit.telemetry.gpu import ProcessTree
 
     tree = ProcessTree()
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]

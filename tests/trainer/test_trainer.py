@@ -199,11 +199,11 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     """--decode gpu's crops, decoded and resized by the rank (here on the CPU), match the
     torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
+    from ddptui.kit.prefetch import Normalize
     from trainer.config import DataOptions, RunConfig
     from trainer.pipeline import gpudecode
     from trainer.pipeline.datasets import build_datasets
     from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
-    from trainer.pipeline.prefetch import Normalize
 
     gpu, cpu = (build_datasets(RunConfig(data=DataOptions(decode=d)), progress=lambda _: None)
                 for d in ("gpu", "cpu"))

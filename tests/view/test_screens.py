@@ -17,6 +17,7 @@ import time
 import pytest
 from textual.widgets.data_table import ColumnKey
 
+from ddptui.contract.events import PARENT, RankState, event
 from ddptui.sources.replay import Replay
 from ddptui.state.runstate import RunState
 from ddptui.state.views import RankView
@@ -27,7 +28,6 @@ from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
 from tests.conftest import ROOT, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run, script_run
-from trainer.protocol.events import PARENT, RankState, event
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row

@@ -20,13 +20,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ddptui.kit.elastic.lifeline import descends_from, die_with_parent
+from ddptui.kit.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.config import RunConfig
-from trainer.elastic.lifeline import descends_from, die_with_parent
 from trainer.errors import DataError, UsageError
 from trainer.parse import importable_from_cwd
 from trainer.pipeline.badsamples import BadSample, first_readable
 from trainer.pipeline.forkserver import worker_context
-from trainer.pipeline.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from trainer.pipeline.shapes import ensure_shapes
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.config import RunConfig
-from trainer.pipeline.badsamples import BadSamples, skip
-from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.pipeline.prefetch import (
+from ddptui.kit.prefetch import (
     Normalize,
     ToDevice,
     plain_batches,
@@ -17,7 +14,10 @@ from trainer.pipeline.prefetch import (
     side_stream,
     threaded_batches,
 )
-from trainer.pipeline.sampler import ShardedBatchSampler
+from ddptui.kit.sampler import ShardedBatchSampler
+from trainer.config import RunConfig
+from trainer.pipeline.badsamples import BadSamples, skip
+from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
 from trainer.rank import Rank
 
 

@@ -9,9 +9,9 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import ColumnKey
 
+from ddptui.contract.events import figures, onoff
 from ddptui.state.views import RunView
 from ddptui.view.widgets.bars import duration, spark
-from trainer.protocol.events import figures, onoff
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",

@@ -1,0 +1,172 @@
+"""What a run that ddptui owns has in common, whether it runs the built-in trainer (Supervisor)
+or your script (ScriptRun): one thread drives it, its log is written as it goes, the steering
+calls return at once (key and signal handlers make them), and the dashboard and signal handlers
+wait on `done` and read `exit_code`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from abc import abstractmethod
+from collections.abc import Iterator
+
+from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
+from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
+from ddptui.run.outcome import EXIT_INTERRUPTED, Ending
+from ddptui.state.source import RunSource
+
+
+class OwnedRun(RunSource):
+    """Subclasses set `log_path`, `state`, `outcome`, `_thread` (their main loop), `sampler`
+    once it exists, `_own` (the commands the thread carries out itself, by op) and `_handle`
+    (every event: state, then log); `_order` sends what the ranks carry out."""
+
+    def __init__(self):
+        self.done = threading.Event()
+        self.exit_code: int | None = None
+        self.sampler = None
+        self._writer: JsonlWriter | None = None
+        # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
+        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+
+    @property
+    def started(self) -> bool:
+        return self._thread.ident is not None
+
+    def start(self) -> None:
+        self._writer = JsonlWriter(self.log_path)
+        self._thread.start()
+
+    # -- what every rank carries out at an agreed step --------------------------------------
+    def pause(self) -> None:
+        self._order({"op": "pause"}, event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        self._order({"op": "resume"}, event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._order({"op": "checkpoint"})
+
+    def change_settings(self, **settings) -> None:
+        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
+        requested, cmd = settings_request(settings)
+        self._order(cmd, requested)
+
+    def apply_now(self) -> None:
+        """Pending settings take effect at the next agreed step instead of the next epoch."""
+        self._order({"op": "apply"})
+
+    def _order(self, cmd: dict, note: dict | None = None) -> None:
+        """Send `cmd` on to the ranks; `note` (what was asked) goes on screen once it is sent."""
+        if note is not None:
+            self.state.apply(note)
+        self._commands.put(cmd)
+
+    # -- the run's own: queued for its thread -------------------------------------------------
+    def stop(self, status: str = "interrupted", code: int = EXIT_INTERRUPTED,
+             reason: str = "") -> None:
+        """Orderly end, as the run knows how (ranks agree on a step, or get the signal torchrun
+        would send); a second call ends every process at once."""
+        self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
+
+    # -- rank by rank (a script's: under run.elastic, or `t`) ---------------------------------
+    def stop_rank(self, rank: int) -> None:
+        """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
+        self._commands.put({"op": "stop_rank", "slot": rank})
+
+    def restart_rank(self, rank: int) -> None:
+        """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
+        leaves and joins again."""
+        self._commands.put({"op": "restart_rank", "slot": rank})
+
+    def kill_rank(self, rank: int) -> None:
+        """SIGKILL the rank (a stalled one above all): crash recovery follows."""
+        self._commands.put({"op": "kill_rank", "slot": rank})
+
+    def stacks(self, rank: int) -> None:
+        """Ask the rank for every thread's Python stack."""
+        self._commands.put({"op": "stacks", "slot": rank})
+
+    def say(self, text: str, level: str = "info", **fields) -> None:
+        """A message of ddptui's own, in the log and the event pane (the run's thread only)."""
+        self._handle(event("message", PARENT, level=level, text=text, **fields))
+
+    # -- the membership's decisions (ddptui/run/membership.py), carried out by the thread --------
+    def _act(self, actions: list[Action]) -> None:
+        for a in actions:
+            match a:
+                case Tell(slot, order):
+                    self._tell(slot, order)
+                case Say(text, level):
+                    self.say(text, level)
+                case Kill(slot, why):
+                    self._kill(slot, why)
+                case Standby(slot):
+                    self._standby(slot)
+                case Joining(slot):
+                    self._joining(slot)
+                case Fail(reason, code):
+                    self._fail(code, reason)
+
+    # -- the commands queued for the thread: the run's own, and a stop's one sequence ----------
+    def _run_commands(self) -> None:
+        for cmd in self._queued():
+            self._own.get(cmd["op"], self._send)(cmd)
+
+    def _stop(self, cmd: dict) -> None:
+        """q, Ctrl-C, SIGTERM: the first says how the run ends and winds it down; the second
+        ends every process at once."""
+        if self.outcome.asked_to_stop(Ending(cmd["status"], cmd["code"], cmd["reason"])):
+            self._wind_down(cmd["code"])
+        else:
+            self._end_now()
+
+    @abstractmethod
+    def _send(self, cmd: dict) -> None:
+        """A command for the ranks, on to them."""
+
+    @abstractmethod
+    def _wind_down(self, code: int) -> None:
+        """End the run as it knows how: the ranks agree on a last step, or get the signal
+        torchrun would send; those that cannot end by themselves are ended sooner."""
+
+    @abstractmethod
+    def _end_now(self) -> None:
+        """End every process now."""
+
+    @abstractmethod
+    def _tell(self, slot: int, order: dict) -> None:
+        """Send the order to the slot's process."""
+
+    @abstractmethod
+    def _kill(self, slot: int, why: str) -> None:
+        """SIGKILL the slot's process; its death is handled as any other."""
+
+    @abstractmethod
+    def _standby(self, slot: int) -> None:
+        """Start a warm process for the slot, which is out of the world."""
+
+    @abstractmethod
+    def _joining(self, slot: int) -> None:
+        """The slot's standby was told to join."""
+
+    @abstractmethod
+    def _fail(self, code: int, reason: str) -> None:
+        """The run is lost: every process ends."""
+
+    def _queued(self) -> Iterator[dict]:
+        """The commands the steering calls queued, oldest first (the run's thread only)."""
+        while True:
+            try:
+                yield self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _closed(self) -> None:
+        """The last of the thread's way out: NVML and the log closed, then `done`."""
+        if self.sampler is not None:
+            self.sampler.close()
+        if self._writer:
+            self._writer.close()
+        self.done.set()

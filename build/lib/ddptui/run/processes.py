@@ -1,0 +1,398 @@
+"""The rank processes of a run: how one is started (from a fork server, pipes, its files), how
+its DataLoader workers are found, and how all of them are ended. Only the supervisor's thread
+calls this.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import re
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing import forkserver, resource_tracker
+
+import psutil
+
+from ddptui.contract.events import RankState
+from ddptui.kit.compat import forkserver_pid
+from ddptui.run.stacks import innermost
+from trainer.bootstrap import RANK_ONLY_VARIABLES
+from trainer.config import RunConfig
+
+TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
+SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked
+SERVER_GONE = 255  # the exit code multiprocessing gives a rank whose fork server died
+SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to the temp dir
+
+# What a rank imports before its first step, imported once per run by the fork server every rank
+# is forked from, instead of by each rank: torch (1.9 CPU-s), and torch._dynamo (1.7 more),
+# which DDP's constructor and the optimizers import. The server is a fresh interpreter (started
+# as spawn starts one) that never touches CUDA or runs a thread of Textual's, so forking it is
+# as safe as spawning; a rank or a standby is ready seconds sooner, and shares those pages.
+RANK_PRELOAD = ["trainer.preload"]
+
+
+@dataclass
+class RankProcess:
+    """One process started for a rank slot (a slot gets a new process after a stop or crash)."""
+
+    slot: int
+    gpu: int | None
+    process: mp.process.BaseProcess
+    telemetry: object  # read end of this rank's telemetry pipe
+    inbox: object  # write end of its command pipe (the world's rank 0 relays commands to all)
+    stacks_path: str  # where it writes its Python stacks when sent SIGUSR1
+    out_path: str  # its stdout and stderr
+    standby: bool = False
+    state: RankState = RankState.STARTING
+    children: set = field(default_factory=set)  # pids of its DataLoader workers, as seen
+    server: int | None = None  # the pid of the fork server it was forked from
+
+    @property
+    def alive(self) -> bool:
+        return self.process.exitcode is None
+
+    def tell(self, cmd: dict) -> None:
+        if self.alive:
+            try:
+                self.inbox.send(cmd)
+            except OSError:  # it died this instant; the sentinel says so next
+                pass
+
+    def death(self) -> str:
+        code = self.process.exitcode
+        if code is not None and code < 0 and -code in SELF_INFLICTED:  # a device assert, say
+            return crash_cause(code, tail_lines(self.out_path))
+        if code == SERVER_GONE and _ending(self.server):
+            return "ended with the fork server it was started from, which died (killed?)"
+        return ended_how(code)
+
+
+class ProcessPool:
+    """Starts rank processes from the fork server and ends every one of them (and their
+    workers) on the way out."""
+
+    def __init__(self, config: RunConfig, log_path: str):
+        self.config = config
+        self.stem = os.path.splitext(log_path)[0]
+        self.procs: list[RankProcess] = []  # every process started, in order
+        self.slots: dict[int, RankProcess] = {}  # each rank slot's current process
+        self.killed: dict[int, str] = {}  # pid -> why ddptui killed it
+        # Plain pipes, no multiprocessing Queue: a Queue's semaphores need the resource tracker
+        # (which trips over Textual's stderr and warns about "leaked" locks of killed ranks) and
+        # a shared Queue's lock, held by a rank killed mid-send, would silence every rank.
+        self._ctx = start_helpers(self.stem + ".tracker.out")
+
+    def start(self, slot: int, gpu: int | None, init: str, standby: bool) -> RankProcess:
+        from trainer.bootstrap import RankSpec, run_rank
+
+        stacks, out = f"{self.stem}.rank{slot}.stacks", f"{self.stem}.rank{slot}.out"
+        spec = RankSpec(self.config, slot, slot, self.config.devices.world_size, init, gpu,
+                        os.getpid(), out, stacks, standby=standby, environ=dict(os.environ))
+        telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
+        inbox_end, inbox = self._ctx.Pipe(duplex=False)
+        p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
+                              name=f"ddptui-rank{slot}", daemon=False)
+        for attempt in range(SERVER_TRIES):
+            try:
+                p.start()
+                break
+            except (EOFError, OSError):  # the server died as it was asked (killed?)
+                if attempt == SERVER_TRIES - 1:
+                    raise
+                time.sleep(0.2)  # until it is gone: then a new one starts as the first did
+                start_helpers(self.stem + ".tracker.out")
+        telemetry_end.close()  # the rank holds these ends; EOF now means it is gone
+        inbox_end.close()
+        # A rank's status comes through its server, and the rank dies with it
+        rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby,
+                         server=forkserver_pid())
+        self.procs.append(rp)
+        self.slots[slot] = rp
+        return rp
+
+    def alive(self) -> set[int]:
+        """The slots whose current process lives."""
+        return {s for s, rp in self.slots.items() if rp.alive}
+
+    def kill(self, slot: int, why: str) -> None:
+        """SIGKILL the slot's current process, remembering why (its crash is reported so)."""
+        rp = self.slots[slot]
+        self.killed[rp.process.pid] = f"killed by ddptui ({why})"
+        os.kill(rp.process.pid, signal.SIGKILL)
+
+    def warm_standby(self, slot: int) -> bool:
+        """The slot's current process is a standby that is not being killed."""
+        rp = self.slots[slot]
+        return rp.alive and rp.standby and rp.process.pid not in self.killed
+
+    def drain(self, handle) -> None:
+        """Every event the ranks have sent so far, to `handle`; a closed pipe is a gone rank."""
+        for r in self.procs:
+            try:
+                while not r.telemetry.closed and r.telemetry.poll():
+                    handle(r.telemetry.recv())
+            except (EOFError, OSError):
+                r.telemetry.close()
+
+    def pids(self) -> set[int]:
+        found = set()
+        for r in self.procs:
+            if r.process.pid:
+                found.add(r.process.pid)
+            found |= r.children
+        return found
+
+    def scan_children(self) -> None:
+        for r in self.procs:
+            if r.alive and r.process.pid:
+                try:
+                    r.children |= {c.pid for c in psutil.Process(r.process.pid).children(True)}
+                except psutil.Error:
+                    pass
+
+    def end_all(self) -> None:
+        """SIGTERM every live rank, SIGKILL what is left, then any worker that outlived its rank.
+
+        Ranks are our children and are reaped through multiprocessing (psutil must not wait on
+        them); their DataLoader workers are not, so psutil watches those by pid.
+        """
+        self.scan_children()
+        workers = []
+        for pid in {pid for r in self.procs for pid in r.children}:
+            try:
+                workers.append(psutil.Process(pid))
+            except psutil.Error:
+                pass
+        live = [r.process for r in self.procs if r.alive]
+        for p in live:
+            p.terminate()
+        _join_all(live, TERM_GRACE_S)
+        for p in live:
+            if p.exitcode is None:
+                p.kill()
+                p.join(TERM_GRACE_S)
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(workers, timeout=TERM_GRACE_S)
+
+    def close(self) -> None:
+        for r in self.procs:
+            r.telemetry.close()
+            r.inbox.close()
+
+
+def ended_how(code: int | None) -> str:
+    """How a process ended, in words, from its exit code alone (negative: a signal)."""
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+# Signals a process raises on itself when it crashes (an abort, a bad address), as opposed to
+# those another process sends (SIGKILL, SIGTERM): only then does its output say why.
+SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
+_DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
+                           r"illegal (?:memory access|address|instruction)|NCCL error|"
+                           r"^(?:malloc|free|realloc)\(\): |double free or corruption", re.I)
+_SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
+
+
+def crash_cause(code: int | None, lines: list[str]) -> str:
+    """Why a process died, for the user: its signal when one ended it (what it printed last
+    is then no cause: a warning, a worker's broken pipe), with the CUDA error or device assert
+    it printed where it crashed itself (else the Python exception it printed last: gloo aborts
+    some processes at exit); else its exception's line."""
+    if code is None or code >= 0:
+        return lines[-1] if lines else ended_how(code)
+    how = ended_how(code)
+    if -code not in SELF_INFLICTED:
+        return how
+    found = [line.strip() for line in lines if _DEVICE_ERROR.search(line.strip())]
+    asserts = [line for line in found if "Assertion" in line]
+    raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+    cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
+    where = crashed_in(lines)
+    where = f" in {where}" if where else ""
+    if cause is None:
+        return f"{how}{where}"
+    return f"{how}: {_SOURCE_FOLDERS.sub('', cause)[:240]}{where}"
+
+
+def crashed_in(lines: list[str]) -> str:
+    """Where the thread that crashed was, from the stacks faulthandler prints on a fatal
+    signal (ranks enable it): 'all_reduce (distributed_c10d.py:3068) < ...'; '' if none."""
+    text = "\n".join(lines)
+    at = text.rfind("Current thread ")
+    return innermost(text[at:].split("\n\n")[0], frames=2) if at >= 0 else ""
+
+
+def tail_lines(path: str, size: int = 1 << 16) -> list[str]:
+    """The last lines of a file (its last `size` bytes), none if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - size))
+            return f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def _join_all(processes, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
+
+
+def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
+    """Generate the built-in dataset here, once, with progress, before ranks race for it."""
+    if config.data.kind != "shapes":
+        return
+    from trainer.pipeline.shapes import ensure_shapes
+
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if time.time() - last[0] > 0.5 or done == total:
+            last[0] = time.time()
+            say(f"generating shapes dataset {done}/{total}")
+
+    ensure_shapes(progress)
+
+
+def free_port() -> int:
+    """A loopback port for a rendezvous, free now and below the range the kernel hands out to
+    connections and to bind(0) (as torchrun's 29500 is): one from that range was taken by some
+    other socket between this pick and rank 0's store listening on it (EADDRINUSE, the run
+    lost: 2 x H100, a recovery after a joiner was killed)."""
+    low = ephemeral_ports()[0]
+    for _ in range(200):
+        port = random.randrange(max(1024, low - 10000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or held in TIME_WAIT
+                continue
+            return port
+    with socket.socket() as s:  # every one tried was busy: the kernel's choice, as before
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for connections and bind(0) (Linux's default elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def end_helpers() -> None:
+    """End multiprocessing's resource tracker and the ranks' fork server and wait for them, once
+    a run is over and the process is about to exit; left alone they end only after we do (the
+    end of a pipe is their signal), orphans for a moment. The server holds nothing by then and
+    is killed: its interpreter took about a second to unload torch. The tracker is told by its
+    pipe: the parent registers nothing with it (pipes, no Queues), so closing our end is safe
+    here. No process may be started after this."""
+    helpers = [(p, " ".join(_cmdline(p))) for p in psutil.Process().children()]
+    servers = [p for p, cmdline in helpers if "forkserver" in cmdline]
+    trackers = [p for p, cmdline in helpers if "resource_tracker" in cmdline]
+    for p in servers:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    if trackers:
+        os.close(resource_tracker.getfd())
+    _, left = psutil.wait_procs(servers + trackers, timeout=5)
+    for p in left:
+        p.kill()
+
+
+def _ending(server: int | None, within: float = 1.0) -> bool:
+    """Whether the fork server is gone, or goes within `within` s: a dying process closes its
+    sockets (which gives its ranks their exit code) before it becomes a zombie, and a rank's
+    death read in between was reported as a bare "exited with code 255" (1 run in 7 of a test
+    beside others)."""
+    deadline = time.monotonic() + within
+    while _running(server):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _running(pid: int | None) -> bool:
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def is_helper(p: psutil.Process) -> bool:
+    cmdline = " ".join(_cmdline(p))
+    return "resource_tracker" in cmdline or "forkserver" in cmdline
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def start_helpers(path: str) -> mp.context.BaseContext:
+    """Start multiprocessing's resource tracker and the fork server ranks are started from, with
+    their stderr in a file; returns the context that starts ranks.
+
+    They inherit fd 2: on the terminal the tracker's warnings about the named semaphores of a
+    rank we had to kill, or a warning of an import in the server, would garble the one-line
+    error promise and the dashboard. And they must start before Textual runs, since starting
+    asks sys.stderr for a file descriptor. A server already running (a second run in this
+    process) is kept. The server's environment lacks what would make its import of torch start
+    CUDA (RANK_ONLY_VARIABLES: each rank gets the whole environment as it starts).
+    """
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(RANK_PRELOAD)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    saved, tempdir = os.dup(2), tempfile.tempdir
+    rank_only = {name: os.environ.pop(name) for name in RANK_ONLY_VARIABLES if name in os.environ}
+    # The server starts as `python -c`, which puts the working folder first on sys.path (and
+    # multiprocessing's server keeps it): a user's trainer.py there was imported in place of
+    # ours, and no rank started. Each rank then takes ddptui's own path, as spawn gave it.
+    safe_path = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
+    # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
+    if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
+        tempfile.tempdir = "/tmp"
+    try:
+        os.dup2(fd, 2)
+        resource_tracker.ensure_running()
+        forkserver.ensure_running()
+    finally:
+        os.environ.update(rank_only)
+        if safe_path is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_path
+        tempfile.tempdir = tempdir
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(fd)
+    return ctx

@@ -1,0 +1,249 @@
+"""The processes of one start of a script: one per rank, each the leader of its own process group
+(setsid, as torchrun starts them), its stdout and stderr read by threads; signals go to whole
+groups, so DataLoader workers and other children are ended with their rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psutil
+
+from ddptui.contract.events import count
+from ddptui.run.outcome import EXIT_FAILED
+from ddptui.run.processes import ended_how
+from ddptui.script.flight import trace_prefix
+from ddptui.script.launch import Attempt, command, rank_env
+from ddptui.script.options import ScriptConfig
+from ddptui.script.output import Console, StreamReader, last_traceback
+from ddptui.script.streams import Route
+
+_FRAME = re.compile(r'\s*File "(.+)", line (\d+)')
+HUNG_GRACE_S = 3.0  # a stalled rank, or one blocked on it, gets no longer to end on a stop
+
+
+@dataclass
+class ScriptRank:
+    """One rank's process in one attempt."""
+
+    slot: int
+    gpu: int | None
+    popen: subprocess.Popen
+    stacks_path: str
+    error_path: str  # TORCHELASTIC_ERROR_FILE
+    readers: list[StreamReader]
+    children: set[int] = field(default_factory=set)  # pids seen under it (workers, compilers)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def traceback(self) -> list[str]:
+        """The last lines of its traceback: the one torch's @record wrote to the error file,
+        else the last in its output (stderr first, where Python writes them)."""
+        recorded = recorded_error(self.error_path)
+        if recorded:
+            return recorded
+        for reader in reversed(self.readers):  # stderr, then stdout
+            lines = last_traceback(list(reader.tail))
+            if lines:
+                return lines
+        return []
+
+    def death(self) -> str:
+        return ended_how(self.popen.returncode)
+
+    @property
+    def exit_code(self) -> int:
+        """Its exit code as a shell reports it (a signal n is 128 + n)."""
+        code = self.popen.returncode
+        if code is None:
+            return EXIT_FAILED
+        return 128 - code if code < 0 else code
+
+
+def recorded_error(path: str) -> list[str]:
+    """The exception torch's @record wrote (torchrun's TORCHELASTIC_ERROR_FILE) as traceback
+    lines ending in `Type: message`, as Python prints one; none without a readable file."""
+    try:
+        with open(path) as f:
+            message = json.load(f)["message"]
+        callstack = message.get("extraInfo", {}).get("py_callstack", "") \
+            if isinstance(message, dict) else ""
+        text = message["message"] if isinstance(message, dict) else str(message)
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    lines = [line for line in callstack.splitlines() if line.strip()]
+    if lines and lines[-1].strip() == text.strip():
+        lines.pop()
+    raised = [m for m in map(_FRAME.match, lines) if m]  # the last frame is where it raised
+    where = f" ({os.path.basename(raised[-1][1])}:{raised[-1][2]})" if raised else ""
+    return lines + [text.strip() + where]
+
+
+class RankGroup:
+    """start() every rank; signal(), end() them; ended() tells which have exited since."""
+
+    def __init__(self, config: ScriptConfig, stem: str, echo: bool,
+                 on_line: Callable[[int, str, bool], None]):
+        self.config, self.stem, self.echo, self.on_line = config, stem, echo, on_line
+        self.ranks: list[ScriptRank] = []
+        self._reported: set[int] = set()
+        # (when, signal, the slots it is for: None for all) for what is left
+        self._deadlines: list[tuple[float, int, frozenset[int] | None]] = []
+        self._grace = 0.0
+        self._log_dir: list[str] = []  # torchrun's --log-dir folder of this run, once made
+        self._console = Console()  # every rank's lines go on whole
+
+    def start(self, attempt: Attempt) -> None:
+        self.ranks, self._reported, self._deadlines = [], set(), []
+        for slot in range(self.config.world_size):
+            self.start_one(slot, attempt)
+
+    def start_one(self, slot: int, attempt: Attempt, standby: bool = False) -> ScriptRank:
+        """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
+        the slot's earlier processes stay listed, ended."""
+        gpu = self.config.gpus[slot] if self.config.gpus else None
+        routing = self.config.routing
+        folder = routing.attempt_dir(attempt.run_id, attempt.restart, self._log_dir)
+        stacks = f"{self.stem}.rank{slot}.stacks"
+        error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
+        for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
+            if os.path.exists(path):
+                os.remove(path)
+        env = rank_env(self.config, attempt, slot, stacks, trace_prefix=trace_prefix(self.stem),
+                       error_file=error)
+        if standby:
+            env["DDPTUI_STANDBY"] = "1"
+        pipes = [os.pipe(), os.pipe()]
+        try:
+            popen = subprocess.Popen(command(self.config), env=env, stdin=subprocess.DEVNULL,
+                                     stdout=pipes[0][1], stderr=pipes[1][1],
+                                     start_new_session=True, close_fds=True)
+        finally:
+            os.close(pipes[0][1])
+            os.close(pipes[1][1])
+        routes = routing.routes(slot, self.config.world_size, folder)
+        readers = [StreamReader(read, f"{self.stem}.rank{slot}.out",
+                                routes[i] if self.echo else Route(False, None, routes[i].file),
+                                i + 1, self.echo and os.isatty(i + 1),
+                                lambda text, final, s=slot: self.on_line(s, text, final),
+                                f"rank{slot}-{('stdout', 'stderr')[i]}", self._console)
+                   for i, (read, _write) in enumerate(pipes)]
+        for r in readers:
+            r.start()
+        self.ranks.append(ScriptRank(slot, gpu, popen, stacks, error, readers))
+        return self.ranks[-1]
+
+    def alive(self) -> list[ScriptRank]:
+        return [r for r in self.ranks if r.alive]
+
+    def ended(self) -> list[ScriptRank]:
+        """Ranks that exited since the last call, once their output has been read to the end.
+        What a failed rank leaves behind (its DataLoader workers) is killed first: they hold
+        its output open, and notice their parent's death only after up to 5 s, which a
+        survivor's recovery waited for."""
+        done = []
+        for r in self.ranks:
+            if r.pid not in self._reported and not r.alive:
+                if r.popen.returncode != 0:
+                    _killpg(r.pid, signal.SIGKILL)
+                until = time.monotonic() + 2.0
+                for reader in r.readers:  # the last lines (a traceback) before the verdict
+                    reader.join(max(0.0, until - time.monotonic()))
+                self._reported.add(r.pid)
+                done.append(r)
+        return done
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every live rank's process group (itself and its children)."""
+        for r in self.alive():
+            _killpg(r.pid, sig)
+
+    def end_within(self, sig: int | None, grace: float, hung: set[int] = frozenset()) -> None:
+        """As torchrun ends them: `sig` to every rank's group now (None: they were asked to stop
+        by a command, and SIGINT follows at half the grace period), SIGKILL to what is left at
+        its end (escalate() sends what is due). The `hung` slots (stalled, or waiting on one)
+        cannot end by themselves: SIGKILL after HUNG_GRACE_S at most."""
+        if not self.alive():
+            return
+        now, self._grace = time.monotonic(), grace
+        if sig is None:
+            self._deadlines = [(now + grace / 2, signal.SIGINT, None),
+                               (now + grace, signal.SIGKILL, None)]
+        else:
+            self.signal(sig)
+            self._deadlines = [(now + grace, signal.SIGKILL, None)]
+        if hung and grace > HUNG_GRACE_S:
+            self._deadlines.append((now + HUNG_GRACE_S, signal.SIGKILL, frozenset(hung)))
+            self._deadlines.sort(key=lambda d: d[0])
+
+    def escalate(self, say: Callable[..., None]) -> None:
+        while self._deadlines and time.monotonic() >= self._deadlines[0][0] and self.alive():
+            _, sig, slots = self._deadlines.pop(0)
+            if slots is not None:
+                left = [r for r in self.alive() if r.slot in slots]
+                if left:
+                    say(f"{count(len(left), 'hung rank')} ({', '.join(str(r.slot) for r in left)})"
+                        f" killed after {HUNG_GRACE_S:g} s: a stalled rank cannot end by itself",
+                        "warning")
+                for r in left:
+                    _killpg(r.pid, signal.SIGKILL)
+            elif sig == signal.SIGKILL:
+                say(f"ranks did not end within --grace {self._grace:g} s: killing them",
+                    "warning")
+                self.end(None, 0)
+            else:
+                say("ranks did not end their loop: SIGINT to every rank", "warning")
+                self.signal(sig)
+
+    def scan_children(self) -> None:
+        for r in self.alive():
+            try:
+                r.children |= {c.pid for c in psutil.Process(r.pid).children(True)}
+            except psutil.Error:
+                pass
+
+    def pids(self) -> set[int]:
+        return {r.pid for r in self.ranks} | {c for r in self.ranks for c in r.children}
+
+    def end(self, first: int | None, grace: float) -> None:
+        """`first` (SIGINT or SIGTERM) to every rank's group, SIGKILL after `grace` seconds to
+        whatever of each group is left, then to any child that left its group."""
+        self.scan_children()
+        if first is not None:
+            self.signal(first)
+        deadline = time.monotonic() + (grace if first is not None else 0)
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for r in self.ranks:
+            _killpg(r.pid, signal.SIGKILL)  # its group, even once the rank itself is gone
+            if r.alive:
+                r.popen.kill()
+            r.popen.wait()
+        strays = []
+        for pid in {c for r in self.ranks for c in r.children}:
+            try:
+                strays.append(psutil.Process(pid))
+                strays[-1].kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(strays, timeout=3)
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)  # setsid made the rank its group's leader: group id = its pid
+    except (ProcessLookupError, PermissionError):
+        pass

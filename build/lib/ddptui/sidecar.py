@@ -1,0 +1,171 @@
+"""The watcher beside a rank under `python -m ddptui.wrap`, in a process of its own: it holds the
+link to `ddptui attach` and does from outside the rank what must work while the rank is stuck.
+
+It forwards what the rank's own threads send (its output, loss, exception: ddptui/rankwatch.py),
+samples the rank's process and GPU, and answers attach's `t` (the rank's faulthandler writes
+its stacks on a signal, torch's NCCL watchdog dumps the flight recorder through its pipe) and
+`k`: none of that needs the rank's Python, which C code holding the GIL stops altogether.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+
+import psutil
+
+from ddptui.contract.channel import load_key, parse_address
+from ddptui.contract.events import event
+from ddptui.kit.elastic.lifeline import die_with_parent
+from ddptui.kit.telemetry.gpu import DeviceSampler
+from ddptui.kit.telemetry.remote import RemoteLink, node_name
+from ddptui.run.stacks import StackRequests, innermost
+from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary
+
+SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
+
+
+class Sidecar:
+    def __init__(self, args: argparse.Namespace):
+        self.args, self.rank, self.pid = args, args.rank, args.pid
+        self.link = RemoteLink(parse_address(args.report, "DDPTUI_REPORT"), load_key()[0],
+                               node_name(), lambda text: print(f"ddptui.wrap: rank {args.rank}: "
+                                                               f"{text}", file=sys.stderr))
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._sampled = threading.Event()
+        self.device = DeviceSampler(lambda kind, **f: self.emit(kind, **f),
+                                    lambda text: self.emit("message", level="warning", text=text),
+                                    args.gpu)
+        self.flight = FlightDumps(args.flight) if args.flight else None
+        self._asking = threading.Lock()  # one request at a time: they share the stacks file
+
+    def emit(self, kind: str, **fields) -> None:
+        self.put(event(kind, self.rank, **fields))
+
+    def put(self, ev: dict) -> None:
+        with self._lock:
+            self.link.put(ev)
+
+    def run(self, events) -> None:
+        """Until the rank closes its end (it ended, or died): then what is buffered is sent."""
+        self.device.start()
+        for target, name in ((self._sample, "sampler"), (self._commands, "commands")):
+            threading.Thread(target=target, name=f"ddptui-sidecar-{name}", daemon=True).start()
+        for line in events:
+            try:
+                self.put(json.loads(line))
+            except ValueError:
+                pass
+        self._halt.set()
+        self._sampled.wait(SAMPLE_EVERY_S)  # the last sample: the rank waits for this process
+        self.device.stop()
+        self.link.close()
+
+    def _sample(self) -> None:
+        """The rank's process figures at once (a short rank may end within the first period),
+        every SAMPLE_EVERY_S after, and once more when its end of the pipe closes."""
+        try:
+            rank = psutil.Process(self.pid)
+            times = rank.cpu_times()
+            since = max(time.time() - rank.create_time(), 1e-3)
+            self._send_sample(rank, 100.0 * (times.user + times.system) / since)
+            rank.cpu_percent()  # the periodic readings are over each period from here
+            while not self._halt.wait(SAMPLE_EVERY_S):
+                self._send_sample(rank, rank.cpu_percent())
+            self._send_sample(rank, rank.cpu_percent())
+        except psutil.Error:  # the rank is gone: its end of the pipe closes too
+            pass
+        finally:
+            self._sampled.set()
+
+    def _send_sample(self, rank: psutil.Process, cpu_percent: float) -> None:
+        with rank.oneshot():
+            self.emit("process", pid=self.pid, status=rank.status(), cpu_percent=cpu_percent,
+                      rss=rank.memory_info().rss >> 20)
+
+    def _commands(self) -> None:
+        try:
+            while True:
+                cmd = self.link.inbox.recv()
+                if cmd.get("op") == "stacks":
+                    threading.Thread(target=self._stacks, daemon=True,
+                                     name="ddptui-sidecar-stacks").start()
+                elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
+                    os.kill(self.pid, signal.SIGKILL)
+        except (EOFError, OSError):
+            pass
+
+    def _stacks(self) -> None:
+        """The rank's stacks (faulthandler answers from C, whatever its Python is doing), then
+        its flight recorder's dump once torch's watchdog has written it."""
+        with self._asking:
+            self._ask_stacks()
+
+    def _ask_stacks(self) -> None:
+        requests = StackRequests()
+        asked = requests.ask(self.rank, self.pid, self.args.stacks, time.monotonic(),
+                             self.args.signal)
+        stacks = _wait(lambda: requests.collect(time.monotonic())) if asked else None
+        # The rank's number is the event's: the events pane puts "rank N: " before the text.
+        where = innermost(stacks) if stacks else ""
+        self.emit("message", level="info" if stacks else "warning",
+                  text=(f"is in {where}" if where else "stacks taken") if stacks else
+                  "no Python stacks: no answer", stacks_of=self.rank, stacks=stacks or "")
+        if self.flight is None or not self.flight.ask(self.rank, time.monotonic()):
+            return
+        trace = _wait(lambda: self.flight.collect(time.monotonic()), DUMP_WAIT_S + 1)
+        nccl = summary(trace)
+        if nccl is not None:
+            self.emit("message", level="info", text=nccl,
+                      stacks_of=self.rank, stacks=f"{nccl}\n\n{stacks}" if stacks else nccl,
+                      flight=compact(trace))
+
+
+def _wait(collect, seconds: float = 15.0):
+    """What a StackRequests or FlightDumps collect() gives for the one request made."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _, answer in collect():
+            return answer
+        time.sleep(0.1)
+    return None
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m ddptui.sidecar", description=__doc__)
+    p.add_argument("--report", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--gpu", type=int, default=None)
+    p.add_argument("--stacks", required=True, help="the file the rank's faulthandler writes")
+    p.add_argument("--signal", type=int, default=int(signal.SIGUSR1))
+    p.add_argument("--flight", default=None, help="the flight recorder's dump prefix")
+    p.add_argument("--events", type=int, required=True, help="the fd the rank writes events to")
+    p.add_argument("--scratch", required=True,
+                   help="the rank's folder of stacks and dumps, removed when the rank is gone")
+    args = p.parse_args(argv)
+
+    def rank_gone(signum, frame) -> None:  # killed outright, it could not remove it itself
+        shutil.rmtree(args.scratch, ignore_errors=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, rank_gone)
+    die_with_parent(signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the rank's to handle
+    try:
+        with os.fdopen(args.events, encoding="utf-8", errors="replace") as events:
+            Sidecar(args).run(events)
+    finally:
+        shutil.rmtree(args.scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

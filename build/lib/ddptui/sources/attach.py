@@ -1,0 +1,151 @@
+"""`ddptui attach`: the dashboard for ranks started by torchrun or srun with --report. It listens,
+authenticates every connection, folds what arrives into a RunState, and relays commands to the
+world's rank 0; the processes belong to their launcher, so it never starts or stops one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
+from ddptui.script.options import STALL_S
+from ddptui.sources.listener import ReportListener
+from ddptui.sources.remote_watch import RemoteWatch
+from ddptui.state.runstate import RunState
+from ddptui.state.source import RunSource
+from ddptui.text import plain
+
+CHECK_EVERY_S = 0.5
+DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
+             "group when a rank fails (--max-restarts), srun ends the step; stop the job there "
+             "(Ctrl-C to torchrun, scancel for SLURM)")
+
+
+class Attach(RunSource):
+    """The source behind the dashboard: start(), steer like a Supervisor, stop() detaches."""
+
+    owns_ranks = False  # q detaches; training goes on
+
+    def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str,
+                 stall_after: float = STALL_S):
+        self.address, self.key, self.log_path = address, key, log_path
+        self.state = RunState({"log": log_path, "model": "waiting for ranks",
+                               "data": f"listening on {address[0]}:{address[1]}"})
+        self.done = threading.Event()
+        self.exit_code: int | None = None
+        self.key_source = key_source
+        self._link = ReportListener(address, key, self._received, self._note,
+                                    self._check_finished)
+        self._writer: JsonlWriter | None = None
+        self._finished = False
+        self._lock = threading.RLock()  # the listener's threads and the watch's
+        self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
+
+    def start(self) -> None:
+        self._writer = JsonlWriter(self.log_path)
+        self._note("info", f"listening on {self.address[0]}:{self.address[1]} "
+                   f"(key: {self.key_source})")
+        self._link.start()
+        threading.Thread(target=self._judge, name="attach-watch", daemon=True).start()
+
+    def stacks(self, rank: int) -> None:
+        """A wrapped rank's stacks (python -m ddptui.wrap); others report through their loop."""
+        if rank in self._watch.silence:
+            self._ask_stacks(rank)
+        else:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
+                       "it cannot be asked for its stacks (docs/cluster.md)")
+
+    def kill_rank(self, rank: int) -> None:
+        """k: a wrapped rank kills itself (SIGKILL); its launcher then does what it does."""
+        if rank not in self._watch.silence:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
+                       "kill it where it runs (docs/cluster.md)")
+        elif self._link.send(rank, {"op": "kill"}):
+            self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "
+                       "its launcher now does what it does (torchrun: --max-restarts or the "
+                       "end of the job; srun: the end of the step)")
+
+    def _ask_stacks(self, rank: int) -> bool:
+        return self._link.send(rank, {"op": "stacks"})
+
+    def _received(self, ev: dict) -> None:
+        if ev["kind"] == "lines":  # a wrapped rank's output, kept as ddptui run keeps it
+            self._keep_lines(ev)
+            return
+        with self._lock:
+            self._watch.observe(ev, time.time())
+            self._record(ev)
+
+    def _keep_lines(self, ev: dict) -> None:
+        path = f"{os.path.splitext(self.log_path)[0]}.rank{ev['rank']}.out"
+        text = "".join(f"{plain(line)}\n" for line in ev.get("lines") or [])
+        if ev.get("dropped"):
+            text += f"[ddptui: {ev['dropped']} lines left out here: over 500 a second]\n"
+        try:
+            with open(path, "a") as f:
+                f.write(text)
+        except OSError as e:
+            self._note("warning", f"cannot keep rank {ev['rank']}'s output in {path}: {e}")
+
+    def _judge(self) -> None:
+        while not self.done.wait(CHECK_EVERY_S):
+            with self._lock:
+                self._watch.check(time.time())
+
+    def stop(self, status: str = "interrupted", code: int = 130) -> None:
+        """Detach: close the listener and every connection (the ranks keep training)."""
+        if self.exit_code is None:
+            self.exit_code = 0 if self._finished else code
+        self._link.close()
+        if self._writer:
+            self._writer.close()
+        self.done.set()
+
+    # -- steering: commands go to the world's rank 0, which agrees them with the others --------
+    def pause(self) -> None:
+        if self._command({"op": "pause"}):
+            self._record(event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        if self._command({"op": "resume"}):
+            self._record(event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._command({"op": "checkpoint"})
+
+    def apply_now(self) -> None:
+        self._command({"op": "apply"})
+
+    def change_settings(self, **settings) -> None:
+        requested, cmd = settings_request(settings)
+        if self._command(cmd):  # one that was never sent would stay pending in the view
+            self._record(requested)
+
+    def stop_rank(self, rank: int) -> None:
+        self._note("warning", DELEGATED.format(rank=rank))
+
+    def restart_rank(self, rank: int) -> None:
+        self._note("warning", DELEGATED.format(rank=rank))
+
+    def _command(self, cmd: dict) -> bool:
+        return self._link.order(cmd)
+
+    def _record(self, ev: dict) -> None:
+        self.state.apply(ev)
+        if ev["kind"] == "run" and ev.get("status") in ("done", "failed"):
+            self._finished = True
+            self.exit_code = 0 if ev["status"] == "done" else 1
+        if self._writer and not self.done.is_set():
+            self._writer.write(ev)
+
+    def _note(self, level: str, text: str) -> None:
+        with self._lock:
+            self._record(event("message", PARENT, level=level, text=text))
+
+    def _check_finished(self) -> None:
+        """The job said it ended and every connection has closed: attach is done too."""
+        if self._finished and self._link.idle() and not self.done.is_set():
+            self.stop(code=self.exit_code or 0)

@@ -1,0 +1,96 @@
+"""The epochs table's data: finished epochs (or parts of one, cut by a change) merged across
+ranks, and the epoch now running, folded from the lowest member's step events as they come."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EpochRow:
+    """An epoch, or the segment of one between two settings or world changes."""
+
+    epoch: int
+    start_step: int = 0
+    restart: int = 0  # a script's group started again: its epochs are rows of their own
+    ranks: dict = field(default_factory=dict)  # rank -> its epoch event
+    said: bool = False  # its line is in the events
+
+    def merged(self) -> dict:
+        """The row of every rank's event; a figure no rank knew is None (a script's rows read
+        from its output have no rates, no input wait)."""
+        evs = list(self.ranks.values())
+        first = self.ranks.get(0, evs[0])
+        world = first.get("world_size", len(evs))
+        measured = [e for e in evs if e.get("source") != "output"]
+        rate = sum(e.get("samples_per_s", 0) for e in measured) if measured else None
+        if rate is not None and len(evs) < world:  # a rank died before it could report:
+            rate *= world / len(evs)  # lockstep, so scale
+        return {
+            "epoch": self.epoch,
+            "start_step": self.start_step,
+            "restart": self.restart,
+            "end_step": first.get("end_step"),
+            "partial": bool(first.get("partial")),
+            "settings": first.get("settings") or {},
+            "samples_per_s": rate,
+            "bad_samples": sum(e.get("bad_samples") or 0 for e in evs),
+            "at_quit": bool(first.get("at_quit")),
+            "rolled_back": first.get("rolled_back"),
+            "data_wait": (sum(e.get("data_wait", 0) for e in measured) / len(measured)
+                          if measured else None),
+            "train_loss": first.get("train_loss"),
+            "val_loss": first.get("val_loss"),
+            "val_acc": first.get("val_acc"),
+            "seconds": max(e.get("seconds", 0) for e in evs),
+            "world_size": world,
+            "ranks": len(evs),
+            "source": first.get("source"),
+            "metrics": first.get("metrics") or {},
+            "at_step": first.get("at_step"),
+            "steps_per_s": first.get("steps_per_s"),
+        }
+
+
+class LiveEpoch:
+    """The running epoch (or the part of it since the last change): its mean img/s and input
+    wait so far, latest loss and progress; reset when a part of it ends, gone when it does."""
+
+    def __init__(self):
+        self.now: dict | None = None
+
+    def step(self, epoch: int, step: int, loss: float | None, progress: float, data_wait: float,
+             t: float, rate: float, steps_per_s: float | None = None) -> None:
+        """`steps_per_s`: a script that names no epochs (its iterations a second)."""
+        live = self.now
+        if live is None or live["epoch"] != epoch:
+            live = self.now = {"epoch": epoch, "start_step": 0, "t0": t, "n": 0,
+                               "rate_sum": 0.0, "wait_sum": 0.0}
+        live["n"] += 1
+        live["rate_sum"] += rate
+        live["wait_sum"] += data_wait
+        live.update(step=step, loss=loss, progress=progress, iteration=steps_per_s is not None,
+                    steps_per_s=steps_per_s or 0.0)
+
+    def ended(self, ev: dict, t: float) -> None:
+        """An epoch event: the whole epoch ended, or a part of it (the row goes on after it)."""
+        live = self.now
+        if live is None or live["epoch"] != ev["epoch"]:
+            return
+        if ev.get("partial"):
+            self.now = {**live, "start_step": ev.get("end_step") or 0, "n": 0, "rate_sum": 0.0,
+                        "wait_sum": 0.0, "t0": t}
+        else:
+            self.now = None
+
+    def row(self, now: float, settings: dict, world_size: int | None) -> dict | None:
+        live = self.now
+        if live is None or not live["n"]:
+            return None
+        return {"epoch": live["epoch"], "start_step": live["start_step"], "step": live["step"],
+                "progress": live["progress"], "loss": live["loss"],
+                "samples_per_s": live["rate_sum"] / live["n"],
+                "data_wait": live["wait_sum"] / live["n"], "seconds": now - live["t0"],
+                "settings": dict(settings), "world_size": world_size,
+                "iteration": live.get("iteration", False),
+                "steps_per_s": live.get("steps_per_s", 0.0)}

@@ -1,0 +1,132 @@
+"""Rank 0's TCP store, where the members of a world ddptui orders meet before forming it.
+
+Every wait here gives up as soon as a member is known dead, instead of at torch's timeouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from ddptui.kit.elastic.snapshot import WorldLost
+
+ARRIVED = "ddptui/arrived"  # a world's members that came to its store
+STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0's store
+
+# The stores of worlds that failed to form, never freed: freeing a rank 0's store then
+# corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
+ABANDONED: list = []
+# The stores rank 0 opened ahead of a script's join (open_ahead), by address, until its world
+# forms; and a joiner's connection to the store it came to before its script ran on.
+OPENED: dict[str, dist.TCPStore] = {}
+CAME: list = []
+
+
+def meet(init_method: str, rank: int, world_size: int,
+         give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
+    """The store at a tcp:// address ddptui gave (None for env://, torchrun's), once every
+    member has come to it. Rank 0's does not wait for the others, as tcp://'s does: a member
+    that died before it came is noticed here (`give_up`), not inside torch's constructors,
+    whose failure halfway corrupted the heap or hung their destruction (NCCL, 2 x H200)."""
+    url = urllib.parse.urlsplit(init_method)
+    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+        return None
+    if rank != 0:
+        store = store_client(init_method, world_size, give_up)
+    elif (store := OPENED.pop(init_method, None)) is None:
+        store = _listen(init_method, world_size)
+    with kept_on_failure(store):
+        arrive(store, ARRIVED, world_size, give_up)
+    return store
+
+
+def _listen(init_method: str, world_size: int) -> dist.TCPStore:
+    url = urllib.parse.urlsplit(init_method)
+    return dist.TCPStore(url.hostname, url.port, world_size, is_master=True,
+                         timeout=dist.default_pg_timeout, wait_for_workers=False)
+
+
+def open_ahead(init_method: str, world_size: int) -> None:
+    """Rank 0, told that a script's rank will join: the coming world's store listens now, so
+    that the joiner's script connects to it (env://) while the members train on; they meet
+    there once it is prepared. Never freed if that join is called off."""
+    OPENED[init_method] = _listen(init_method, world_size)
+
+
+def come_early(init_method: str, world_size: int) -> dist.TCPStore:
+    """A script's joiner counts itself in at its world's store before its script runs on: an
+    init_process_group() that connects at once waits there for the members, which must not wait
+    for it in turn. Returns its connection to the store, kept for the process's life."""
+    store = store_client(init_method, world_size)
+    CAME.append(store)
+    store.add(ARRIVED, 1)
+    return store
+
+
+def arrive(store: dist.TCPStore, key: str, world_size: int,
+           give_up: Callable[[], bool] = lambda: False) -> None:
+    """Count this member in at `key` and wait for all `world_size`, or raise WorldLost as soon
+    as `give_up` says a member died."""
+    store.add(key, 1)
+    while store.add(key, 0) < world_size:
+        if give_up():
+            raise WorldLost("a peer died before the world formed")
+        time.sleep(0.002)
+
+
+@contextlib.contextmanager
+def kept_on_failure(store: dist.TCPStore | None) -> Iterator[None]:
+    """A world's store that failed to form is never freed (ABANDONED)."""
+    try:
+        yield
+    except BaseException:
+        if store is not None:
+            ABANDONED.append(store)
+        raise
+
+
+def store_client(init_method: str, world_size: int,
+                 give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
+    """A client of rank 0's store, once it listens, tried for STORE_CONNECT at a time: rank 0 dead
+    once its port listened was tried for the default 30 minutes, out of `give_up`'s reach (CPU
+    machine: the survivor stuck there, the run lost after the 60 s change timeout)."""
+    url = urllib.parse.urlsplit(init_method)
+    while True:
+        await_store(init_method, give_up)
+        try:
+            store = dist.TCPStore(url.hostname, url.port, world_size, is_master=False,
+                                  timeout=STORE_CONNECT, wait_for_workers=False)
+        except RuntimeError:  # DistNetworkError: refused, or timed out
+            if give_up():
+                raise WorldLost("a peer died before the world formed") from None
+            continue
+        store.set_timeout(dist.default_pg_timeout)
+        return store
+
+
+def await_store(init_method: str, give_up: Callable[[], bool] = lambda: False,
+                patience: float = 60.0) -> None:
+    """Wait until rank 0's store listens at a tcp:// address. TCPStore's client, refused,
+    tries again only after a back-off, long against a join that waits for rank 0 to close its
+    old group (docs/benchmarks.md, the CPU machine). Anything else is left to
+    init_process_group to report."""
+    url = urllib.parse.urlsplit(init_method)
+    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+        return
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
+        if give_up():
+            raise WorldLost("a peer died before the world formed")
+        try:
+            socket.create_connection((url.hostname, url.port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.002)
+
+
