@@ -31,6 +31,7 @@ run: $(VENV)/.run-installed
 # ranks that import torch or on a timer; two at a time is slower, four no faster
 # (docs/benchmarks.md, the CPU machine).
 test: $(VENV)/.test-installed
+	$(BIN)/lint-imports --no-cache  # the layers: pyproject's [tool.importlinter]
 	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 clean:
