@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 import time
 
+from ddptui.contract.events import count
 from ddptui.state.runstate import RunState
 from ddptui.state.views import RunView
 
@@ -47,7 +48,7 @@ def summary(view: RunView) -> str:
     else:
         best = f"best loss {min(losses):.4f}" if losses else "best val_acc -"
     rate = f", {sum(rates) / len(rates):,.0f} img/s mean" if rates else ""
-    return (f"{view.status} in {view.elapsed:.1f} s: {finished} epochs{rate}, {best}; "
+    return (f"{view.status} in {view.elapsed:.1f} s: {count(finished, 'epoch')}{rate}, {best}; "
             f"log {view.meta.get('log')}")
 
 

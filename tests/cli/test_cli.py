@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ddptui.cli import resolve_devices
-from tests.conftest import ROOT, ddptui
+from tests.helpers.runs import ROOT, ddptui
 from trainer.errors import UsageError
 
 

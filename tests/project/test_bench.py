@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers.runs import ROOT
 
 # One interpreter for all of them (several import torch): each runs as a script would, with its
 # own folder first on sys.path and the repository not on it.

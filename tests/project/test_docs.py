@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from tests.conftest import ROOT
+from tests.helpers.runs import ROOT
 
 
 def test_the_keys_are_described_once_and_the_docs_show_that_description():

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.conftest import ROOT
+from tests.helpers.runs import ROOT
 
 TRAINER_MODULES = ["trainer.rank_main", "trainer.bootstrap", "trainer.config", "trainer.loop"]
 RANK_SIDE = ("ddptui.kit", "ddptui.contract")  # what a rank may take of ddptui

@@ -14,7 +14,7 @@ import torch
 
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
-from tests.conftest import TINY, assert_gone, ddptui, events, run_config
+from tests.helpers.runs import TINY, assert_gone, ddptui, events, run_config
 
 
 def _wait(predicate, what: str, timeout: float = 90) -> None:

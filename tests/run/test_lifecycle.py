@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from tests.conftest import (
+from tests.helpers.runs import (
     ROOT,
     TINY,
     assert_gone,

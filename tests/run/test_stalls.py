@@ -15,7 +15,7 @@ from PIL import Image
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
 from ddptui.view.app import DashboardApp
-from tests.conftest import (
+from tests.helpers.runs import (
     ROOT,
     TINY,
     assert_gone,

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, assert_gone, events
+from tests.helpers.runs import ROOT, assert_gone, events
 from tests.sources.test_attach import KEY, _port
 
 SMALL = ["--epochs", "1", "--samples", "64", "--image-size", "16"]

@@ -15,7 +15,7 @@ import pytest
 from ddptui.cli import resolve_devices
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
-from tests.conftest import (
+from tests.helpers.runs import (
     ROOT,
     assert_gone,
     assert_stops_cleanly,

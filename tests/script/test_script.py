@@ -14,7 +14,15 @@ import time
 
 import pytest
 
-from tests.conftest import ROOT, assert_gone, ddptui, events, run_pids, start_ddptui, wait_for_event
+from tests.helpers.runs import (
+    ROOT,
+    assert_gone,
+    ddptui,
+    events,
+    run_pids,
+    start_ddptui,
+    wait_for_event,
+)
 
 SCRIPTS = os.path.join(ROOT, "tests", "helpers", "scripts")
 ENVDUMP = os.path.join(SCRIPTS, "envdump.py")

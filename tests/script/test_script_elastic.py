@@ -20,7 +20,7 @@ from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
-from tests.conftest import (
+from tests.helpers.runs import (
     ROOT,
     assert_gone,
     ddptui,

@@ -15,7 +15,7 @@ from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
 from ddptui.view.widgets.tables import RankTable
-from tests.conftest import (
+from tests.helpers.runs import (
     ROOT,
     assert_gone,
     assert_stops_cleanly,

@@ -17,7 +17,7 @@ import pytest
 from ddptui.contract.channel import MAX_MESSAGE
 from ddptui.contract.events import event
 from ddptui.sources.attach import Attach
-from tests.conftest import ROOT, TINY, assert_gone, events, wait_for_event
+from tests.helpers.runs import ROOT, TINY, assert_gone, events, wait_for_event
 
 KEY = "test-key-0123456789"
 

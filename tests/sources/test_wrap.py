@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from ddptui.sources.attach import Attach
-from tests.conftest import ROOT, assert_gone, events, wait_for_event
+from tests.helpers.runs import ROOT, assert_gone, events, wait_for_event
 from tests.sources.test_attach import KEY, _port
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")

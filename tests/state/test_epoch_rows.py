@@ -11,7 +11,7 @@ import json
 from ddptui.contract.events import PARENT, event
 from ddptui.sources.export import write_epochs_csv
 from ddptui.state.runstate import RunState
-from tests.conftest import ROOT
+from tests.helpers.runs import ROOT
 
 
 def _script_epoch(rank: int, epoch: int) -> dict:

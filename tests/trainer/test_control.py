@@ -8,7 +8,7 @@ import time
 
 from ddptui.run.policy import RunPolicy
 from ddptui.run.supervisor import Supervisor
-from tests.conftest import TINY, assert_gone, events, run_config
+from tests.helpers.runs import TINY, assert_gone, events, run_config
 
 
 def _wait(predicate, what: str, timeout: float = 60) -> None:

@@ -298,7 +298,7 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
     loaders, not when the interpreter exits (each one holds a copy of the dataset)."""
     import psutil
 
-    from tests.conftest import TINY, run_config
+    from tests.helpers.runs import TINY, run_config
     from trainer.pipeline.datasets import build_datasets
     from trainer.pipeline.loaders import Loaders
     from trainer.rank import Rank

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import ROOT, TINY, ddptui, events, run_env
+from tests.helpers.runs import ROOT, TINY, ddptui, events, run_env
 
 
 def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_path):

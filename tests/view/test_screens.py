@@ -26,8 +26,9 @@ from ddptui.view.headless import status_line
 from ddptui.view.widgets.bars import SPARKS
 from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
-from tests.conftest import ROOT, fixed_hash, settle
 from tests.helpers.runlogs import gpu_run, script_run
+from tests.helpers.runs import ROOT
+from tests.helpers.screens import fixed_hash, settle
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
