@@ -30,14 +30,20 @@ CAME: list = []
 
 def meet(init_method: str, rank: int, world_size: int,
          give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
-    """The store at a tcp:// address ddptui gave (None for env://, torchrun's), once every
-    member has come to it. Rank 0's does not wait for the others, as tcp://'s does: a member
-    that died before it came is noticed here (`give_up`), not inside torch's constructors,
-    whose failure halfway corrupted the heap or hung their destruction (NCCL, 2 x H200)."""
+    """The world's store, once every member has come to it: at a tcp:// address ddptui gave, or
+    at env:// (torchrun's or srun's rank 0, or torchrun's agent), None for any other. Rank 0's
+    does not wait for the others, as tcp://'s does: a member that died before it came is
+    noticed here (`give_up`), not inside torch's constructors, whose failure halfway corrupted
+    the heap or hung their destruction (NCCL, 2 x H200). Under torchrun or srun a rank may come
+    late (its imports on a loaded node): it is waited for as torch waits, not for the seconds
+    gloo's connect is given once all came (30 s was too few for a rank of a loaded machine)."""
     url = urllib.parse.urlsplit(init_method)
-    if url.scheme != "tcp" or url.hostname is None or url.port is None:
+    if url.scheme == "env":
+        store, _, _ = next(dist.rendezvous(init_method, rank, world_size,
+                                           timeout=dist.default_pg_timeout))
+    elif url.scheme != "tcp" or url.hostname is None or url.port is None:
         return None
-    if rank != 0:
+    elif rank != 0:
         store = store_client(init_method, world_size, give_up)
     elif (store := OPENED.pop(init_method, None)) is None:
         store = _listen(init_method, world_size)

@@ -33,7 +33,7 @@ from ddptui.kit.elastic.store import arrive, kept_on_failure, meet
 # Their collectives get the default back once connected. A script's joiner meets them at the
 # first meeting (it came early) and waits inside its script's init_process_group when they come
 # (on CPUs: gloo connects there; a joiner killed then left the survivor waiting 5 x 30 s). A
-# world formed from env:// (no meeting) keeps 30 s.
+# world formed with no meeting (an init method other than tcp:// and env://) keeps 30 s.
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
