@@ -1,1 +1,0 @@
-"""Runs ddptui watches but does not own: ranks started elsewhere (attach), a recorded log (replay)."""

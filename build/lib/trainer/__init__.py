@@ -1,4 +1,0 @@
-"""trainer: what runs inside one DDP rank; complete on its own and runnable under torchrun.
-
-`torchrun --standalone --nproc-per-node 2 -m trainer resnet18` trains; ddptui starts the same code.
-"""
