@@ -45,7 +45,7 @@ def test_import_ddptui_in_a_users_script_is_light():
 def test_a_wrapped_ranks_sidecar_starts_without_torch():
     """The sidecar beside each rank under `python -m ddptui.wrap` only watches: torch would cost
     it 1.8 CPU-s and a few hundred MB a rank."""
-    assert "torch" not in _imported_after("import ddptui.sidecar")
+    assert "torch" not in _imported_after("import ddptui.wrap.sidecar")
 
 
 def test_a_scripts_run_starts_without_torch():
@@ -54,8 +54,8 @@ def test_a_scripts_run_starts_without_torch():
 
 
 USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.rankside", "ddptui.loader",
-                 "ddptui.elastic", "ddptui.rollback", "ddptui.figures", "ddptui.rankwatch",
-                 "ddptui.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
+                 "ddptui.elastic", "ddptui.rollback", "ddptui.figures", "ddptui.wrap.rankwatch",
+                 "ddptui.wrap.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
                  "ddptui.integrations.transformers", "ddptui.integrations.keras"]
 
 

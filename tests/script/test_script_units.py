@@ -394,8 +394,8 @@ def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
 
 def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch,
                                                                             tmp_path):
-    from ddptui import rankwatch
     from ddptui.script.flight import FlightDumps, trace_env
+    from ddptui.wrap import rankwatch
 
     size, dump_file, pipe = trace_env("", {})
     for name in (size, dump_file, pipe):

@@ -107,7 +107,7 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_
                        and e["status"] == "stopped", 30)
         # ... and one that nothing is heard from at all (a dead node, a cut link) unreachable.
         sidecar = next(c for c in psutil.Process(pids[0]).children()
-                       if "ddptui.sidecar" in " ".join(c.cmdline()))
+                       if "ddptui.wrap.sidecar" in " ".join(c.cmdline()))
         sidecar.suspend()
         gone = wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
                               and e["state"] == "unreachable", 30)
@@ -190,7 +190,7 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
         # [rank1]: before each line): from the script's own frame.
         shown = err[err.index("Traceback (most recent call last):"):].splitlines()
         assert shown[1].removeprefix("[rank1]: ").startswith(f'  File "{PLAIN}", line ')
-        assert "runpy" not in err and "ddptui/wrap.py" not in err
+        assert "runpy" not in err and "ddptui/wrap/" not in err
         steps = {e["rank"] for e in events(log, "step")}
         assert steps == {0, 1}  # both trained epoch 0: RANK and WORLD_SIZE came from SLURM_*
     finally:
@@ -247,7 +247,7 @@ def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env
 ])
 def test_a_script_or_module_that_cannot_start_is_one_line_and_exit_2(argv, said, capsys,
                                                                      monkeypatch):
-    from ddptui.wrap import main
+    from ddptui.wrap.runner import main
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # the wrapper sets the script's argv

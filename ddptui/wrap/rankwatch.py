@@ -1,6 +1,6 @@
 """What `python -m ddptui.wrap` sends `ddptui attach` from inside a rank it wraps: the rank and
 its node, its output (passed through unchanged, read line by line for loss) and its exception,
-through the rank's sidecar process (ddptui/sidecar.py), which holds the link and does what must
+through the rank's sidecar process (ddptui/wrap/sidecar.py), which holds the link and does what must
 work while the rank is stuck: its process and GPU figures, its stacks and NCCL flight recorder.
 """
 
@@ -28,9 +28,10 @@ from ddptui.text import plain
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits
-# python -m would put the working folder first on the path, where a user's trainer.py would
-# shadow ddptui's own packages.
-SIDECAR = "import sys; del sys.path[0]; from ddptui.sidecar import main; sys.exit(main(sys.argv[1:]))"
+# The sidecar imports nothing from the project's folder, which -c (and -m) put first on the path:
+# a module of the project's named as one the sidecar imports (psutil.py) would take its place.
+SIDECAR = ("import sys; del sys.path[0]; from ddptui.wrap.sidecar import main; "
+           "sys.exit(main(sys.argv[1:]))")
 LINES_KEPT = 500  # whole lines sent a second at most: a flood is cut, and the cut counted
 
 

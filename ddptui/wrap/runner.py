@@ -2,7 +2,7 @@
 unmodified script: `torchrun ... -m ddptui.wrap train.py`, `srun python -m ddptui.wrap train.py`.
 
 The script runs as `__main__` as without it (its argv, exit code, signals, exceptions); with
-DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/rankwatch.py).
+DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/wrap/rankwatch.py).
 """
 
 from __future__ import annotations
@@ -101,13 +101,9 @@ def _watch(target: str):
     report = os.environ.get("DDPTUI_REPORT")
     if not report:
         return None
-    from ddptui.rankwatch import RankWatch
+    from ddptui.wrap.rankwatch import RankWatch
 
     watch = RankWatch(report, int(os.environ.get("RANK", 0)),
                       int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
     watch.start(os.path.basename(target))
     return watch
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """The watcher beside a rank under `python -m ddptui.wrap`, in a process of its own: it holds the
 link to `ddptui attach` and does from outside the rank what must work while the rank is stuck.
 
-It forwards what the rank's own threads send (its output, loss, exception: ddptui/rankwatch.py),
+It forwards what the rank's own threads send (its output, loss, exception: ddptui/wrap/rankwatch.py),
 samples the rank's process and GPU, and answers attach's `t` (the rank's faulthandler writes
 its stacks on a signal, torch's NCCL watchdog dumps the flight recorder through its pipe) and
 `k`: none of that needs the rank's Python, which C code holding the GIL stops altogether.
@@ -139,7 +139,7 @@ def _wait(collect, seconds: float = 15.0):
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m ddptui.sidecar", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddptui.wrap.sidecar", description=__doc__)
     p.add_argument("--report", required=True)
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--pid", type=int, required=True)
