@@ -295,6 +295,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def _epochs_csv(log: str, target: str) -> int:
+    from ddptui.contract.events import count
     from ddptui.sources.export import write_epochs_csv
 
     def warn(text: str) -> None:
@@ -308,7 +309,7 @@ def _epochs_csv(log: str, target: str) -> int:
             rows = write_epochs_csv(log, out, warn)
     except OSError as e:
         raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
-    print(f"ddptui: {rows} epoch rows written to {target}", file=sys.stderr)
+    print(f"ddptui: {count(rows, 'epoch row')} written to {target}", file=sys.stderr)
     return 0
 
 

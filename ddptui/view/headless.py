@@ -39,6 +39,8 @@ def summary(view: RunView) -> str:
     """How the run ended, in one line: its outcome and time, the epochs it finished, its mean
     rate where measured, its best figure (validation accuracy, else the lowest epoch loss), and
     where its log is. The console's last line, and the line left after the dashboard closes."""
+    if not view.ranks:  # an attach that no rank reported to, a run that never started one
+        return f"{view.status}: no rank reported; log {view.meta.get('log')}"
     epochs = view.epochs
     rates = [e["samples_per_s"] for e in epochs if e["samples_per_s"] is not None]
     finished = len([e for e in epochs if not e["partial"]])

@@ -22,7 +22,7 @@ from ddptui.sources.replay import Replay
 from ddptui.state.runstate import RunState
 from ddptui.state.views import RankView
 from ddptui.view.app import DashboardApp
-from ddptui.view.headless import status_line
+from ddptui.view.headless import status_line, summary
 from ddptui.view.widgets.bars import SPARKS
 from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
@@ -154,6 +154,12 @@ async def test_the_running_epoch_has_a_live_row_that_a_finished_run_does_not():
         await settle(pilot)
         labels = [str(done.epoch_table.get_row_at(i)[0]) for i in range(done.epoch_table.row_count)]
         assert labels == ["0", "1"]
+
+
+def test_the_exit_line_of_a_run_no_rank_reported_to_says_so():
+    """An attach stopped before any rank came said "starting in 0.0 s: 0 epochs, best val_acc -"."""
+    assert summary(RunState({"log": "runs/a.jsonl"}).view()) == \
+        "starting: no rank reported; log runs/a.jsonl"
 
 
 class Steerable(Replay):
