@@ -119,7 +119,10 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     assert run.exit_code == 130
     assert [(e["size"], e["ranks"]) for e in worlds()] == [(1, [0]), (2, [0, 1])] * 2 + [(1, [0])]
     (part,) = row()
-    assert part["start_step"] == joined["step"] and part["end_step"] > joined["step"]
+    # Its row starts at the join; a join at the epoch's last batch (CI: step 63 of 64) leaves the
+    # joiner none of it, since a batch goes whole to one rank: an empty row, every sample once.
+    assert part["start_step"] == joined["step"] and part["end_step"] >= joined["step"]
+    assert part["samples"] == 0 if part["end_step"] == joined["step"] else part["samples"] > 0
     ended = [(e["rank"], e["state"]) for e in events(log, "rank") if e.get("exit_code") is not None]
     assert ended == [(1, "stopped"), (1, "stopped"), (1, "crashed"), (1, "crashed"), (0, "done")]
     assert "left the world" in [e for e in events(log, "rank") if e["rank"] == 1 and
