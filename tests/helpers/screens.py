@@ -3,6 +3,8 @@ its charts built; snapshots only under a fixed hash seed."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -43,3 +45,11 @@ async def settle(pilot) -> None:
         shot, last = app.export_screenshot(), shot
         if shot == last:
             break
+
+
+def tmux(*args: str, check: bool = True) -> str:
+    """tmux on a server of this test process's own: xdist's workers shared the default one, and
+    a session killed on one worker ended that server under another's new session ("server
+    exited unexpectedly")."""
+    return subprocess.run(["tmux", "-L", f"ddptui-tests-{os.getpid()}", *args],
+                          capture_output=True, text=True, check=check).stdout

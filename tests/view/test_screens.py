@@ -9,7 +9,6 @@ import html
 import json
 import re
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +27,7 @@ from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.tables import state_cell
 from tests.helpers.runlogs import gpu_run, script_run
 from tests.helpers.runs import ROOT
-from tests.helpers.screens import fixed_hash, settle
+from tests.helpers.screens import fixed_hash, settle, tmux
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
@@ -351,16 +350,14 @@ def test_chart_axes_in_a_real_terminal(tmp_path):
     log = tmp_path / "eight.jsonl"
     log.write_text("".join(json.dumps(ev) + "\n" for ev in gpu_run(ranks=8, finished=True)))
     session = f"ddptui-charts-{time.monotonic_ns()}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50",
-                    f"cd {ROOT} && env -u COLUMNS -u LINES {sys.executable} -m ddptui replay "
-                    f"{log} --speed 0; "
-                    "sleep 30"], check=True)
+    tmux("new-session", "-d", "-s", session, "-x", "160", "-y", "50",
+         f"cd {ROOT} && env -u COLUMNS -u LINES {sys.executable} -m ddptui replay {log} "
+         "--speed 0; sleep 30")
     try:
         deadline, screen = time.monotonic() + 60, ""
         wanted = ("time since launch", "00:00", "02:06", "loss", "img/s", "DONE")
         while time.monotonic() < deadline:
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
-                                    capture_output=True, text=True).stdout
+            screen = tmux("capture-pane", "-p", "-t", session, check=False)
             if all(w in screen for w in wanted):
                 break
             time.sleep(0.5)
@@ -368,6 +365,6 @@ def test_chart_axes_in_a_real_terminal(tmp_path):
             raise AssertionError(f"the charts' axis labels never showed:\n{screen}")
         # y axis of the img/s chart: ticks in thousands up to the run's ~23k img/s on 8 ranks.
         assert any(f"{k}.{d}k" in screen for k in range(20, 27) for d in range(10))
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        tmux("send-keys", "-t", session, "q")
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        tmux("kill-session", "-t", session, check=False)

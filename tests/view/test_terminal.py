@@ -12,12 +12,9 @@ import time
 import pytest
 
 from tests.helpers.runs import ROOT, TINY, assert_gone, events, run_pids
+from tests.helpers.screens import tmux
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-
-
-def _tmux(*args: str) -> str:
-    return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
 
 
 def _dashboard_in_tmux(env: dict, log, then: str = "") -> str:
@@ -26,7 +23,7 @@ def _dashboard_in_tmux(env: dict, log, then: str = "") -> str:
     cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
                     "--epochs", "500", "--log", str(log)])
     environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
-    _tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
+    tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
           f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}{then}")
     return session
 
@@ -37,7 +34,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
     try:
         deadline, screen = time.monotonic() + 60, ""
         while time.monotonic() < deadline:
-            screen = _tmux("capture-pane", "-p", "-t", session)
+            screen = tmux("capture-pane", "-p", "-t", session)
             rows = re.findall(r"\b([01])\s+running\s+\d+/\d+\s+[\d.]+\s+[\d,]+", screen)
             if sorted(rows) == ["0", "1"] and "RUNNING" in screen:
                 break
@@ -45,7 +42,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         else:
             raise AssertionError(f"both ranks never showed live on screen:\n{screen}")
         pids = run_pids(log)
-        _tmux("send-keys", "-t", session, "q")
+        tmux("send-keys", "-t", session, "q")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
                 e["status"] == "interrupted" for e in events(log, "run")):
@@ -56,7 +53,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         # was printed).
         deadline, said = time.monotonic() + 30, []
         while time.monotonic() < deadline and not said:
-            said = [line for line in _tmux("capture-pane", "-p", "-t", session).splitlines()
+            said = [line for line in tmux("capture-pane", "-p", "-t", session).splitlines()
                     if line.startswith("ddptui: interrupted in ")]
             time.sleep(0.3)
         assert len(said) == 1 and re.match(r"ddptui: interrupted in [\d.]+ s: \d+ epochs?"
@@ -64,7 +61,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
                                            r"log ", said[0]), said
         assert said[0].endswith(f"log {log}") or str(log).startswith(said[0].split("log ")[-1])
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        tmux("kill-session", "-t", session, check=False)
 
 
 def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env, tmp_path):
@@ -75,7 +72,7 @@ def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env,
         assert time.monotonic() < deadline, "no step within 60 s"
         time.sleep(0.3)
     pids = run_pids(log)
-    subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    tmux("kill-session", "-t", session, check=False)
     try:
         assert_gone(pids, timeout=30)
     finally:
