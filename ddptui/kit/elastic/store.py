@@ -31,12 +31,11 @@ CAME: list = []
 def meet(init_method: str, rank: int, world_size: int,
          give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
     """The world's store, once every member has come to it: at a tcp:// address ddptui gave, or
-    at env:// (torchrun's or srun's rank 0, or torchrun's agent), None for any other. Rank 0's
-    does not wait for the others, as tcp://'s does: a member that died before it came is
-    noticed here (`give_up`), not inside torch's constructors, whose failure halfway corrupted
-    the heap or hung their destruction (NCCL, 2 x H200). Under torchrun or srun a rank may come
-    late (its imports on a loaded node): it is waited for as torch waits, not for the seconds
-    gloo's connect is given once all came (30 s was too few for a rank of a loaded machine)."""
+    at env:// (torchrun's or srun's rank 0, or torchrun's agent); None for any other. At tcp://
+    rank 0's store does not wait for the others: a member that died before it came is noticed
+    here (`give_up`), not inside torch's constructors, whose failure halfway corrupted the heap
+    or hung their destruction (NCCL, 2 x H200). At env:// a rank that comes late (its imports on
+    a loaded node) is waited for as torch waits, not for gloo's 30 s connect (too few there)."""
     url = urllib.parse.urlsplit(init_method)
     if url.scheme == "env":
         store, _, _ = next(dist.rendezvous(init_method, rank, world_size,
