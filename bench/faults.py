@@ -35,9 +35,9 @@ MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join
 def start(kind: str, gpus: str, log: str, extra: list[str]):
     where = ["--gpus", gpus] if gpus != "cpu" else ["--cpus", "2"]
     if kind == "builtin":
+        from ddptui.options.parser import Parser
+        from ddptui.options.training import add_training_options, config_from_args
         from ddptui.run.supervisor import Supervisor
-        from trainer.options import Parser
-        from trainer.parse import add_training_options, config_from_args
 
         parser = Parser()
         add_training_options(parser)

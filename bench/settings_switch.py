@@ -14,10 +14,10 @@ import time
 
 from ddptui.cli import resolve_devices
 from ddptui.contract.events import read_events
+from ddptui.options.config import DeviceOptions
+from ddptui.options.parser import Parser
+from ddptui.options.training import add_training_options, config_from_args
 from ddptui.run.supervisor import Supervisor
-from trainer.config import DeviceOptions
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
 
 
 def parse_switch(items: list[str]) -> list[dict]:

@@ -12,15 +12,16 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from ddptui import __version__, bytecode
+from ddptui import __version__
+from ddptui.options.argtypes import positive_float
+from ddptui.options.config import DeviceOptions
+from ddptui.options.errors import UsageError
+from ddptui.options.parser import Parser, from_args
+from ddptui.options.training import add_training_options, config_from_args
+from ddptui.run import bytecode
 from ddptui.run.policy import RunPolicy
 from ddptui.script.options import STALL_S
 from ddptui.view.keys import keys_lines
-from trainer.argtypes import positive_float
-from trainer.config import DeviceOptions
-from trainer.errors import UsageError
-from trainer.options import Parser, from_args
-from trainer.parse import add_training_options, config_from_args
 
 if TYPE_CHECKING:
     from ddptui.run.owned import OwnedRun
@@ -244,7 +245,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad address, or NoKey
         raise UsageError(str(e)) from None
     log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
-    from trainer.parse import check_writable_file
+    from ddptui.options.training import check_writable_file
 
     check_writable_file(log, "--log")
     from ddptui.sources.attach import Attach

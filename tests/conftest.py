@@ -32,8 +32,8 @@ def env(cache_dir) -> dict:
 def cli_main(tmp_path, cache_dir, monkeypatch, capsys) -> Callable[[list[str]], tuple[int, list[str]]]:
     """ddptui's main() in this process, in tmp_path: (exit code, stderr lines). For checks that
     end before any process starts (a process each cost a second of the suite)."""
-    from ddptui import bytecode
     from ddptui.cli import main
+    from ddptui.run import bytecode
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)

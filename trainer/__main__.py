@@ -1,4 +1,4 @@
-"""`python -m trainer MODEL [options]`: one rank as started by torchrun or srun (or alone).
+"""`python -m ddptui_trainer MODEL [options]`: one rank as started by torchrun or srun (or alone).
 
 The rank, world size and rendezvous come from torchrun's or SLURM's environment variables;
 without either, it trains as a single-process world.
@@ -12,10 +12,10 @@ import signal
 import socket
 import sys
 
-from trainer.bootstrap import cuda_defaults
-from trainer.errors import UsageError
-from trainer.options import Parser
-from trainer.parse import add_training_options, config_from_args
+from ddptui.kit.environment import cuda_defaults
+from ddptui.options.errors import UsageError
+from ddptui.options.parser import Parser
+from ddptui.options.training import add_training_options, config_from_args
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -37,11 +37,11 @@ def distributed_env() -> tuple[int, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = Parser(prog="python -m trainer",
+    parser = Parser(prog="python -m ddptui_trainer",
                     description="Train one DDP rank (run it under torchrun or srun).")
     add_training_options(parser)
     argv = sys.argv[1:] if argv is None else argv
-    # `torchrun ... -m trainer -- resnet18 --log x`: torchrun's parser rejects a bare --log as an
+    # `torchrun ... -m ddptui_trainer -- resnet18 --log x`: torchrun's parser rejects a bare --log as an
     # ambiguous prefix of its own --log-dir, so users separate with "--", which may reach us.
     args = parser.parse_args(argv[1:] if argv[:1] == ["--"] else argv)
     if args.report is None:
@@ -50,12 +50,12 @@ def main(argv: list[str] | None = None) -> int:
         config = config_from_args(args)
         rank, world, local = distributed_env()
     except UsageError as e:
-        print(f"python -m trainer: error: {e}", file=sys.stderr)
+        print(f"python -m ddptui_trainer: error: {e}", file=sys.stderr)
         return 2
     # `kill -USR1 PID` prints every thread's Python stack to stderr: where a hung rank is stuck.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     cuda_defaults()
-    from trainer.rank_main import main as rank_main  # torch is imported only once input is valid
+    from ddptui_trainer.rank_main import main as rank_main  # torch is imported only once input is valid
 
     return rank_main(config, rank, world, local_rank=local, echo=rank == 0)
 

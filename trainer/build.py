@@ -17,16 +17,16 @@ from ddptui.kit.elastic.control import Mailbox
 from ddptui.kit.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from ddptui.kit.sampler import ShardedBatchSampler
 from ddptui.kit.telemetry.reporter import StepMeter
-from trainer.checkpoint import Writer, find_resume_state, load_checkpoint
-from trainer.config import RunConfig
-from trainer.errors import UsageError
-from trainer.models import build_model
-from trainer.orders import LoopOrders
-from trainer.parts import Parts, State
-from trainer.pipeline.datasets import DataBundle, build_datasets
-from trainer.pipeline.loaders import Loaders
-from trainer.rank import Rank
-from trainer.reports import announce_checkpoint
+from ddptui.options.config import RunConfig
+from ddptui.options.errors import UsageError
+from ddptui_trainer.checkpoint import Writer, find_resume_state, load_checkpoint
+from ddptui_trainer.models import build_model
+from ddptui_trainer.orders import LoopOrders
+from ddptui_trainer.parts import Parts, State
+from ddptui_trainer.pipeline.datasets import DataBundle, build_datasets
+from ddptui_trainer.pipeline.loaders import Loaders
+from ddptui_trainer.rank import Rank
+from ddptui_trainer.reports import announce_checkpoint
 
 
 def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from ddptui.contract.events import count, describe
 from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost
-from trainer.parts import Parts
-from trainer.reports import report_bad, report_change, report_kept, report_segment, save
+from ddptui_trainer.parts import Parts
+from ddptui_trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
 VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading
 

@@ -10,9 +10,9 @@ import inspect
 
 from torch import nn
 
-from trainer.errors import UsageError
-from trainer.parse import check_model_name
-from trainer.pipeline.datasets import load_callable
+from ddptui.options.errors import UsageError
+from ddptui.options.training import check_model_name
+from ddptui_trainer.pipeline.datasets import load_callable
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:

@@ -5,8 +5,8 @@ settings wait in the loop's state for the epoch's end.
 from __future__ import annotations
 
 from ddptui.kit.elastic.agreed import AgreedOrders
-from trainer.parts import Parts
-from trainer.reports import save
+from ddptui_trainer.parts import Parts
+from ddptui_trainer.reports import save
 
 
 class LoopOrders(AgreedOrders):

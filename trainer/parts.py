@@ -14,10 +14,10 @@ from ddptui.kit.elastic.control import Control, Mailbox
 from ddptui.kit.elastic.snapshot import Snapshots
 from ddptui.kit.sampler import ShardedBatchSampler
 from ddptui.kit.telemetry.reporter import StepMeter
-from trainer.checkpoint import Writer
-from trainer.config import RunConfig
-from trainer.pipeline.loaders import Loaders
-from trainer.rank import Rank
+from ddptui.options.config import RunConfig
+from ddptui_trainer.checkpoint import Writer
+from ddptui_trainer.pipeline.loaders import Loaders
+from ddptui_trainer.rank import Rank
 
 
 @dataclass

@@ -2,7 +2,7 @@
 every module a rank needs before its first step, imported once per run instead of once per rank.
 """
 
-from trainer.bootstrap import write_bytecode_to_the_cache
+from ddptui_trainer.bootstrap import write_bytecode_to_the_cache
 
 write_bytecode_to_the_cache()  # the server, as each rank did, fills ddptui's bytecode cache
 
@@ -10,4 +10,4 @@ import torch._dynamo  # noqa: E402,F401  DDP's constructor and the optimizers im
 import torchvision.models  # noqa: E402,F401
 
 import ddptui.kit.elastic.world  # noqa: E402,F401
-import trainer.rank_main  # noqa: E402,F401
+import ddptui_trainer.rank_main  # noqa: E402,F401

@@ -22,13 +22,13 @@ from ddptui.kit.telemetry.heartbeat import Heartbeat
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
 from ddptui.kit.telemetry.reporter import Reporter
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
-from trainer.build import build_parts, warm_up
-from trainer.config import RunConfig
-from trainer.errors import DataError, UsageError
-from trainer.loop import on_urgent, run_epochs
-from trainer.models import count_parameters
-from trainer.parts import Parts
-from trainer.rank import Rank
+from ddptui.options.config import RunConfig
+from ddptui.options.errors import DataError, UsageError
+from ddptui_trainer.build import build_parts, warm_up
+from ddptui_trainer.loop import on_urgent, run_epochs
+from ddptui_trainer.models import count_parameters
+from ddptui_trainer.parts import Parts
+from ddptui_trainer.rank import Rank
 
 
 def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
@@ -147,7 +147,7 @@ def _one_line(e: Exception) -> str:
     # DataLoader re-raises a worker's exception with the worker traceback in the message.
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
     last = lines[-1]
-    for prefix in ("trainer.errors.DataError: ", "trainer.errors.UsageError: "):
+    for prefix in ("ddptui.options.errors.DataError: ", "ddptui.options.errors.UsageError: "):
         last = last.removeprefix(prefix)
     return last
 

@@ -9,9 +9,9 @@ import time
 import torch
 
 from ddptui.contract.events import count
-from trainer.errors import DataError
-from trainer.parts import Parts
-from trainer.rank import Rank
+from ddptui.options.errors import DataError
+from ddptui_trainer.parts import Parts
+from ddptui_trainer.rank import Rank
 
 
 def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int | None = None,

@@ -6,9 +6,7 @@ on every log they read), and `reference` writes docs/events.md from it
 import sys
 import types
 from functools import cache
-from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
-
-from typing_extensions import NotRequired
+from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
 from ddptui.contract.schema import COMMANDS, EVENTS, Command, Event
 

@@ -16,7 +16,7 @@ import uuid
 from ddptui.contract.schema import EVENTS
 
 
-class RankState(str, enum.Enum):
+class RankState(str, enum.Enum):  # noqa: UP042 (its str() is kept as it was)
     """Every state a rank slot is shown in (the `state` of `rank` events), and the groups of
     states the screens and the supervisor ask about."""
 

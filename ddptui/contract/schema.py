@@ -4,9 +4,7 @@ and writes docs/events.md from it.
 """
 
 # No `from __future__ import annotations`: TypedDict must see NotRequired itself, not a string.
-from typing import Annotated, Literal
-
-from typing_extensions import NotRequired, TypedDict
+from typing import Annotated, Literal, NotRequired, TypedDict
 
 Settings = Annotated[dict, "input-pipeline settings by name: prefetch (bool), workers (int), "
                            "cudnn_benchmark (bool)"]

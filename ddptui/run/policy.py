@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.argtypes import non_negative_int, positive_float
-from trainer.options import option
+from ddptui.options.argtypes import non_negative_int, positive_float
+from ddptui.options.parser import option
 
 
 @dataclass(frozen=True)
 class RunPolicy:
-    """`ddptui run MODEL`'s own options, declared with their flags (trainer/options.py)."""
+    """`ddptui run MODEL`'s own options, declared with their flags (ddptui/options/parser.py)."""
 
     GROUP = "launch"
     autotune: bool = option(

@@ -11,6 +11,8 @@ import random
 import re
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -20,10 +22,11 @@ from multiprocessing import forkserver, resource_tracker
 import psutil
 
 from ddptui.contract.events import RankState
+from ddptui.contract.rankspec import RankSpec, run_builtin_rank
 from ddptui.kit.compat import forkserver_pid
+from ddptui.kit.environment import RANK_ONLY_VARIABLES
+from ddptui.options.config import RunConfig
 from ddptui.run.stacks import innermost
-from trainer.bootstrap import RANK_ONLY_VARIABLES
-from trainer.config import RunConfig
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
 SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked
@@ -35,7 +38,7 @@ SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to 
 # which DDP's constructor and the optimizers import. The server is a fresh interpreter (started
 # as spawn starts one) that never touches CUDA or runs a thread of Textual's, so forking it is
 # as safe as spawning; a rank or a standby is ready seconds sooner, and shares those pages.
-RANK_PRELOAD = ["trainer.preload"]
+RANK_PRELOAD = ["ddptui_trainer.preload"]
 
 
 @dataclass
@@ -90,14 +93,12 @@ class ProcessPool:
         self._ctx = start_helpers(self.stem + ".tracker.out")
 
     def start(self, slot: int, gpu: int | None, init: str, standby: bool) -> RankProcess:
-        from trainer.bootstrap import RankSpec, run_rank
-
         stacks, out = f"{self.stem}.rank{slot}.stacks", f"{self.stem}.rank{slot}.out"
         spec = RankSpec(self.config, slot, slot, self.config.devices.world_size, init, gpu,
                         os.getpid(), out, stacks, standby=standby, environ=dict(os.environ))
         telemetry, telemetry_end = self._ctx.Pipe(duplex=False)
         inbox_end, inbox = self._ctx.Pipe(duplex=False)
-        p = self._ctx.Process(target=run_rank, args=(spec, telemetry_end, inbox_end),
+        p = self._ctx.Process(target=run_builtin_rank, args=(spec, telemetry_end, inbox_end),
                               name=f"ddptui-rank{slot}", daemon=False)
         for attempt in range(SERVER_TRIES):
             try:
@@ -257,19 +258,21 @@ def _join_all(processes, seconds: float) -> None:
 
 
 def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
-    """Generate the built-in dataset here, once, with progress, before ranks race for it."""
+    """Generate the built-in dataset once, with progress, before ranks race for it; in a process
+    of its own, as the dashboard never imports the trainer."""
     if config.data.kind != "shapes":
         return
-    from trainer.pipeline.shapes import ensure_shapes
-
-    last = [0.0]
-
-    def progress(done: int, total: int) -> None:
-        if time.time() - last[0] > 0.5 or done == total:
-            last[0] = time.time()
-            say(f"generating shapes dataset {done}/{total}")
-
-    ensure_shapes(progress)
+    last = 0.0
+    with subprocess.Popen([sys.executable, "-m", "ddptui_trainer.pipeline.shapes"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        for line in p.stdout:
+            done, total = line.split()
+            if time.time() - last > 0.5 or done == total:
+                last = time.time()
+                say(f"generating shapes dataset {done}/{total}")
+        error = p.stderr.read().strip()
+    if p.returncode != 0:
+        raise RuntimeError(f"generating the shapes dataset failed: {error.splitlines()[-1:]}")
 
 
 def free_port() -> int:
@@ -372,11 +375,6 @@ def start_helpers(path: str) -> mp.context.BaseContext:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     saved, tempdir = os.dup(2), tempfile.tempdir
     rank_only = {name: os.environ.pop(name) for name in RANK_ONLY_VARIABLES if name in os.environ}
-    # The server starts as `python -c`, which puts the working folder first on sys.path (and
-    # multiprocessing's server keeps it): a user's trainer.py there was imported in place of
-    # ours, and no rank started. Each rank then takes ddptui's own path, as spawn gave it.
-    safe_path = os.environ.get("PYTHONSAFEPATH")
-    os.environ["PYTHONSAFEPATH"] = "1"
     # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
     # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
     if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
@@ -387,10 +385,6 @@ def start_helpers(path: str) -> mp.context.BaseContext:
         forkserver.ensure_running()
     finally:
         os.environ.update(rank_only)
-        if safe_path is None:
-            del os.environ["PYTHONSAFEPATH"]
-        else:
-            os.environ["PYTHONSAFEPATH"] = safe_path
         tempfile.tempdir = tempdir
         os.dup2(saved, 2)
         os.close(saved)

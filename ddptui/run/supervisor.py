@@ -14,6 +14,7 @@ import time
 from multiprocessing.connection import wait as wait_any
 
 from ddptui.contract.events import PARENT, RankState, count, event
+from ddptui.options.config import RunConfig
 from ddptui.run.membership import Membership
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
@@ -22,7 +23,6 @@ from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_da
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.state.runstate import RunState
-from trainer.config import RunConfig
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit

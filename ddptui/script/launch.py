@@ -9,9 +9,9 @@ import sys
 import uuid
 from dataclasses import dataclass
 
+from ddptui.kit.environment import nccl_defaults
 from ddptui.script.flight import trace_env
 from ddptui.script.options import ScriptConfig
-from trainer.bootstrap import nccl_defaults
 
 INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")
 

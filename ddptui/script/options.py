@@ -12,12 +12,12 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from ddptui.options.argtypes import non_negative_int, positive_float, positive_int
+from ddptui.options.errors import UsageError
+from ddptui.options.parser import Parser, add_sections, flags, from_args, option, switches
+from ddptui.options.training import check_tensorboard, check_writable_dir, check_writable_file
 from ddptui.script.streams import Routing, ranks_filter, std_spec
 from ddptui.script.target import module_problem
-from trainer.argtypes import non_negative_int, positive_float, positive_int
-from trainer.errors import UsageError
-from trainer.options import Parser, add_sections, flags, from_args, option, switches
-from trainer.parse import check_tensorboard, check_writable_dir, check_writable_file
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -35,7 +35,7 @@ FORMS = """your own script (torchrun's contract and command line, no code change
 @dataclass(frozen=True)
 class ScriptConfig:
     """What the script form asks for; the launch and the watch, never the training. Each option
-    field declares its flag and help (trainer/options.py)."""
+    field declares its flag and help (ddptui/options/parser.py)."""
 
     GROUP = "launch"
     target: str = option("", flag="target", metavar="SCRIPT.py | -m MODULE")  # or the module

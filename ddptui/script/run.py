@@ -24,8 +24,8 @@ from ddptui.script.flight import trace_prefix
 from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.options import ScriptConfig
+from ddptui.script.roster import ScriptWorld
 from ddptui.script.watch import ScriptWatch
-from ddptui.script.world import ScriptWorld
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
 

@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from ddptui.contract.events import RankState, event
+from ddptui.contract.safe_text import plain
 from ddptui.kit.telemetry.gpu import ProcessTree
 from ddptui.run.stacks import StackRequests, say_stacks
 from ddptui.script.flight import FlightDumps, behind, compact, summary
@@ -17,7 +18,6 @@ from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
 from ddptui.script.output import LINE_EVERY_S, library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.text import plain
 
 # A script that prints this many lines, or goes on this long, with no loss among them is told
 # how to show one, rather than left with an empty chart.

@@ -10,12 +10,12 @@ import threading
 import time
 
 from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
+from ddptui.contract.safe_text import plain
 from ddptui.script.options import STALL_S
 from ddptui.sources.listener import ReportListener
 from ddptui.sources.remote_watch import RemoteWatch
 from ddptui.state.runstate import RunState
 from ddptui.state.source import RunSource
-from ddptui.text import plain
 
 CHECK_EVERY_S = 0.5
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ddptui.contract.events import PARENT, RankState, event
+from ddptui.contract.safe_text import plain
 from ddptui.script.flight import behind
 from ddptui.script.output import library_log
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.script.watch import Silence
-from ddptui.text import plain
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
 

@@ -14,10 +14,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddptui.contract.events import PARENT, RankState, count, describe
+from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.state.epochs import EpochRow, LiveEpoch
 from ddptui.state.timeline import Timeline
 from ddptui.state.views import DeviceView, Progress, RankView, RunView, Vitals
-from ddptui.text import keep_colours, plain
 
 if TYPE_CHECKING:
     from ddptui.contract import schema

@@ -22,7 +22,7 @@ from ddptui.view.keys import KEYS, NEEDS, key_rows
 from ddptui.view.widgets.charts import RunCharts
 from ddptui.view.widgets.confirm import ConfirmQuit, ConfirmRestart
 from ddptui.view.widgets.devices import DevicePanel
-from ddptui.view.widgets.events import EventLog
+from ddptui.view.widgets.events_pane import EventLog
 from ddptui.view.widgets.gpus import GpuScreen
 from ddptui.view.widgets.header import RunHeader
 from ddptui.view.widgets.help import HelpScreen

@@ -19,12 +19,12 @@ import threading
 import time
 
 from ddptui.contract.events import event
+from ddptui.contract.safe_text import plain
 from ddptui.kit.telemetry.gpu import physical_index
 from ddptui.script.flight import trace_env
 from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.output import LINE_EVERY_S, StreamReader
 from ddptui.script.streams import Route
-from ddptui.text import plain
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits
@@ -205,7 +205,7 @@ def _flight_recorder(folder: str) -> str | None:
 
 
 def _reporting() -> bool:
-    api = sys.modules.get("ddptui.api")
+    api = sys.modules.get("ddptui.api.session")
     runs = getattr(api, "_RUN", None) if api is not None else None
     return bool(runs) and runs[0].active
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ddptui.cli import resolve_devices
+from ddptui.options.errors import UsageError
 from tests.helpers.runs import ROOT, ddptui
-from trainer.errors import UsageError
 
 
 @pytest.mark.parametrize("args, says", [
@@ -136,7 +136,7 @@ def test_the_dashboard_path_never_imports_torch(env):
 def test_model_list_matches_torchvision():
     import torchvision.models
 
-    from trainer.model_names import classifier_names
+    from ddptui.options.model_names import classifier_names
 
     known = torchvision.models.list_models(module=torchvision.models)
     assert classifier_names() == tuple(sorted(known)) and "resnet18" in known
@@ -145,11 +145,11 @@ def test_model_list_matches_torchvision():
 def test_report_without_a_key_is_one_line_and_exit_2(env, tmp_path):
     env = dict(env, XDG_CONFIG_HOME=str(tmp_path / "cfg"))
     env.pop("DDPTUI_AUTHKEY", None)
-    r = subprocess.run([sys.executable, "-m", "trainer", "resnet18", "--report", "127.0.0.1:9"],
+    r = subprocess.run([sys.executable, "-m", "ddptui_trainer", "resnet18", "--report", "127.0.0.1:9"],
                        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        "python -m trainer: error: no key for the dashboard link: set DDPTUI_AUTHKEY, or copy "
+        "python -m ddptui_trainer: error: no key for the dashboard link: set DDPTUI_AUTHKEY, or copy "
         f"the key file `ddptui attach` printed to {tmp_path}/cfg/ddptui/authkey"]
 
 
@@ -176,10 +176,10 @@ def test_each_option_fills_its_section_and_replace_finds_it():
     import dataclasses
 
     from ddptui.cli import build_parser
+    from ddptui.options.config import RunConfig
+    from ddptui.options.parser import from_args
+    from ddptui.options.training import config_from_args
     from ddptui.run.policy import RunPolicy
-    from trainer.config import RunConfig
-    from trainer.options import from_args
-    from trainer.parse import config_from_args
 
     args = build_parser().parse_args([
         "run", "resnet50", "--data", "synthetic", "--batch-size", "8", "--no-prefetch",

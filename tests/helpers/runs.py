@@ -22,8 +22,8 @@ TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs
 
 def run_config(*args: str, cpus: int = 2):
     """The RunConfig `ddptui run ARGS --cpus N` would give an in-process Supervisor."""
-    from trainer.options import Parser
-    from trainer.parse import add_training_options, config_from_args
+    from ddptui.options.parser import Parser
+    from ddptui.options.training import add_training_options, config_from_args
 
     parser = Parser()
     add_training_options(parser)

@@ -13,9 +13,9 @@ from ddptui.contract.check import command_problems, problems, reference
 from ddptui.contract.events import decode, encode, event
 from ddptui.contract.schema import COMMANDS, EVENTS
 from ddptui.kit.elastic.agreed import AgreedOrders
+from ddptui.options.config import DeviceOptions, RunConfig
 from ddptui.run.supervisor import Supervisor
 from tests.helpers.runs import ROOT
-from trainer.config import DeviceOptions, RunConfig
 
 DOCS = os.path.join(ROOT, "docs", "events.md")
 READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command

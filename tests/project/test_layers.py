@@ -1,6 +1,6 @@
-"""The layers point one way: the rank side (trainer/, on the rank kit) never imports the
-dashboard side of ddptui, the dashboard draws its first screen without torch, and what runs in a
-user's process never imports the top-level `trainer` (a project's own trainer.py would hide it)."""
+"""The layers point one way: the built-in loop (trainer/, installed as ddptui_trainer, on the rank
+kit) never imports the dashboard side of ddptui nor ddptui it, the dashboard draws its first screen
+without torch, and the package list installs every folder."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 
 from tests.helpers.runs import ROOT
 
-TRAINER_MODULES = ["trainer.rank_main", "trainer.bootstrap", "trainer.config", "trainer.loop"]
-RANK_SIDE = ("ddptui.kit", "ddptui.contract")  # what a rank may take of ddptui
+TRAINER_MODULES = ["ddptui_trainer.rank_main", "ddptui_trainer.bootstrap", "ddptui_trainer.loop"]
+RANK_SIDE = ("ddptui.kit", "ddptui.contract", "ddptui.options")  # what a rank may take of ddptui
 
 
 def _imported_after(code: str) -> set[str]:
@@ -39,7 +40,7 @@ def test_import_ddptui_in_a_users_script_is_light():
     loaded = _imported_after("import ddptui")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch", "lightning",
                                                          "transformers", "keras")}
-    assert "ddptui.api" not in loaded
+    assert "ddptui.api.session" not in loaded
 
 
 def test_a_wrapped_ranks_sidecar_starts_without_torch():
@@ -53,17 +54,18 @@ def test_a_scripts_run_starts_without_torch():
     assert "torch" not in loaded
 
 
-USERS_PROCESS = ["ddptui.api", "ddptui.orders", "ddptui.rankside", "ddptui.loader",
-                 "ddptui.elastic", "ddptui.rollback", "ddptui.figures", "ddptui.wrap.rankwatch",
-                 "ddptui.wrap.sidecar", "ddptui.wrap", "ddptui.integrations.lightning",
-                 "ddptui.integrations.transformers", "ddptui.integrations.keras"]
+USERS_PROCESS = ["ddptui.api.session", "ddptui.api.steering", "ddptui.api.rankside",
+                 "ddptui.api.loader", "ddptui.api.elastic_run", "ddptui.api.rollback",
+                 "ddptui.api.figures", "ddptui.wrap.rankwatch", "ddptui.wrap.sidecar", "ddptui.wrap",
+                 "ddptui.integrations.lightning", "ddptui.integrations.transformers",
+                 "ddptui.integrations.keras"]
 
 
-def test_what_runs_in_a_users_process_imports_no_top_level_trainer():
+def test_what_runs_in_a_users_process_imports_no_trainer():
     loaded = _imported_after("import os\nos.environ['KERAS_BACKEND'] = 'torch'\n"
                              + "\n".join(f"import {m}" for m in USERS_PROCESS))
     assert "ddptui.kit.telemetry.reporter" in loaded
-    assert not {m for m in loaded if m == "trainer" or m.startswith("trainer.")}
+    assert not {m for m in loaded if m.split(".")[0] in ("trainer", "ddptui_trainer")}
 
 
 def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(tmp_path):
@@ -72,9 +74,9 @@ def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(
     module-level imports let such an import through once."""
     lint = [os.path.join(os.path.dirname(sys.executable), "lint-imports"), "--no-cache"]
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    for name in ("ddptui", "trainer", "pyproject.toml"):
-        copy = shutil.copytree if name != "pyproject.toml" else shutil.copy
-        copy(os.path.join(ROOT, name), tmp_path / name)
+    shutil.copytree(os.path.join(ROOT, "ddptui"), tmp_path / "ddptui")
+    shutil.copytree(os.path.join(ROOT, "trainer"), tmp_path / "ddptui_trainer")
+    shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path)
     ok = subprocess.run(lint, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout[-3000:]
     model = tmp_path / "ddptui" / "state" / "epochs.py"
@@ -82,3 +84,17 @@ def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(
     broken = subprocess.run(lint, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert broken.returncode != 0
     assert "ddptui.state.epochs -> ddptui.view.app" in broken.stdout
+
+
+def test_every_package_folder_is_installed():
+    """pyproject lists the packages (trainer/ installs under another name): a folder missing from
+    the list would be missing from a plain `pip install .` and from nothing in an editable one."""
+    listed = set(tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))
+                 ["tool"]["setuptools"]["packages"])
+    found = {folder.replace(os.sep, ".").replace("trainer", "ddptui_trainer", 1)
+             if folder.startswith("trainer") else folder.replace(os.sep, ".")
+             for top in ("ddptui", "trainer")
+             for folder, _, files in os.walk(os.path.join(ROOT, top))
+             if "__pycache__" not in folder and any(f.endswith(".py") for f in files)
+             for folder in [os.path.relpath(folder, ROOT)]}
+    assert listed == found

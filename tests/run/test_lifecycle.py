@@ -83,7 +83,7 @@ WORKERS_THEN_DIE = """
 import os, signal, sys
 from functools import partial
 from torch.utils.data import DataLoader
-from trainer.pipeline.datasets import worker_init
+from ddptui_trainer.pipeline.datasets import worker_init
 loader = DataLoader(list(range(64)), batch_size=4, num_workers=2, multiprocessing_context="spawn",
                     worker_init_fn=partial(worker_init, os.getpid()))
 it = iter(loader)

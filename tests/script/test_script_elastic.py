@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from ddptui.api.loader import LiveLoader
 from ddptui.cli import resolve_devices
-from ddptui.loader import LiveLoader
 from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 
 from ddptui.contract.events import event
+from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.script.metrics import MetricReader, compile_metrics, read_line
 from ddptui.script.output import Lines, last_traceback
 from ddptui.script.stalls import Reading, ScriptStalls, blame
 from ddptui.state.runstate import RunState
-from ddptui.text import keep_colours, plain
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))
 
@@ -163,7 +163,7 @@ def test_the_loss_meter_reads_interval_means_and_the_epochs_mean():
 def test_a_live_loader_switches_settings_mid_epoch_without_losing_a_sample():
     import torch
 
-    from ddptui.loader import LiveLoader
+    from ddptui.api.loader import LiveLoader
 
     data = torch.utils.data.TensorDataset(torch.arange(50))
     torch.manual_seed(0)
@@ -193,7 +193,7 @@ def test_a_stopped_rank_is_the_culprit_without_stacks():
 def test_a_live_loaders_length_is_counted_and_leaves_the_random_state_alone():
     import torch
 
-    from ddptui.loader import LiveLoader
+    from ddptui.api.loader import LiveLoader
 
     data = torch.utils.data.TensorDataset(torch.arange(50))
     torch.manual_seed(0)
@@ -294,7 +294,7 @@ def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_
     assert mine["NCCL_SOCKET_RETRY_CNT"] == "34"
     # The built-in loop's worlds are made abortable; a script's own communicators are not
     # touched (the set-up timeout holds only for the non-blocking ones ddptui forms).
-    from trainer.bootstrap import nccl_defaults
+    from ddptui.kit.environment import nccl_defaults
 
     assert "NCCL_RUNTIME_CONNECT" not in env and env["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "5"
     assert "NCCL_CUMEM_ENABLE" not in env
@@ -415,7 +415,7 @@ def test_without_ddptui_every_call_is_a_no_op_and_the_loop_runs_as_written():
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
-    from ddptui.api import Run
+    from ddptui.api.session import Run
 
     run = Run(None)
     loader = run.loader(TensorDataset(torch.arange(8)), batch_size=4)
@@ -554,7 +554,7 @@ def test_a_rollback_point_gives_back_every_kind_of_state_a_script_returns():
 
     import torch
 
-    from ddptui.rollback import Rollback
+    from ddptui.api.rollback import Rollback
 
     Best = namedtuple("Best", "loss epoch")
     model = torch.nn.BatchNorm1d(2)

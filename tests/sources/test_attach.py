@@ -33,7 +33,7 @@ def _torchrun(node_rank: int, nnodes: int, rdzv: int, args: list[str], env: dict
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes),
          "--node-rank", str(node_rank), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-         "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", "ddptui-test", "-m", "trainer",
+         "--rdzv-endpoint", f"127.0.0.1:{rdzv}", "--rdzv-id", "ddptui-test", "-m", "ddptui_trainer",
          "--", *args], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
 
@@ -191,7 +191,7 @@ def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
                  SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                  OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "trainer", *TINY, "--epochs", "2",
+            [sys.executable, "-m", "ddptui_trainer", *TINY, "--epochs", "2",
              "--log", str(tmp_path / "slurm.jsonl")], env=e, cwd=tmp_path,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:

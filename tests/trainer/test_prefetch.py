@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ddptui.kit.prefetch import threaded_batches
-from trainer.errors import DataError
+from ddptui.options.errors import DataError
 
 CPU = torch.device("cpu")
 

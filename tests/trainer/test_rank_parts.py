@@ -18,13 +18,13 @@ import torch
 from ddptui.kit.elastic.control import Mailbox
 from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
 from ddptui.kit.elastic.store import await_store, meet
+from ddptui.kit.environment import cuda_defaults
 from ddptui.kit.sampler import ShardedBatchSampler
 from ddptui.kit.telemetry.buffer import EventBuffer
-from trainer.bootstrap import cuda_defaults
-from trainer.build import build_optimizer
-from trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
-from trainer.config import DataOptions, RunConfig, TrainOptions
-from trainer.loop import padded
+from ddptui.options.config import DataOptions, RunConfig, TrainOptions
+from ddptui_trainer.build import build_optimizer
+from ddptui_trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
+from ddptui_trainer.loop import padded
 
 
 def test_agreement_takes_the_newest_point_all_hold_and_one_knows_good():
@@ -287,7 +287,7 @@ def test_cpu_ranks_fork_their_dataloader_workers():
     """A spawned rank's default start method is spawn: a DataLoader worker would be a fresh
     interpreter importing torch (seconds each). CPU ranks fork them; CUDA ranks start them from
     the preloaded fork server."""
-    from trainer.pipeline.forkserver import worker_context
+    from ddptui_trainer.pipeline.forkserver import worker_context
 
     assert worker_context(False).get_start_method() == "fork"
     assert worker_context(True).get_start_method() == "forkserver"
@@ -298,10 +298,10 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
     loaders, not when the interpreter exits (each one holds a copy of the dataset)."""
     import psutil
 
+    from ddptui_trainer.pipeline.datasets import build_datasets
+    from ddptui_trainer.pipeline.loaders import Loaders
+    from ddptui_trainer.rank import Rank
     from tests.helpers.runs import TINY, run_config
-    from trainer.pipeline.datasets import build_datasets
-    from trainer.pipeline.loaders import Loaders
-    from trainer.rank import Rank
 
     config = run_config(*TINY)
     bundle = build_datasets(config, progress=lambda text: None)

@@ -38,7 +38,7 @@ def test_torchrun_trains_on_synthetic_data_and_logs_both_ranks(env, tmp_path):
     every step (compute only), which the model learns."""
     log = tmp_path / "run.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "trainer", "--", "tests.helpers.userpkg:tiny_cnn", "--data", "synthetic",
+           "-m", "ddptui_trainer", "--", "tests.helpers.userpkg:tiny_cnn", "--data", "synthetic",
            "--image-size", "16", "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "6",
            "--log", str(log)]
     r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=150)
@@ -200,10 +200,10 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
     from ddptui.kit.prefetch import Normalize
-    from trainer.config import DataOptions, RunConfig
-    from trainer.pipeline import gpudecode
-    from trainer.pipeline.datasets import build_datasets
-    from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
+    from ddptui.options.config import DataOptions, RunConfig
+    from ddptui_trainer.pipeline import gpudecode
+    from ddptui_trainer.pipeline.datasets import build_datasets
+    from ddptui_trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
 
     gpu, cpu = (build_datasets(RunConfig(data=DataOptions(decode=d)), progress=lambda _: None)
                 for d in ("gpu", "cpu"))
@@ -242,7 +242,7 @@ def test_the_cpu_path_reads_every_format_and_crops_as_the_pil_transforms_did(tmp
     from PIL import Image
     from torchvision import transforms
 
-    from trainer.pipeline.datasets import _imagefolder, load_image
+    from ddptui_trainer.pipeline.datasets import _imagefolder, load_image
 
     rng = np.random.default_rng(0)
     pixels = (rng.random((60, 80, 3)) * 64 + np.linspace(0, 180, 80)[None, :, None]).astype("uint8")
@@ -309,9 +309,9 @@ def not_a_module(num_classes):
 def test_your_own_model_and_data_get_what_the_docs_promise_and_a_bad_return_is_named(
         tmp_path, monkeypatch):
     """docs/input-pipeline.md's contract of `--data pkg:fn` and `pkg:fn` models."""
-    from trainer.errors import DataError, UsageError
-    from trainer.models import build_model
-    from trainer.pipeline.datasets import _custom
+    from ddptui.options.errors import DataError, UsageError
+    from ddptui_trainer.models import build_model
+    from ddptui_trainer.pipeline.datasets import _custom
 
     (tmp_path / "mine.py").write_text(MINE)
     monkeypatch.chdir(tmp_path)

@@ -22,12 +22,12 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from ddptui.kit.elastic.lifeline import descends_from, die_with_parent
 from ddptui.kit.sampler import ShardedBatchSampler, seed_sample, shard_indices
-from trainer.config import RunConfig
-from trainer.errors import DataError, UsageError
-from trainer.parse import importable_from_cwd
-from trainer.pipeline.badsamples import BadSample, first_readable
-from trainer.pipeline.forkserver import worker_context
-from trainer.pipeline.shapes import ensure_shapes
+from ddptui.options.config import RunConfig
+from ddptui.options.errors import DataError, UsageError
+from ddptui.options.training import importable_from_cwd
+from ddptui_trainer.pipeline.badsamples import BadSample, first_readable
+from ddptui_trainer.pipeline.forkserver import worker_context
+from ddptui_trainer.pipeline.shapes import ensure_shapes
 
 SYNTHETIC_SAMPLES = 1_281_167  # an ImageNet epoch
 SYNTHETIC_CLASSES = 1000
@@ -141,7 +141,7 @@ def _imagefolder(train_dir: str, val_dir: str | None, size: int, seed: int | Non
         val.samples = [val.dataset.samples[i] for i in val.indices]
     classes = train.classes if hasattr(train, "classes") else train.dataset.classes
     if gpu:
-        from trainer.pipeline.gpudecode import JpegFiles, collate
+        from ddptui_trainer.pipeline.gpudecode import JpegFiles, collate
 
         return DataBundle(JpegFiles(train.samples, size, True, seed),
                           JpegFiles(val.samples, size, False), len(train), len(classes), 3,

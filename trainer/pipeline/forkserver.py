@@ -8,7 +8,7 @@ import multiprocessing as mp
 from multiprocessing import forkserver as mp_forkserver
 
 # What a DataLoader worker of a CUDA rank needs loaded before it is forked.
-WORKER_PRELOAD = ["torch", "torchvision", "trainer.pipeline.datasets"]
+WORKER_PRELOAD = ["torch", "torchvision", "ddptui_trainer.pipeline.datasets"]
 
 
 def worker_context(cuda: bool):

@@ -17,7 +17,7 @@ from torchvision.ops import roi_align
 
 from ddptui.kit.prefetch import Normalize
 from ddptui.kit.sampler import seed_sample
-from trainer.pipeline.badsamples import BadSample, first_readable
+from ddptui_trainer.pipeline.badsamples import BadSample, first_readable
 
 SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCrop
 

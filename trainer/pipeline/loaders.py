@@ -15,10 +15,15 @@ from ddptui.kit.prefetch import (
     threaded_batches,
 )
 from ddptui.kit.sampler import ShardedBatchSampler
-from trainer.config import RunConfig
-from trainer.pipeline.badsamples import BadSamples, skip
-from trainer.pipeline.datasets import DataBundle, SyntheticBatches, build_train_loader, build_val_loader
-from trainer.rank import Rank
+from ddptui.options.config import RunConfig
+from ddptui_trainer.pipeline.badsamples import BadSamples, skip
+from ddptui_trainer.pipeline.datasets import (
+    DataBundle,
+    SyntheticBatches,
+    build_train_loader,
+    build_val_loader,
+)
+from ddptui_trainer.rank import Rank
 
 
 class Loaders:
@@ -34,7 +39,7 @@ class Loaders:
                               batch_dtype or torch.float32)
         self.bad = BadSamples(config.data.bad_sample_limit(bundle.num_train))
         if bundle.collate is not None:  # --decode gpu (torchvision: imported only then)
-            from trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
+            from ddptui_trainer.pipeline.gpudecode import Decoder, TorchvisionCodec
 
             self.prepare = Decoder(me.device, config.data.resolved_image_size, normalize,
                                    TorchvisionCodec(me.device), self._undecodable)

@@ -39,8 +39,8 @@ CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
 
 if TYPE_CHECKING:
-    from trainer.parts import Parts
-    from trainer.rank import Rank
+    from ddptui_trainer.parts import Parts
+    from ddptui_trainer.rank import Rank
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,

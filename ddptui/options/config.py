@@ -1,5 +1,5 @@
 """The run configuration, by section: each field declares its command-line option beside it
-(trainer/options.py), so `python -m trainer` and `ddptui run` generate their parsers from here.
+(ddptui/options/parser.py), so `python -m ddptui_trainer` and `ddptui run` generate their parsers from here.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 
-from trainer.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
-from trainer.options import option
+from ddptui.options.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from ddptui.options.parser import option
 
 DATA_KINDS = ("shapes", "synthetic", "imagefolder", "cifar10", "mnist", "fashion-mnist")
 # Default training resolution per data kind: the built-in and classic sets are small, so a CPU

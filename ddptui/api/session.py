@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ddptui.orders import Orders
-from ddptui.rankside import RankSide
+from ddptui.api.rankside import RankSide
+from ddptui.api.steering import Orders
 
 if TYPE_CHECKING:
-    from ddptui.elastic import Elastic
-    from ddptui.joiner import Joiner
+    from ddptui.api.elastic_run import Elastic
+    from ddptui.api.joiner import Joiner
 
 STEPS_HZ = 4.0  # step events a second, as the built-in trainer sends them
 
@@ -46,7 +46,7 @@ class Run:
         self._me.announce(standby)
         atexit.register(self._at_exit)
         if standby:
-            from ddptui.joiner import await_join
+            from ddptui.api.joiner import await_join
 
             self._joining = await_join(self._me)
 
@@ -149,7 +149,7 @@ class Run:
             from torch.utils.data import DataLoader
 
             return DataLoader(dataset, batch_size=batch_size, sampler=sampler, **kwargs)
-        from ddptui.loader import LiveLoader
+        from ddptui.api.loader import LiveLoader
 
         me = self._me
         live = LiveLoader(dataset, batch_size, sampler, **kwargs)
@@ -170,7 +170,7 @@ class Run:
         again over each new world (use it as your DDP model)."""
         if not self.active:
             return torch.nn.parallel.DistributedDataParallel(module, **kwargs)
-        from ddptui.elastic import ElasticDDP
+        from ddptui.api.elastic_run import ElasticDDP
 
         self._model = ElasticDDP(module, in_sync=self._joining is not None, **kwargs)
         return self._model
@@ -180,7 +180,7 @@ class Run:
         """A rank may leave (s), die (k, a crash) or join (r) while the others go on, from
         rollback points of what state_dict_fn() returns (every `every` steps and at each epoch's
         start). Needs run.ddp(), run.loader() and run.guard(): docs/your-script.md."""
-        from ddptui.elastic import POINT_EVERY, Elastic
+        from ddptui.api.elastic_run import POINT_EVERY, Elastic
 
         if not self.active:
             return
@@ -196,7 +196,7 @@ class Run:
         a peer dies in it, the error is caught and the step redone after the recovery."""
         if self._elastic is None:
             return contextlib.nullcontext()
-        from ddptui.elastic import Guard
+        from ddptui.api.elastic_run import Guard
 
         return Guard(self._elastic)
 

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ddptui.api.rankside import RankSide
 from ddptui.kit.elastic.agreed import AgreedOrders
 from ddptui.kit.elastic.control import CONTROL_OFF, Control, every_rank_linked
-from ddptui.rankside import RankSide
 
 
 class Orders(AgreedOrders):

@@ -12,13 +12,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddptui.api.joiner import Joiner
+from ddptui.api.rankside import RankSide
+from ddptui.api.rollback import Rollback
+from ddptui.api.steering import Orders
 from ddptui.contract.events import count
-from ddptui.joiner import Joiner
 from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost, agree
-from ddptui.orders import Orders
-from ddptui.rankside import RankSide
-from ddptui.rollback import Rollback
 
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
 

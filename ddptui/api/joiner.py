@@ -13,8 +13,8 @@ import urllib.parse
 
 import torch.distributed as dist
 
+from ddptui.api.rankside import RankSide
 from ddptui.kit.elastic import store
-from ddptui.rankside import RankSide
 
 WATCH_S = 0.05
 # Your script waiting this long inside torch.distributed before run.elastic() needs its world

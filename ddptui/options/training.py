@@ -14,7 +14,7 @@ import tempfile
 import zipfile
 from typing import Any
 
-from trainer.config import (
+from ddptui.options.config import (
     DATA_KINDS,
     TRAINING_SECTIONS,
     CheckpointOptions,
@@ -25,13 +25,13 @@ from trainer.config import (
     TelemetryOptions,
     TrainOptions,
 )
-from trainer.errors import UsageError
-from trainer.model_names import classifier_names
-from trainer.options import add_sections, from_args
+from ddptui.options.errors import UsageError
+from ddptui.options.model_names import classifier_names
+from ddptui.options.parser import add_sections, from_args
 
 
 def add_training_options(parser: argparse.ArgumentParser, *more: type) -> dict[str, Any]:
-    """The training options that both launchers accept (ddptui run and python -m trainer), and
+    """The training options that both launchers accept (ddptui run and python -m ddptui_trainer), and
     the sections `more` that one of them adds; returns the argument groups by title."""
     return add_sections(parser, *TRAINING_SECTIONS, *more)
 

@@ -12,8 +12,8 @@ from typing import NoReturn
 
 import torch
 
+from ddptui.api.figures import Figures
 from ddptui.contract.channel import load_key, parse_address
-from ddptui.figures import Figures
 from ddptui.kit.elastic.control import Mailbox
 from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
