@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ddptui.contract.events import count, describe
-from ddptui.kit.elastic import world
 from ddptui.kit.elastic.snapshot import WorldLost
+from ddptui_trainer import member
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.reports import report_bad, report_change, report_kept, report_segment, save
 
@@ -57,7 +57,7 @@ def recover(p: Parts, order: dict) -> int:
     """world.recover, again from the next order while members die during it."""
     while True:
         try:
-            return world.recover(p, order)
+            return member.recover(p, order)
         except Exception as e:
             order = await_recover(p, e)
 
@@ -79,7 +79,7 @@ def run_segment(p: Parts) -> str:
     p.state.segment_start = p.sampler.steps_done
     p.state.segment_global = p.state.global_step
     if p.snapshots is not None and p.sampler.steps_done == 0:
-        p.snapshots.take(p.state.global_step, world.host_state(p))
+        p.snapshots.take(p.state.global_step, member.host_state(p))
     train_one_epoch(p, epoch)
     if p.orders.stop:
         if p.sampler.steps_done > p.state.segment_start:  # the partial epoch keeps its row
@@ -98,7 +98,7 @@ def run_segment(p: Parts) -> str:
             apply_pending(p, epoch, step=p.sampler.steps_done)
     if order:
         p.state.changed_at = time.time()
-        if not world.reform(p, order):
+        if not member.reform(p, order):
             p.me.announce("stopped",
                           reason=f"left the world at global step {p.state.global_step}")
             return "left"
@@ -147,7 +147,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             pulse.phase = "control"
             p.orders.carry_out(p.control.poll())
             if p.snapshots is not None and step % snap_every == 0:
-                p.snapshots.take(step, world.host_state(p))
+                p.snapshots.take(step, member.host_state(p))
 
 
 def train_step(p: Parts, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ from ddptui.kit.telemetry.reporter import Reporter
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
 from ddptui.options.config import RunConfig
 from ddptui.options.errors import DataError, UsageError
+from ddptui_trainer import member
 from ddptui_trainer.build import build_parts, warm_up
 from ddptui_trainer.loop import on_urgent, run_epochs
 from ddptui_trainer.models import count_parameters
@@ -161,10 +162,10 @@ def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised
             if me.device.type == "cuda":
                 world.preload_nccl(me.device)
             me.announce("standby")
-            if not world.join(p):
+            if not member.join(p):
                 return
         else:
-            p.ddp = world.wrap(p.model, me, p.config.devices.strategy)
+            p.ddp = member.wrap(p.model, me, p.config.devices.strategy)
             p.control = Control(p.mailbox, me.rank, control_group)
             if p.mailbox is not None:  # no supervisor (torchrun, srun): nobody orders a recovery
                 p.mailbox.world_sockets = sockets

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddptui.api.joiner import Joiner
@@ -17,8 +16,8 @@ from ddptui.api.rankside import RankSide
 from ddptui.api.rollback import Rollback
 from ddptui.api.steering import Orders
 from ddptui.contract.events import count
-from ddptui.kit.elastic import world
-from ddptui.kit.elastic.snapshot import WorldLost, agree
+from ddptui.kit.elastic import change, world
+from ddptui.kit.elastic.snapshot import WorldLost
 
 POINT_EVERY = 50  # steps between rollback points (and at every epoch's start)
 
@@ -74,7 +73,7 @@ class Elastic:
         """Orders that cannot wait reach the points; a standby's script joins its world now."""
         self.me.mailbox.on_urgent = self.rollback.on_urgent
         if self.cuda:  # NCCL's collectives waiting on a dead peer return
-            self.me.mailbox.abort = lambda: world.abort(self._warn)
+            self.me.mailbox.abort = lambda: world.abort(self.warn)
         if joining is not None:
             joining.prepared()
             self.join(joining)
@@ -143,91 +142,75 @@ class Elastic:
         if self.me.mailbox.has_urgent:
             raise WorldLost("a peer died")
 
-    # Each change of the world holds off the mailbox's abort until it is done, as the built-in
-    # loop's do (Mailbox.changing: without it a joiner killed as the world formed corrupted a
-    # survivor's heap, 3 runs of bench/faults.py on 2 x H200), and raises WorldLost then if a
-    # member died meanwhile.
+    # -- world changes (ddptui/kit/elastic/change.py, the built-in loop's too) -----------------
     def reform(self, order: dict) -> None:
         """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
-        me = self.me
         leftover = self.orders.finish(agreeing=True)
-        with me.mailbox.changing():
-            world.dismantle(self._warn, collect=False)
-            if me.slot not in order["members"]:
-                self.close()
-                me.leave(f"left the world at global step {me.global_step}")
-            entered = self._enter(order)
-            if order.get("joiner") is not None:
-                self._share(order, entered[2])
-            self._settle(entered, order, leftover)
+        if not change.reform(self, order, leftover):
+            self.close()
+            self.me.leave(f"left the world at global step {self.me.global_step}")
 
     def join(self, joining: Joiner) -> None:
         """A standby's script formed the order's world (ddptui.init() set its environment) and
         said it is prepared: the group orders are agreed in, as form() makes it on the members
         once they are told, then the state."""
-        order, mailbox = joining.order, self.me.mailbox
-        with mailbox.changing():
+        def formed():
             group = world.control_group(joining.store, self.me.world_size,
-                                        lambda: mailbox.has_urgent)
+                                        lambda: self.me.mailbox.has_urgent)
             if self.cuda:
                 world.make_communicator(self.device)
-            self._share(order, group)
-            self._settle((self.me.rank, self.me.world_size, group), order, [])
+            return group
 
-    def _share(self, order: dict, group) -> None:
-        """The first member that is not the joiner sends the joiner its state and position,
-        point to point: what state_fn() returns (the joiner's own has no optimizer state yet),
-        the rest in one pickled message over the gloo `group`, then its device tensors in one
-        batch over the world's communicator (a plain send/recv pair would make a communicator
-        of their own, one more place for a peer's death to leave a rank in NCCL's init)."""
-        members, me = order["members"], self.me
-        src = members.index(next(s for s in members if s != order["joiner"]))
-        dst = members.index(order["joiner"])
-        if me.rank not in (src, dst):
-            return
-        if me.rank == src:
-            tensors, skeleton, _ = self.rollback.read()
-            meta = {"skeleton": skeleton, "position": me.position(),
-                    "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
-                    "host": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
-            dist.send_object_list([meta], dst=dst, group=group)
-            _exchange([dist.P2POp(dist.isend, t, dst) for t in tensors if t.is_cuda])
-            return
-        box: list = [None]
-        dist.recv_object_list(box, src=src, group=group)
-        meta = box[0]
-        tensors = [meta["host"][i] if kind == "cpu" else
-                   torch.empty(shape, dtype=dtype, device=self.device)
-                   for i, (shape, dtype, kind) in enumerate(meta["specs"])]
-        _exchange([dist.P2POp(dist.irecv, t, src) for t in tensors if t.is_cuda])
-        self.rollback.load(meta["skeleton"], tensors)
-        me.resume = meta["position"]  # for its epochs and run.loader()s
-        me.global_step = meta["position"]["global_step"]
+        change.join(self, joining.order, formed)
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback
         point they all hold; your load function gets that state."""
-        me, order = self.me, self.order
-        self.order = None
+        order, self.order = self.order, None
         self.orders.finish(agreeing=False)
-        with me.mailbox.changing():
-            world.dismantle(self._warn, collect=True)
-            entered = self._enter(order)
-            summaries: list = [None] * entered[1]
-            dist.all_gather_object(summaries, self.rollback.summary(), group=entered[2])
-            target = agree(summaries)
-            if target is None:
-                raise RuntimeError("a rank died and the survivors share no rollback point")
-            redone = me.global_step - target
-            self._go_back(self.rollback.restore(target))
-            self._settle(entered, order, [])
+        redone = change.recover(self, order)
+        me = self.me
         me.say(f"recovered on {count(me.world_size, 'rank')}: back to global step "
                f"{me.global_step}, {redone} steps to redo", redone=redone,
                global_step=me.global_step)
 
-    def _go_back(self, host: dict) -> None:
-        """The run's position at the rollback point: its step and the loaders' places."""
+    # -- change.Member ---------------------------------------------------------------------------
+    mailbox = property(lambda self: self.me.mailbox)
+    slot = property(lambda self: self.me.slot)
+    rank = property(lambda self: self.me.rank, lambda self, v: setattr(self.me, "rank", v))
+    world_size = property(lambda self: self.me.world_size,
+                          lambda self, v: setattr(self.me, "world_size", v))
+
+    def mark(self, phase: str) -> None:
+        pass  # the built-in loop's figures of a change's phases
+
+    def warn(self, text: str) -> None:
+        self.me.say(text, "warning")
+
+    def state_for_joiner(self) -> tuple[dict, list[torch.Tensor]]:
+        """What state_fn() returns (the joiner's own has no optimizer state yet) and where the
+        run is."""
+        tensors, skeleton, _ = self.rollback.read()
+        return {"skeleton": skeleton, "position": self.me.position()}, tensors
+
+    def tensors_to_receive(self, specs: list[tuple]) -> list[torch.Tensor]:
+        return [torch.empty(shape, dtype=dtype, device=self.device if kind == "cuda" else "cpu")
+                for shape, dtype, kind in specs]
+
+    def load_from_member(self, host: dict, tensors: list[torch.Tensor]) -> None:
         me = self.me
+        self.rollback.load(host["skeleton"], tensors)
+        me.resume = host["position"]  # for its epochs and run.loader()s
+        me.global_step = host["position"]["global_step"]
+
+    def rollback_summary(self) -> dict:
+        return self.rollback.summary()
+
+    def roll_back(self, target: int) -> int:
+        """The state at the point, and the run's position there: its step, the loaders' places."""
+        me = self.me
+        redone = me.global_step - target
+        host = self.rollback.restore(target)
         if host["epoch"] != me.epoch:
             raise RuntimeError(f"the survivors' newest common rollback point is in epoch "
                                f"{host['epoch']}, before this one")
@@ -235,18 +218,12 @@ class Elastic:
         for live, consumed in zip(me.loaders, host["consumed"], strict=True):
             live.restore(consumed)
         me.figures.rewind(me.global_step)
+        return redone
 
-    def _enter(self, order: dict):
-        """Form the order's world; returns the gloo group that orders are agreed in."""
-        rank, size = order["members"].index(self.me.slot), len(order["members"])
-        group = world.form_ordered(self.me.mailbox, rank, size, self.device, order["init"],
-                                   self.eager)
-        return rank, size, group
-
-    def _settle(self, entered: tuple, order: dict, leftover: list[dict]) -> None:
-        """What follows a new world: DDP, the agreement group, the loaders' shards, a point."""
+    def settle(self, group, order: dict, leftover: list[dict]) -> None:
+        """DDP, the agreement group, the loaders' shards, a point."""
         me = self.me
-        self.orders.enter_world(*entered)
+        self.orders.enter_world(me.rank, me.world_size, group)
         self.model.rebuild(in_sync=True)
         me.reporter.emit("rank", state="running", world_rank=me.rank)
         if me.rank == 0:
@@ -257,17 +234,8 @@ class Elastic:
                              global_step=me.global_step)
         self.rollback.take(me.global_step, me.position(), agreed=True)
 
-    def _warn(self, text: str) -> None:
-        self.me.say(text, "warning")
-
     def close(self) -> None:
         self.rollback.close()
-
-
-def _exchange(ops: list) -> None:
-    """Point-to-point operations as one batch, waited for."""
-    for work in dist.batch_isend_irecv(ops) if ops else []:
-        work.wait()
 
 
 class Guard:

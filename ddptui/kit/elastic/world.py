@@ -6,22 +6,18 @@ Ranks leave or join at an agreed step (the old group is intact: a plain re-form)
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ddptui.kit.compat import abort_process_group, default_group, set_group_timeout
-from ddptui.kit.elastic.control import Control, Mailbox
-from ddptui.kit.elastic.snapshot import WorldLost, agree, state_tensors
+from ddptui.kit.elastic.control import Mailbox
+from ddptui.kit.elastic.snapshot import WorldLost
 from ddptui.kit.elastic.sockets import Sockets, open_sockets
 from ddptui.kit.elastic.store import arrive, kept_on_failure, meet
 
@@ -37,10 +33,6 @@ from ddptui.kit.elastic.store import arrive, kept_on_failure, meet
 CONNECT = timedelta(seconds=1)
 CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
-
-if TYPE_CHECKING:
-    from ddptui_trainer.parts import Parts
-    from ddptui_trainer.rank import Rank
 
 
 def form(rank: int, world_size: int, device: torch.device, init_method: str,
@@ -171,17 +163,6 @@ class Forming:
         return self._group
 
 
-def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp",
-         in_sync: bool = False) -> torch.nn.Module:
-    """DDP over the current world (its construction checks the shapes and broadcasts rank 0's
-    parameters, unless every member is known to hold the same state already), or DataParallel
-    over this process's GPUs for --strategy dp."""
-    if strategy == "dp" and me.device.type == "cuda":
-        return torch.nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
-    return DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
-               gradient_as_bucket_view=True, init_sync=not in_sync)
-
-
 def abort(warn: Callable[[str], None]) -> None:
     """Unblock collectives waiting on a dead peer (NCCL would wait until its timeout)."""
     if not dist.is_initialized():  # already destroyed: nothing is waiting then
@@ -208,157 +189,3 @@ def dismantle(warn: Callable[[str], None], collect: bool) -> None:
             warn(f"destroying the process group failed: {type(e).__name__}: {e}")
     if collect:
         gc.collect()
-
-
-def reform(p: Parts, order: dict) -> bool:
-    """Apply an agreed leave or join; False when this rank is the one leaving."""
-    p.me.pulse.phase = "world"
-    leftover = p.control.finish()
-    p.state.mark("agree")
-    old_world = p.me.world_size
-    p.ddp = p.control = None
-    leaving = p.me.slot not in order["members"]
-    try:
-        with changing(p):
-            dismantle(lambda text: p.me.say(text, "warning"), collect=False)
-            p.state.mark("close")
-            if leaving:
-                return False
-            group = enter(p, order)
-            p.state.mark("form")
-            if order.get("joiner") is not None:
-                share_state(p, order, group)
-                p.state.mark("state")
-            settle(p, group, old_world, leftover, order)
-    except WorldLost:
-        if leaving:  # a member died as this one left: the world it left is no concern of it
-            return False
-        raise
-    return True
-
-
-def join(p: Parts) -> bool:
-    """A standby waits for its join order, enters the world and takes a live rank's state."""
-    p.me.pulse.phase = "world"
-    order = p.mailbox.wait_urgent(None)
-    if order is None or order.get("op") != "join":
-        return False
-    p.state.changed_at = time.time()
-    with changing(p):
-        group = enter(p, order)
-        p.state.mark("form")
-        trained_under = share_state(p, order, group)
-        p.state.mark("state")
-        settle(p, group, trained_under, [], order)
-    return True
-
-
-def recover(p: Parts, order: dict) -> int:
-    """After a peer died: re-form from the survivors and roll back to the newest point they all
-    hold and know to be good; returns the number of steps that will be redone."""
-    p.me.pulse.phase = "world"
-    p.ddp = p.control = p.orders.reform = None  # a change agreed before the death is void
-    with changing(p):
-        dismantle(lambda text: p.me.say(text, "warning"), collect=True)
-        p.state.mark("close")
-        old_world = p.me.world_size
-        group = enter(p, order)
-        p.state.mark("form")
-        summaries: list = [None] * p.me.world_size
-        dist.all_gather_object(summaries, p.snapshots.summary(), group=group)
-        target = agree(summaries)
-        if target is None:
-            raise RuntimeError("a rank died and the survivors share no rollback point")
-        redone = p.state.global_step - target
-        load_host_state(p, p.snapshots.restore(target))
-        p.state.mark("rollback")
-        settle(p, group, old_world, [], order)
-    return redone
-
-
-def changing(p: Parts) -> contextlib.AbstractContextManager:
-    """Mailbox.changing, where a supervisor sends orders."""
-    return p.mailbox.changing() if p.mailbox is not None else contextlib.nullcontext()
-
-
-def enter(p: Parts, order: dict):
-    """Take this rank's place in the order's world and form it; returns the control group."""
-    members = order["members"]
-    p.me.rank, p.me.world_size = members.index(p.me.slot), len(members)
-    return form_ordered(p.mailbox, p.me.rank, p.me.world_size, p.me.device, order["init"])
-
-
-def settle(p: Parts, group, old_world: int, leftover: list[dict], order: dict) -> None:
-    """Everything that follows a new world: shards, lr, DDP, control, a fresh rollback point."""
-    p.sampler.set_world(p.me.rank, p.me.world_size)
-    if p.config.train.lr_scaling == "linear" and old_world != p.me.world_size:
-        rescale_lr(p, p.me.world_size / old_world)
-    # Members that stayed hold the same state, a joiner has just been sent it, and a recovery
-    # restored a common point: DDP's own check and broadcast would be a second round trip.
-    p.ddp = wrap(p.model, p.me, p.config.devices.strategy, in_sync=True)
-    p.state.mark("ddp")
-    p.control = Control(p.mailbox, p.me.rank, group)
-    p.loaders.reshard()
-    p.state.mark("loaders")
-    p.me.announce("running", world_rank=p.me.rank)
-    if p.me.is_main:
-        p.mailbox.requeue(leftover)
-        p.me.reporter.emit("world", size=p.me.world_size, ranks=order["members"],
-                           generation=order.get("gen"), epoch=p.sampler.epoch,
-                           step=p.sampler.steps_done, global_step=p.state.global_step,
-                           base_lr=p.scheduler.base_lrs[0])
-    if p.snapshots is not None:
-        p.snapshots.take(p.state.global_step, host_state(p), agreed=True)
-    p.state.mark("settle")
-
-
-def rescale_lr(p: Parts, factor: float) -> None:
-    """--lr-scaling linear: the lr follows the world size."""
-    for g in p.optimizer.param_groups:
-        g["lr"] *= factor
-        g["initial_lr"] *= factor
-    p.scheduler.base_lrs = [lr * factor for lr in p.scheduler.base_lrs]
-
-
-def host_state(p: Parts) -> dict:
-    """The training state that lives on the host (the rest is in state_tensors)."""
-    return {"global_step": p.state.global_step, "sampler": p.sampler.state_dict(),
-            "scheduler": p.scheduler.state_dict(),
-            "lrs": [(g["lr"], g["initial_lr"]) for g in p.optimizer.param_groups]}
-
-
-def load_host_state(p: Parts, host: dict) -> None:
-    p.state.global_step = host["global_step"]
-    p.sampler.load_state_dict(host["sampler"])
-    p.scheduler.load_state_dict(host["scheduler"])
-    for g, (lr, initial) in zip(p.optimizer.param_groups, host["lrs"], strict=True):
-        g["lr"], g["initial_lr"] = lr, initial
-
-
-def share_state(p: Parts, order: dict, group) -> int:
-    """The first member that is not the joiner sends its whole training state; returns the
-    world size it was trained under (the lr in that state is scaled for it). Its host part
-    goes over the gloo `group`, which a dead member fails at once, not over NCCL, where it
-    waited in a device sync that only an abort would end."""
-    members = order["members"]
-    src = members.index(next(s for s in members if s != order["joiner"]))
-    sending = p.me.rank == src
-    box = [None]
-    if sending:
-        box = [{**host_state(p), "world_size": p.me.world_size, "paused": p.orders.paused,
-                "settings": dict(p.state.settings), "pending": dict(p.state.pending),
-                "best_val_acc": p.state.best_val_acc}]
-    dist.broadcast_object_list(box, src=src, group=group)
-    if p.snapshots is not None:  # a rollback point still being copied out reads these
-        p.snapshots.before_update()
-    for t in state_tensors(p.model, p.optimizer, p.scaler):
-        dist.broadcast(t, src=src)
-    meta = box[0]
-    if not sending:
-        load_host_state(p, meta)
-        p.orders.paused, p.state.best_val_acc = meta["paused"], meta["best_val_acc"]
-        p.state.settings.update(meta["settings"])
-        p.state.pending = dict(meta["pending"])
-        torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
-        p.loaders.apply(p.state.settings)
-    return meta["world_size"]
