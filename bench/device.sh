@@ -9,6 +9,8 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
 fi
+# The built-in loop's folder under the name it installs as (pyproject's package-dir).
+mkdir -p /tmp/site && ln -sfn "$PWD/trainer" /tmp/site/ddptui_trainer
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 OUT
 { date -u; nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nproc
   python3 -c "import sys, torch, torchvision; print(sys.version.split()[0], torch.__version__, torchvision.__version__)"

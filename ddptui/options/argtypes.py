@@ -39,11 +39,6 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def fraction(text: str) -> float:
-    if not 0 <= (value := number(text)) <= 1:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 1, got {text}")
-    return value
-
 
 def number(text: str) -> float:
     try:
