@@ -24,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from ddptui.contract.events import read_events  # noqa: E402
-from ddptui.run.processes import free_port  # noqa: E402
+from ddptui.run.ports import free_port  # noqa: E402
 from ddptui.sources.attach import Attach  # noqa: E402
 
 SCRIPT = os.path.join(ROOT, "examples", "plain_ddp.py")

@@ -11,6 +11,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ddptui.contract.events import RankState
+from ddptui.observe.stalls import FROZEN
 
 STALL_MIN_S = 10.0  # --stall-after's default floor ...
 STALL_STEPS = 20  # ... or this many median steps, whichever is longer
@@ -21,7 +22,6 @@ SLOW_WINDOW = 20  # steps each rank's figures are taken over
 # Phases of the loop in which a rank mostly waits on nothing but itself (validation's last
 # all_reduce is the exception, hence the tiers in judge_stalls).
 LOCAL_PHASES = ("input", "checkpoint", "validate")
-FROZEN = ("stopped", "tracing-stop", "zombie", "dead", "disk-sleep")
 
 
 @dataclass

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import random
-import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,8 +22,8 @@ from ddptui.contract.events import RankState
 from ddptui.contract.rankspec import RankSpec, run_builtin_rank
 from ddptui.kit.compat import forkserver_pid
 from ddptui.kit.environment import RANK_ONLY_VARIABLES
+from ddptui.observe.endings import SELF_INFLICTED, crash_cause, ended_how, tail_lines
 from ddptui.options.config import RunConfig
-from ddptui.run.stacks import innermost
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
 SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked
@@ -192,65 +189,6 @@ class ProcessPool:
             r.inbox.close()
 
 
-def ended_how(code: int | None) -> str:
-    """How a process ended, in words, from its exit code alone (negative: a signal)."""
-    if code is not None and code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-# Signals a process raises on itself when it crashes (an abort, a bad address), as opposed to
-# those another process sends (SIGKILL, SIGTERM): only then does its output say why.
-SELF_INFLICTED = {signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL}
-_DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|cudaError\w+|"
-                           r"illegal (?:memory access|address|instruction)|NCCL error|"
-                           r"^(?:malloc|free|realloc)\(\): |double free or corruption", re.I)
-_SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
-
-
-def crash_cause(code: int | None, lines: list[str]) -> str:
-    """Why a process died, for the user: its signal when one ended it (what it printed last
-    is then no cause: a warning, a worker's broken pipe), with the CUDA error or device assert
-    it printed where it crashed itself (else the Python exception it printed last: gloo aborts
-    some processes at exit); else its exception's line."""
-    if code is None or code >= 0:
-        return lines[-1] if lines else ended_how(code)
-    how = ended_how(code)
-    if -code not in SELF_INFLICTED:
-        return how
-    found = [line.strip() for line in lines if _DEVICE_ERROR.search(line.strip())]
-    asserts = [line for line in found if "Assertion" in line]
-    raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
-    cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
-    where = crashed_in(lines)
-    where = f" in {where}" if where else ""
-    if cause is None:
-        return f"{how}{where}"
-    return f"{how}: {_SOURCE_FOLDERS.sub('', cause)[:240]}{where}"
-
-
-def crashed_in(lines: list[str]) -> str:
-    """Where the thread that crashed was, from the stacks faulthandler prints on a fatal
-    signal (ranks enable it): 'all_reduce (distributed_c10d.py:3068) < ...'; '' if none."""
-    text = "\n".join(lines)
-    at = text.rfind("Current thread ")
-    return innermost(text[at:].split("\n\n")[0], frames=2) if at >= 0 else ""
-
-
-def tail_lines(path: str, size: int = 1 << 16) -> list[str]:
-    """The last lines of a file (its last `size` bytes), none if it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - size))
-            return f.read().decode("utf-8", "replace").splitlines()
-    except OSError:
-        return []
-
-
 def _join_all(processes, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for p in processes:
@@ -273,35 +211,6 @@ def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
         error = p.stderr.read().strip()
     if p.returncode != 0:
         raise RuntimeError(f"generating the shapes dataset failed: {error.splitlines()[-1:]}")
-
-
-def free_port() -> int:
-    """A loopback port for a rendezvous, free now and below the range the kernel hands out to
-    connections and to bind(0) (as torchrun's 29500 is): one from that range was taken by some
-    other socket between this pick and rank 0's store listening on it (EADDRINUSE, the run
-    lost: 2 x H100, a recovery after a joiner was killed)."""
-    low = ephemeral_ports()[0]
-    for _ in range(200):
-        port = random.randrange(max(1024, low - 10000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:  # in use, or held in TIME_WAIT
-                continue
-            return port
-    with socket.socket() as s:  # every one tried was busy: the kernel's choice, as before
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ephemeral_ports() -> tuple[int, int]:
-    """The kernel's range of ports for connections and bind(0) (Linux's default elsewhere)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = map(int, f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
 
 
 def end_helpers() -> None:

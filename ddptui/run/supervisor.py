@@ -19,7 +19,8 @@ from ddptui.run.membership import Membership
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy
-from ddptui.run.processes import ProcessPool, RankProcess, free_port, prepare_data
+from ddptui.run.ports import free_port
+from ddptui.run.processes import ProcessPool, RankProcess, prepare_data
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.state.runstate import RunState

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ddptui.contract.events import RankState
+from ddptui.observe.stacks import StackRequests, say_stacks
 from ddptui.run.health import Seen, Stragglers, judge_stalls
-from ddptui.run.stacks import StackRequests, say_stacks
 
 CHECK_EVERY_S = 0.5
 SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped

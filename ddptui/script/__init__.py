@@ -1,3 +1,3 @@
-"""Your own training script under ddptui: launched as torchrun would launch it, watched from
-outside (processes, output, GPUs, stacks), and steered through `ddptui.init()` where it opts in.
+"""A run of your own training script that ddptui owns: launched as torchrun would launch it, its
+processes and output folded into events, steered through `ddptui.init()` where it opts in.
 """

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import psutil
 
 from ddptui.contract.events import count
+from ddptui.observe.endings import ended_how
+from ddptui.observe.flight import trace_prefix
+from ddptui.observe.output import Console, StreamReader, last_traceback
+from ddptui.observe.streams import Route
 from ddptui.run.outcome import EXIT_FAILED
-from ddptui.run.processes import ended_how
-from ddptui.script.flight import trace_prefix
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
-from ddptui.script.output import Console, StreamReader, last_traceback
-from ddptui.script.streams import Route
 
 _FRAME = re.compile(r'\s*File "(.+)", line (\d+)')
 HUNG_GRACE_S = 3.0  # a stalled rank, or one blocked on it, gets no longer to end on a stop

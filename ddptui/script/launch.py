@@ -10,10 +10,10 @@ import uuid
 from dataclasses import dataclass
 
 from ddptui.kit.environment import nccl_defaults
-from ddptui.script.flight import trace_env
+from ddptui.observe.flight import trace_env
 from ddptui.script.options import ScriptConfig
 
-INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")
+INJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject")
 
 
 @dataclass(frozen=True)

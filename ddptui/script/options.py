@@ -12,12 +12,12 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from ddptui.observe.streams import Routing, ranks_filter, std_spec
+from ddptui.observe.target import module_problem
 from ddptui.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.options.errors import UsageError
 from ddptui.options.parser import Parser, add_sections, flags, from_args, option, switches
 from ddptui.options.training import check_tensorboard, check_writable_dir, check_writable_file
-from ddptui.script.streams import Routing, ranks_filter, std_spec
-from ddptui.script.target import module_problem
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict

@@ -8,7 +8,7 @@ import time
 
 from ddptui.contract.events import PARENT, RankState
 from ddptui.run.membership import Fail, Membership
-from ddptui.run.processes import free_port
+from ddptui.run.ports import free_port
 
 # What a script can take once it opted in through ddptui.init() (the ranks say which).
 NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",

@@ -15,12 +15,13 @@ import time
 
 from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
+from ddptui.observe.endings import crash_cause
+from ddptui.observe.flight import trace_prefix
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Outcome
 from ddptui.run.owned import OwnedRun
-from ddptui.run.processes import crash_cause, free_port
+from ddptui.run.ports import free_port
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.supervisor import default_log_path
-from ddptui.script.flight import trace_prefix
 from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.options import ScriptConfig

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from ddptui.contract.events import RankState, event
 from ddptui.contract.safe_text import plain
 from ddptui.kit.telemetry.gpu import ProcessTree
-from ddptui.run.stacks import StackRequests, say_stacks
-from ddptui.script.flight import FlightDumps, behind, compact, summary
+from ddptui.observe.flight import FlightDumps, behind, compact, summary
+from ddptui.observe.metrics import MetricReader, compile_metrics
+from ddptui.observe.output import LINE_EVERY_S, library_log
+from ddptui.observe.stacks import StackRequests, say_stacks
+from ddptui.observe.stalls import Reading, ScriptStalls, Silence, blame
 from ddptui.script.group import ScriptRank
-from ddptui.script.metrics import MetricReader, compile_metrics
 from ddptui.script.options import ScriptConfig
-from ddptui.script.output import LINE_EVERY_S, library_log
-from ddptui.script.stalls import Reading, ScriptStalls, blame
 
 # A script that prints this many lines, or goes on this long, with no loss among them is told
 # how to show one, rather than left with an empty chart.
@@ -25,22 +25,6 @@ NO_LOSS_LINES, NO_LOSS_S = 50, 30.0
 NO_LOSS = ("no loss read from the ranks' output yet: print it as `loss: 0.12` (each rank that "
            "prints is charted), name your figure with --metric loss=REGEX, or add run = "
            "ddptui.init() and run.step(loss) (README: Your own script)")
-
-
-class Silence:
-    """When a rank last said something, and its longest silence so far; `announce`: its first
-    word says it runs (not a standby's: it stays out of the world until it joins)."""
-
-    def __init__(self, now: float, announce: bool = True):
-        self.last: float | None = None
-        self.longest = 0.0
-        self.started = now
-        self.announce = announce
-
-    def heard(self, now: float) -> None:
-        if self.last is not None:
-            self.longest = max(self.longest, now - self.last)
-        self.last = now
 
 
 class ScriptWatch:
@@ -52,7 +36,7 @@ class ScriptWatch:
         self.patterns = compile_metrics(config.metrics)
         self.stalls = ScriptStalls(config.stall_after)
         self.stacks = StackRequests()
-        # GPU ranks' NCCL flight recorders, dumped with their stacks (ddptui/script/flight.py)
+        # GPU ranks' NCCL flight recorders, dumped with their stacks (ddptui/observe/flight.py)
         self.flight = FlightDumps(trace_prefix) if trace_prefix and config.gpus else None
         self._stacks: dict[int, str] = {}  # slot -> its last Python stacks
         self.tree = ProcessTree()

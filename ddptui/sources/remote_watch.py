@@ -1,6 +1,6 @@
 """Stall verdicts in `ddptui attach` for ranks under `python -m ddptui.wrap`, from what they
 report: their process figures and output say whether one is stuck (the rules of ddptui run's
-script ranks, ddptui/script/stalls.py); one that stops reporting at all is unreachable. Their
+script ranks, ddptui/observe/stalls.py); one that stops reporting at all is unreachable. Their
 stacks and NCCL flight recorders say which rank, on whichever node, the others wait for.
 """
 
@@ -10,10 +10,9 @@ from collections.abc import Callable
 
 from ddptui.contract.events import PARENT, RankState, event
 from ddptui.contract.safe_text import plain
-from ddptui.script.flight import behind
-from ddptui.script.output import library_log
-from ddptui.script.stalls import Reading, ScriptStalls, blame
-from ddptui.script.watch import Silence
+from ddptui.observe.flight import behind
+from ddptui.observe.output import library_log
+from ddptui.observe.stalls import Reading, ScriptStalls, Silence, blame
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
 
@@ -31,7 +30,7 @@ class RemoteWatch:
         self.gpu_util: dict[int, float] = {}
         self.flags: dict[int, tuple[str, float]] = {}  # rank -> (state, since)
         self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
-        self.traces: dict[int, dict] = {}  # its flight recorder's, compact (script/flight.py)
+        self.traces: dict[int, dict] = {}  # its flight recorder's, compact (observe/flight.py)
         self.places: dict[int, str] = {}  # rank -> "node vm2, local 1"
         self.ended: set[int] = set()
 

@@ -21,10 +21,10 @@ import time
 from ddptui.contract.events import event
 from ddptui.contract.safe_text import plain
 from ddptui.kit.telemetry.gpu import physical_index
-from ddptui.script.flight import trace_env
-from ddptui.script.metrics import MetricReader, compile_metrics
-from ddptui.script.output import LINE_EVERY_S, StreamReader
-from ddptui.script.streams import Route
+from ddptui.observe.flight import trace_env
+from ddptui.observe.metrics import MetricReader, compile_metrics
+from ddptui.observe.output import LINE_EVERY_S, StreamReader
+from ddptui.observe.streams import Route
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits

@@ -12,7 +12,7 @@ import runpy
 import sys
 import traceback
 
-from ddptui.script.target import module_problem
+from ddptui.observe.target import module_problem
 
 USAGE = "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 # srun's variables as torchrun's, for a script that reads torchrun's (env:// rendezvous).
@@ -87,7 +87,7 @@ def _script_frames(tb):
 
 def _free_process_groups() -> None:
     """gloo's worker threads freed after the script, not while Python finalizes: one that frees
-    its last work then aborts the finished rank (why: ddptui/script/inject/sitecustomize.py)."""
+    its last work then aborts the finished rank (why: ddptui/inject/sitecustomize.py)."""
     if "torch.distributed" in sys.modules:
         import gc
         import time

@@ -25,8 +25,8 @@ from ddptui.contract.events import event
 from ddptui.kit.elastic.lifeline import die_with_parent
 from ddptui.kit.telemetry.gpu import DeviceSampler
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
-from ddptui.run.stacks import StackRequests, innermost
-from ddptui.script.flight import DUMP_WAIT_S, FlightDumps, compact, summary
+from ddptui.observe.flight import DUMP_WAIT_S, FlightDumps, compact, summary
+from ddptui.observe.stacks import StackRequests, innermost
 
 SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
 

@@ -3,8 +3,8 @@ for it, which is a straggler and why, and the figures the run state derives (no 
 
 from __future__ import annotations
 
+from ddptui.observe.stacks import innermost
 from ddptui.run.health import Seen, Stragglers, judge_stalls, stall_limit
-from ddptui.run.stacks import innermost
 from ddptui.state.runstate import RunState
 from ddptui.view.widgets.header import RunHeader
 

@@ -7,9 +7,9 @@ import os
 
 from ddptui.contract.events import event
 from ddptui.contract.safe_text import keep_colours, plain
-from ddptui.script.metrics import MetricReader, compile_metrics, read_line
-from ddptui.script.output import Lines, last_traceback
-from ddptui.script.stalls import Reading, ScriptStalls, blame
+from ddptui.observe.metrics import MetricReader, compile_metrics, read_line
+from ddptui.observe.output import Lines, last_traceback
+from ddptui.observe.stalls import Reading, ScriptStalls, blame
 from ddptui.state.runstate import RunState
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))
@@ -211,7 +211,7 @@ def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_tor
 
     import torch.jit._pickle
 
-    from ddptui.script.flight import FlightDumps, summary
+    from ddptui.observe.flight import FlightDumps, summary
 
     class IntList(list):  # pickled as torch's pickler writes List[int]
         def __reduce__(self):
@@ -249,7 +249,7 @@ def test_the_nccl_flight_recorder_is_asked_through_its_pipe_and_read_without_tor
 def test_the_nccl_dumps_name_the_rank_that_never_joined_the_collective_the_others_are_in():
     """DDP's all-reduce runs behind the Python: a rank that waits for a peer shows user code in
     its stacks, but its dump has all_reduce #42 open while the peer never enqueued #42."""
-    from ddptui.script.flight import behind, compact
+    from ddptui.observe.flight import behind, compact
 
     def trace(*entries):  # compact: as attach gets it from a wrapped rank, too
         return compact({"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
@@ -338,7 +338,7 @@ def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collectiv
     """Wrapped ranks on two nodes, both stalled with stacks in user code: their flight recorders
     (sent compact over the link) show rank 0 in all_reduce #42, which rank 1 on the other node
     never enqueued: rank 0 is `waiting` for rank 1, named with its node; rank 1 stays stalled."""
-    from ddptui.script.flight import compact
+    from ddptui.observe.flight import compact
     from ddptui.sources.remote_watch import RemoteWatch
 
     recorded: list[dict] = []
@@ -394,7 +394,7 @@ def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
 
 def test_the_wrapper_turns_the_flight_recorder_on_unless_the_user_set_it_up(monkeypatch,
                                                                             tmp_path):
-    from ddptui.script.flight import FlightDumps, trace_env
+    from ddptui.observe.flight import FlightDumps, trace_env
     from ddptui.wrap import rankwatch
 
     size, dump_file, pipe = trace_env("", {})
@@ -450,7 +450,7 @@ def test_a_loss_line_per_step_becomes_at_most_20_step_events_a_second_none_lost(
 
 
 def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
-    from ddptui.run.processes import crash_cause
+    from ddptui.observe.endings import crash_cause
 
     warning = ["/x/lightning.py:12: FutureWarning: `foo` is deprecated"]
     assert crash_cause(-9, warning) == "killed by SIGKILL"
@@ -490,7 +490,7 @@ def test_a_rendezvous_port_is_free_and_out_of_the_kernels_range_for_other_socket
     rank 0's store listening (EADDRINUSE lost a GPU run): the pick comes from below them."""
     import socket
 
-    from ddptui.run.processes import ephemeral_ports, free_port
+    from ddptui.run.ports import ephemeral_ports, free_port
 
     low, _ = ephemeral_ports()
     ports = {free_port() for _ in range(20)}
@@ -500,7 +500,7 @@ def test_a_rendezvous_port_is_free_and_out_of_the_kernels_range_for_other_socket
 
 
 def test_torchs_and_ncclss_own_log_lines_are_told_from_the_scripts_output():
-    from ddptui.script.output import library_log
+    from ddptui.observe.output import library_log
 
     assert library_log("[rank0]:[E1126 12:34:56.789012345 ProcessGroupNCCL.cpp:632] [Rank 0] "
                        "Watchdog caught collective operation timeout")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ddptui.run.health import FROZEN
+FROZEN = ("stopped", "tracing-stop", "zombie", "dead", "disk-sleep")
+
+
 
 IDLE_CPU = 5.0  # % of one core, the process tree together: a Python loop doing anything is above
 IDLE_GPU = 10.0  # % utilisation
@@ -111,3 +113,19 @@ def blame(stacks: dict[int, str], frozen: set[int] = frozenset()
     if not culprits:
         return {}  # every one is in a collective: none can be told from the others
     return {slot: (where, culprits) for slot, where in blocked.items() if where is not None}
+
+
+class Silence:
+    """When a rank last said something, and its longest silence so far; `announce`: its first
+    word says it runs (not a standby's: it stays out of the world until it joins)."""
+
+    def __init__(self, now: float, announce: bool = True):
+        self.last: float | None = None
+        self.longest = 0.0
+        self.started = now
+        self.announce = announce
+
+    def heard(self, now: float) -> None:
+        if self.last is not None:
+            self.longest = max(self.longest, now - self.last)
+        self.last = now

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable
 
 from ddptui.contract.safe_text import keep_colours, plain
-from ddptui.script.streams import Route
+from ddptui.observe.streams import Route
 
 CHUNK = 1 << 16
 LINE_EVERY_S = 0.5  # a rank's latest line goes to the log and the screen at most this often

@@ -10,7 +10,7 @@ import os
 import pickle
 from collections.abc import Iterable
 
-from ddptui.run.stacks import Awaited, settled_answers
+from ddptui.observe.stacks import Awaited, settled_answers
 
 TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
 DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
