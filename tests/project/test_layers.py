@@ -1,6 +1,6 @@
-"""The layers point one way: the built-in loop (trainer/, installed as ddptui_trainer, on the rank
-kit) never imports the dashboard side of ddptui nor ddptui it, the dashboard draws its first screen
-without torch, and the package list installs every folder."""
+"""The layers point one way (pyproject's import-linter contracts, which see every import, also
+those inside functions), the processes that must start light do (no torch, no Textual), and the
+package list installs every folder."""
 
 from __future__ import annotations
 
@@ -12,20 +12,11 @@ import tomllib
 
 from tests.helpers.runs import ROOT
 
-TRAINER_MODULES = ["ddptui_trainer.rank_main", "ddptui_trainer.bootstrap", "ddptui_trainer.loop"]
-RANK_SIDE = ("ddptui.kit", "ddptui.contract", "ddptui.options")  # what a rank may take of ddptui
-
 
 def _imported_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint(' '.join(sys.modules))"],
                          cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return set(out.split())
-
-
-def test_importing_the_rank_side_imports_nothing_of_the_dashboard():
-    loaded = _imported_after("\n".join(f"import {m}" for m in TRAINER_MODULES))
-    assert "ddptui.kit.telemetry.reporter" in loaded
-    assert not {m for m in loaded if m.startswith("ddptui.") and not m.startswith(RANK_SIDE)}
 
 
 def test_the_dashboard_and_supervisor_start_without_torch():
@@ -52,20 +43,6 @@ def test_a_wrapped_ranks_sidecar_starts_without_torch():
 def test_a_scripts_run_starts_without_torch():
     loaded = _imported_after("import ddptui.script.run, ddptui.script.options, ddptui.cli")
     assert "torch" not in loaded
-
-
-USERS_PROCESS = ["ddptui.api.session", "ddptui.api.steering", "ddptui.api.rankside",
-                 "ddptui.api.loader", "ddptui.api.elastic_run", "ddptui.api.rollback",
-                 "ddptui.api.figures", "ddptui.wrap.rankwatch", "ddptui.wrap.sidecar", "ddptui.wrap",
-                 "ddptui.integrations.lightning", "ddptui.integrations.transformers",
-                 "ddptui.integrations.keras"]
-
-
-def test_what_runs_in_a_users_process_imports_no_trainer():
-    loaded = _imported_after("import os\nos.environ['KERAS_BACKEND'] = 'torch'\n"
-                             + "\n".join(f"import {m}" for m in USERS_PROCESS))
-    assert "ddptui.kit.telemetry.reporter" in loaded
-    assert not {m for m in loaded if m.split(".")[0] in ("trainer", "ddptui_trainer")}
 
 
 def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(tmp_path):
