@@ -5,22 +5,34 @@ from __future__ import annotations
 
 import random
 import socket
+from collections import deque
+
+
+# The ports handed out lately, each held by a bound socket that is not listening: another pick
+# (this process's or another ddptui's on the machine) is refused it, and rank 0's store, which
+# binds with SO_REUSEADDR as this socket does, takes it over. Two runs beside each other picked
+# the same port before either listened (EADDRINUSE, the run lost: 1 of 4 runs of the suite).
+HELD: deque[socket.socket] = deque(maxlen=16)
 
 
 def free_port() -> int:
-    """A loopback port for a rendezvous, free now and below the range the kernel hands out to
-    connections and to bind(0) (as torchrun's 29500 is): one from that range was taken by some
-    other socket between this pick and rank 0's store listening on it (EADDRINUSE, the run
-    lost: 2 x H100, a recovery after a joiner was killed)."""
+    """A loopback port for a rendezvous, free now, held for this run (HELD), and below the
+    range the kernel hands out to connections and to bind(0) (as torchrun's 29500 is): one from
+    that range was taken by some other socket between this pick and rank 0's store listening on
+    it (EADDRINUSE, the run lost: 2 x H100, a recovery after a joiner was killed)."""
     low = ephemeral_ports()[0]
     for _ in range(200):
-        port = random.randrange(max(1024, low - 10000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:  # in use, or held in TIME_WAIT
-                continue
-            return port
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", random.randrange(max(1024, low - 10000), low)))
+        except OSError:  # in use, held, or in TIME_WAIT
+            s.close()
+            continue
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if len(HELD) == HELD.maxlen:
+            HELD[0].close()
+        HELD.append(s)
+        return s.getsockname()[1]
     with socket.socket() as s:  # every one tried was busy: the kernel's choice, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from ddptui.contract.events import event
 from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.observe.metrics import MetricReader, compile_metrics, read_line
@@ -485,18 +487,29 @@ def test_a_signal_is_the_cause_of_a_kill_and_a_crash_says_its_device_error():
     assert crash_cause(1, ["ValueError: bad"]) == "ValueError: bad"
 
 
-def test_a_rendezvous_port_is_free_and_out_of_the_kernels_range_for_other_sockets():
+def test_a_rendezvous_port_is_out_of_the_kernels_range_held_from_others_and_open_to_rank_0():
     """Ports the kernel hands out to any connection or bind(0) were taken between the pick and
-    rank 0's store listening (EADDRINUSE lost a GPU run): the pick comes from below them."""
+    rank 0's store listening (EADDRINUSE lost a GPU run): the pick comes from below them. Two
+    runs side by side picked the same port: a picked port is held, refused to any other pick
+    (the check is a plain bind), and taken over by rank 0's store."""
     import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
 
     from ddptui.run.ports import ephemeral_ports, free_port
 
     low, _ = ephemeral_ports()
-    ports = {free_port() for _ in range(20)}
-    assert all(1024 <= port < low for port in ports) and len(ports) > 1
+    ports = [free_port() for _ in range(12)]
+    assert all(1024 <= port < low for port in ports) and len(set(ports)) == 12
     with socket.socket() as s:
-        s.bind(("127.0.0.1", ports.pop()))
+        with pytest.raises(OSError):
+            s.bind(("127.0.0.1", ports[-1]))
+    store = dist.TCPStore("127.0.0.1", ports[-1], 1, is_master=True,
+                          timeout=timedelta(seconds=10), wait_for_workers=False)
+    store.set("rank 0", "listens")
+    assert dist.TCPStore("127.0.0.1", ports[-1], 1, timeout=timedelta(seconds=10),
+                         wait_for_workers=False).get("rank 0") == b"listens"
 
 
 def test_torchs_and_ncclss_own_log_lines_are_told_from_the_scripts_output():
