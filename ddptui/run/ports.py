@@ -7,7 +7,6 @@ import random
 import socket
 from collections import deque
 
-
 # The ports handed out lately, each held by a bound socket that is not listening: another pick
 # (this process's or another ddptui's on the machine) is refused it, and rank 0's store, which
 # binds with SO_REUSEADDR as this socket does, takes it over. Two runs beside each other picked

@@ -9,7 +9,7 @@ import os
 import threading
 import time
 
-from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
+from ddptui.contract.events import PARENT, JsonlWriter, count, event, settings_request
 from ddptui.contract.safe_text import plain
 from ddptui.script.options import STALL_S
 from ddptui.sources.listener import ReportListener
@@ -40,6 +40,9 @@ class Attach(RunSource):
                                     self._check_finished)
         self._writer: JsonlWriter | None = None
         self._finished = False
+        self._world_size: int | None = None  # as rank 0 said at its start
+        self._ends: dict[int, dict] = {}  # rank -> the event of its end
+        self._concluded = False  # the job's end said, from every rank's
         self._lock = threading.RLock()  # the listener's threads and the watch's
         self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
 
@@ -140,12 +143,45 @@ class Attach(RunSource):
             self.exit_code = 0 if ev["status"] == "done" else 1
         if self._writer and not self.done.is_set():
             self._writer.write(ev)
+        if ev["kind"] == "run" and ev.get("status") == "started" and ev["rank"] != PARENT:
+            self._world_size, self._ends = ev.get("world_size"), {}
+        elif ev["kind"] == "rank" and ev["rank"] != PARENT:
+            if ev.get("state") in ("done", "crashed"):
+                self._ends.setdefault(ev["rank"], ev)
+            elif ev.get("state") == "running" and ev.get("pid"):  # its launcher started it again
+                self._ends.pop(ev["rank"], None)
+
+    def _job_end(self) -> None:
+        """Where every rank of the job ended: the job's end, with its first failure as torchrun's root
+        cause (rank 0 says how the job went, but nothing once killed, and its own failure where
+        another rank's came first)."""
+        if self._concluded or not self._world_size or len(self._ends) < self._world_size:
+            return
+        self._concluded = True
+        failed = sorted((e for e in self._ends.values() if e["state"] == "crashed"),
+                        key=lambda e: e["t"])
+        if not failed:
+            if not self._finished:
+                self._record(event("run", PARENT, status="done", exit_code=0,
+                                   reason="every rank ended"))
+            return
+        first = failed[0]
+        if self._finished and self.exit_code == 1 and first["rank"] == 0:
+            return  # rank 0 said so, and it failed first
+        self._record(event("run", PARENT, status="failed", exit_code=1,
+                           reason=f"rank {first['rank']}: {first.get('reason') or 'failed'} (the "
+                                  f"first of {count(len(failed), 'rank')} that failed)"))
 
     def _note(self, level: str, text: str) -> None:
         with self._lock:
             self._record(event("message", PARENT, level=level, text=text))
 
     def _check_finished(self) -> None:
-        """The job said it ended and every connection has closed: attach is done too."""
-        if self._finished and self._link.idle() and not self.done.is_set():
+        """Every connection has closed, so every event of the job is here: where every rank
+        ended, or the job said it did, attach is done too."""
+        if not self._link.idle() or self.done.is_set():
+            return
+        with self._lock:
+            self._job_end()
+        if self._finished:
             self.stop(code=self.exit_code or 0)

@@ -25,10 +25,13 @@ from ddptui.contract.events import event
 from ddptui.kit.elastic.lifeline import die_with_parent
 from ddptui.kit.telemetry.gpu import DeviceSampler
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
+from ddptui.observe.endings import ended_how
 from ddptui.observe.flight import DUMP_WAIT_S, FlightDumps, compact, summary
 from ddptui.observe.stacks import StackRequests, innermost
 
 SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
+TERM_GRACE_S = 10.0  # after a SIGTERM of its own, how long it waits for the rank to end
+RANK_GONE = signal.SIGUSR2  # the kernel's word that the rank died (PR_SET_PDEATHSIG)
 
 
 class Sidecar:
@@ -45,6 +48,11 @@ class Sidecar:
                                     args.gpu)
         self.flight = FlightDumps(args.flight) if args.flight else None
         self._asking = threading.Lock()  # one request at a time: they share the stacks file
+        self.gone = threading.Event()  # the rank died, or closed its end of the pipe
+        self.gone_at = 0.0
+        self.ended: dict | None = None  # the rank's own word of its end, passed on
+        self.terminated: float | None = None  # when a SIGTERM came (its launcher's, mostly)
+        self.killed_at: float | None = None  # when k's SIGKILL was sent
 
     def emit(self, kind: str, **fields) -> None:
         self.put(event(kind, self.rank, **fields))
@@ -54,19 +62,60 @@ class Sidecar:
             self.link.put(ev)
 
     def run(self, events) -> None:
-        """Until the rank closes its end (it ended, or died): then what is buffered is sent."""
+        """Until the rank is gone: then how it ended, if it could not say so itself, and what is
+        buffered are sent. Its end comes as its end of the pipe closing or, where a process it
+        forked holds that open, as the kernel's signal (RANK_GONE)."""
         self.device.start()
         for target, name in ((self._sample, "sampler"), (self._commands, "commands")):
             threading.Thread(target=target, name=f"ddptui-sidecar-{name}", daemon=True).start()
-        for line in events:
-            try:
-                self.put(json.loads(line))
-            except ValueError:
-                pass
+        threading.Thread(target=self._forward, args=(events,), name="ddptui-sidecar-events",
+                         daemon=True).start()
+        while not self.gone.wait(0.5):  # the rank's end: its pipe closed, or the kernel's word
+            if self.terminated and time.monotonic() - self.terminated > TERM_GRACE_S:
+                break  # the rank outlived the signal: this process goes as it was told
+        if self.ended is None:
+            code = exit_status(self.pid)
+            if code is not None or not psutil.pid_exists(self.pid):
+                # Dated when it died (k) or was seen to: the job's first failure is the
+                # earliest, and a peer's error at its death comes a moment later.
+                self.put({**event("rank", self.rank, **self.end_of(code)),
+                          "t": round(self.killed_at or self.gone_at, 3)})
         self._halt.set()
         self._sampled.wait(SAMPLE_EVERY_S)  # the last sample: the rank waits for this process
         self.device.stop()
         self.link.close()
+
+    def _forward(self, events) -> None:
+        for line in events:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("kind") == "rank" and ev.get("state") in ("done", "crashed"):
+                self.ended = ev
+            self.put(ev)
+        self.rank_gone()
+
+    def rank_gone(self) -> None:
+        if not self.gone.is_set():
+            self.gone_at = time.time()
+            self.gone.set()
+
+    def end_of(self, code: int | None) -> dict:
+        """The fields of the `rank` event of an end the rank did not report: its exit code or
+        signal, and who sent it where known."""
+        fields = {"state": "done" if code == 0 else "crashed", "pid": self.pid}
+        how = ended_how(code) if code is not None else "ended"
+        if self.killed_at and code in (-signal.SIGKILL, None):
+            how = "killed by SIGKILL (k)"
+        elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL, None):
+            how += " from its launcher (to its whole process group)"
+        elif code == -signal.SIGKILL and _memory_short():
+            how += ": memory was nearly full, likely the kernel's OOM killer"
+        elif code is None:  # srun's step daemon reaps at once
+            how += "; its launcher took its exit status first"
+        return {**fields, **({"exit_code": code} if code is not None else {}),
+                **({} if code == 0 else {"reason": how})}
 
     def _sample(self) -> None:
         """The rank's process figures at once (a short rank may end within the first period),
@@ -98,6 +147,7 @@ class Sidecar:
                     threading.Thread(target=self._stacks, daemon=True,
                                      name="ddptui-sidecar-stacks").start()
                 elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
+                    self.killed_at = time.time()
                     os.kill(self.pid, signal.SIGKILL)
         except (EOFError, OSError):
             pass
@@ -128,6 +178,28 @@ class Sidecar:
                       flight=compact(trace))
 
 
+def exit_status(pid: int, within: float = 0.5) -> int | None:
+    """A dead rank's exit code (negative: its signal) while it waits for its launcher to reap
+    it: the wait status in /proc/PID/stat's last field (Linux 3.5+); None once reaped."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        if fields[0] in ("Z", "X"):
+            status = int(fields[-1])
+            return -(status & 0x7F) if status & 0x7F else status >> 8
+        time.sleep(0.002)  # still exiting: its open files close before it is a zombie
+    return None
+
+
+def _memory_short() -> bool:
+    """Whether the machine is nearly out of memory, as when the OOM killer chooses a rank."""
+    return psutil.virtual_memory().percent > 95
+
+
 def _wait(collect, seconds: float = 15.0):
     """What a StackRequests or FlightDumps collect() gives for the one request made."""
     deadline = time.monotonic() + seconds
@@ -152,16 +224,18 @@ def main(argv: list[str]) -> int:
                    help="the rank's folder of stacks and dumps, removed when the rank is gone")
     args = p.parse_args(argv)
 
-    def rank_gone(signum, frame) -> None:  # killed outright, it could not remove it itself
-        shutil.rmtree(args.scratch, ignore_errors=True)
-        os._exit(128 + signum)
+    sidecar = Sidecar(args)
 
-    signal.signal(signal.SIGTERM, rank_gone)
-    die_with_parent(signal.SIGTERM)
+    def terminated(signum, frame) -> None:  # a launcher's SIGTERM goes to the rank's group
+        sidecar.terminated = time.monotonic()
+
+    signal.signal(signal.SIGTERM, terminated)  # the rank's end is said first
+    signal.signal(RANK_GONE, lambda signum, frame: sidecar.rank_gone())
+    die_with_parent(RANK_GONE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the rank's to handle
     try:
         with os.fdopen(args.events, encoding="utf-8", errors="replace") as events:
-            Sidecar(args).run(events)
+            sidecar.run(events)
     finally:
         shutil.rmtree(args.scratch, ignore_errors=True)
     return 0

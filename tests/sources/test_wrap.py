@@ -78,7 +78,7 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
 
 
 @pytest.mark.timeout(120)
-def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_is_unreachable(
+def test_a_hung_wrapped_rank_is_flagged_k_kills_it_each_end_is_told_and_a_silent_one_unreachable(
         keyed_env, tmp_path):
     port = _port()
     attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
@@ -114,11 +114,27 @@ def test_a_hung_wrapped_rank_is_flagged_with_stacks_k_kills_it_and_a_silent_one_
         assert "no report" in gone["reason"]
         sidecar.resume()
         os.kill(pids[0], signal.SIGCONT)
+        killed_at = len(events(log))
         attach.kill_rank(1)  # k: through its wrapper; torchrun then ends the job
         job.communicate(timeout=60)
         assert job.returncode != 0
         assert any("kills itself through its wrapper" in e["text"]
                    for e in events(log, "message"))
+        # Each rank's end, told by itself or by its sidecar, which outlives it: who ended it,
+        # never "unreachable" (torchrun's SIGTERM to a rank's process group reaches its sidecar).
+        wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 0
+                       and e["state"] == "crashed", 30)
+        after = [e for e in events(log)[killed_at:] if e["kind"] == "rank"]
+        ends = {e["rank"]: e for e in after if e["state"] in ("crashed", "done")}
+        assert ends[1]["reason"] == "killed by SIGKILL (k)" and ends[1]["exit_code"] == -9
+        # rank 0's own cause: gloo's broken connection, or torchrun's SIGTERM where that came first
+        assert ends[0]["reason"].startswith(("RuntimeError", "killed by SIGTERM from its launcher"))
+        assert not [e for e in after if e["state"] == "unreachable"]
+        # ... and the job's end, once every rank ended: attach is done, exit 1.
+        assert attach.done.wait(30) and attach.exit_code == 1
+        end = events(log, "run")[-1]
+        assert end["status"] == "failed" and end["reason"].startswith(
+            "rank 1: killed by SIGKILL (k) (the first of 2 ranks that failed)")
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGTERM)
