@@ -20,7 +20,7 @@ from ddptui.options.parser import Parser, from_args
 from ddptui.options.training import add_training_options, config_from_args
 from ddptui.run import bytecode
 from ddptui.run.policy import RunPolicy
-from ddptui.script.options import STALL_S
+from ddptui.script.options import JOB_GRACE_S, STALL_S
 from ddptui.view.keys import keys_lines
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ def build_parser() -> Parser:
                         help="ranks under python -m ddptui.wrap: flag one stalled after S "
                         f"seconds stopped, idle or silent (default {STALL_S:.0f}); one that "
                         "stops reporting is unreachable after 5 s")
+    attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",
+                        help="K ends the whole job: each wrapped rank gets SIGTERM, and SIGKILL "
+                        f"if it is still there S seconds later (default {JOB_GRACE_S:.0f})")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
     replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
     replay.add_argument("file", metavar="FILE.jsonl")
@@ -251,7 +254,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     from ddptui.sources.attach import Attach
 
     try:
-        attach = Attach(address, key, log, source, args.stall_after)
+        attach = Attach(address, key, log, source, args.stall_after, args.grace)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
     headless = args.headless or not sys.stdout.isatty()

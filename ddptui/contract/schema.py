@@ -355,6 +355,13 @@ class RestartCommand(Command):
     kill: Annotated[int | None, "a rank to SIGKILL at once (k)"]
 
 
+class SidecarCommand(Command):
+    """attach to a wrapped rank's sidecar (`python -m ddptui.wrap`), which acts from outside the
+    rank: `kill` (k: SIGKILL at once), `end` (K, the whole job: SIGTERM, SIGKILL after `grace`)."""
+
+    grace: NotRequired[Annotated[float, "end: seconds from the SIGTERM to the SIGKILL"]]
+
+
 class WorldOrder(Command):
     """A change of the world, decided by the parent alone (ddptui/run/membership.py) and sent to
     ranks' command pipes (a script's under run.elastic(): its report channel): `reform` to the
@@ -378,6 +385,7 @@ COMMANDS: dict[str, type] = {
     "pause": PauseCommand, "resume": ResumeCommand, "checkpoint": CheckpointCommand,
     "stop": StopCommand, "settings": SettingsCommand, "apply": ApplyCommand,
     "stop_rank": RankCommand, "restart_rank": RankCommand, "kill_rank": RankCommand,
-    "stacks": RankCommand, "restart": RestartCommand,
+    "stacks": RankCommand, "restart": RestartCommand, "kill": SidecarCommand,
+    "end": SidecarCommand,
     "reform": WorldOrder, "join": WorldOrder, "recover": WorldOrder, "host": WorldOrder,
 }

@@ -20,6 +20,7 @@ from ddptui.options.parser import Parser, add_sections, flags, from_args, option
 from ddptui.options.training import check_tensorboard, check_writable_dir, check_writable_file
 
 GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after this long
+JOB_GRACE_S = 10.0  # attach's K: SIGTERM to every wrapped rank, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
 
 TORCHRUN = "torchrun's options, same meaning (one machine)"

@@ -11,7 +11,7 @@ import time
 
 from ddptui.contract.events import PARENT, JsonlWriter, count, event, settings_request
 from ddptui.contract.safe_text import plain
-from ddptui.script.options import STALL_S
+from ddptui.script.options import JOB_GRACE_S, STALL_S
 from ddptui.sources.listener import ReportListener
 from ddptui.sources.remote_watch import RemoteWatch
 from ddptui.state.runstate import RunState
@@ -27,10 +27,11 @@ class Attach(RunSource):
     """The source behind the dashboard: start(), steer like a Supervisor, stop() detaches."""
 
     owns_ranks = False  # q detaches; training goes on
+    can_end_job = True  # K: through each wrapped rank's sidecar
 
     def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str,
-                 stall_after: float = STALL_S):
-        self.address, self.key, self.log_path = address, key, log_path
+                 stall_after: float = STALL_S, grace: float = JOB_GRACE_S):
+        self.address, self.key, self.log_path, self.grace = address, key, log_path, grace
         self.state = RunState({"log": log_path, "model": "waiting for ranks",
                                "data": f"listening on {address[0]}:{address[1]}"})
         self.done = threading.Event()
@@ -70,6 +71,26 @@ class Attach(RunSource):
             self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "
                        "its launcher now does what it does (torchrun: --max-restarts or the "
                        "end of the job; srun: the end of the step)")
+
+    def end_job(self) -> None:
+        """K: every wrapped rank that has not ended gets SIGTERM from its sidecar, and SIGKILL
+        `grace` seconds later if it is still there; its launcher then ends as it does when its
+        workers fail. A rank that cannot be reached, or was not wrapped, is named."""
+        with self._lock:
+            live = sorted(set(self._watch.silence) - set(self._ends))
+            others = sorted(r.rank for r in self.state.view().ranks
+                            if r.rank not in self._watch.silence and not r.state.is_final)
+        asked = [r for r in live if self._link.send(r, {"op": "end", "grace": self.grace})]
+        if asked:
+            self._note("warning", f"K: ending the job: SIGTERM to {count(len(asked), 'rank')} "
+                       f"({', '.join(map(str, asked))}) through their wrappers, SIGKILL "
+                       f"{self.grace:g} s later to any still there")
+        missed = [r for r in live if r not in asked] + others
+        if missed:
+            self._note("error", f"K cannot reach rank {', '.join(map(str, missed))}: end it "
+                       "where it runs (its launcher, kill, scancel)")
+        if not asked and not missed:
+            self._note("warning", "K: no rank of the job is running")
 
     def _ask_stacks(self, rank: int) -> bool:
         return self._link.send(rank, {"op": "stacks"})

@@ -18,6 +18,7 @@ class RunSource(ABC):
 
     can_steer: ClassVar[bool] = True  # pause, settings, checkpoint, ranks (a Replay: no)
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
+    can_end_job: ClassVar[bool] = False  # K ends a job it does not own (an Attach)
 
     state: RunState
     done: threading.Event
@@ -80,6 +81,10 @@ class RunSource(ABC):
     def restart_group(self, kill: int | None = None) -> None:
         """Every rank ends (`kill` at once) and the group starts again (restarts_group)."""
         self._cannot("restart the group")
+
+    def end_job(self) -> None:
+        """End every rank of a job launched elsewhere now (can_end_job)."""
+        self._cannot("end the job")
 
     def stacks(self, rank: int) -> None:
         """Ask the rank for every thread's Python stack (owns_ranks)."""

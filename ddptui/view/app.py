@@ -20,7 +20,7 @@ from ddptui.state.source import RunSource
 from ddptui.state.views import RankView, RunView
 from ddptui.view.keys import KEYS, NEEDS, key_rows
 from ddptui.view.widgets.charts import RunCharts
-from ddptui.view.widgets.confirm import ConfirmQuit, ConfirmRestart
+from ddptui.view.widgets.confirm import ConfirmEndJob, ConfirmQuit, ConfirmRestart
 from ddptui.view.widgets.devices import DevicePanel
 from ddptui.view.widgets.events_pane import EventLog
 from ddptui.view.widgets.gpus import GpuScreen
@@ -36,7 +36,7 @@ CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows 
 # change, and at 5 Hz that was a third of the dashboard's CPU. States and rows show at once.
 TABLES_S = 0.5
 CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
-                   "kill_rank"}
+                   "kill_rank", "end_job"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 _ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
 # The footer's order: q and ? first, so a narrow terminal cuts the least used keys instead
@@ -201,6 +201,8 @@ class DashboardApp(App[int]):
     def check_action(self, action: str, parameters: tuple) -> bool | None:
         if action in CONTROL_ACTIONS and (not self.source.can_steer or self.source.done.is_set()):
             return False  # a replay, or a run that is over, has nothing to steer: hidden
+        if action == "end_job" and not self.source.can_end_job:
+            return False  # a run ddptui owns: q ends it
         return None if self.why_not(action) else True  # dimmed in the footer
 
     def why_not(self, action: str) -> str | None:
@@ -210,6 +212,8 @@ class DashboardApp(App[int]):
             return "a replay has nothing to steer"
         if action in CONTROL_ACTIONS and self.source.done.is_set():
             return "the run is over: q quits"
+        if action == "end_job" and not self.source.can_end_job:
+            return "K ends a job ddptui attached to; in a run ddptui owns, q ends it"
         need = NEEDS.get(action)
         return self.source.refuse(need) if need else None
 
@@ -320,6 +324,13 @@ class DashboardApp(App[int]):
             return
         self.source.kill_rank(rank.rank)
         self.notify(f"killing rank {rank.rank}: the others go on through crash recovery")
+
+    def action_end_job(self) -> None:
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.source.end_job()
+
+        self.push_screen(ConfirmEndJob(self.source.grace), confirmed)
 
     def action_stacks(self) -> None:
         rank = self._selected()

@@ -44,6 +44,10 @@ KEYS = (
     Key("a", "apply", "Apply now", "a",
         "apply pending settings now, at the next agreed step (no sample skipped or seen twice)"),
     Key("c", "checkpoint", "Checkpoint", "c", "checkpoint now (needs --checkpoint-dir)"),
+    Key("K", "end_job", "End job", "K",
+        "end the whole job ddptui attached to (asked first): every rank gets SIGTERM through its "
+        "wrapper, SIGKILL after --grace (10 s) if still there, and its launcher ends; in a run "
+        "ddptui owns, q ends it"),
     Key("question_mark", "help", "Help", "?", "this help"),
     Key("q", "quit", "Quit", "q, Ctrl-C",
         "quit: ranks stop at an agreed step, checkpoint (with --checkpoint-dir), every process "

@@ -53,6 +53,7 @@ class Sidecar:
         self.ended: dict | None = None  # the rank's own word of its end, passed on
         self.terminated: float | None = None  # when a SIGTERM came (its launcher's, mostly)
         self.killed_at: float | None = None  # when k's SIGKILL was sent
+        self.ended_by_k: float | None = None  # K's grace, once it asked this rank to end
 
     def emit(self, kind: str, **fields) -> None:
         self.put(event(kind, self.rank, **fields))
@@ -106,7 +107,10 @@ class Sidecar:
         signal, and who sent it where known."""
         fields = {"state": "done" if code == 0 else "crashed", "pid": self.pid}
         how = ended_how(code) if code is not None else "ended"
-        if self.killed_at and code in (-signal.SIGKILL, None):
+        if self.ended_by_k is not None and code in (-signal.SIGTERM, -signal.SIGKILL, None):
+            how = (f"killed by SIGKILL (K, still there {self.ended_by_k:g} s after its SIGTERM)"
+                   if self.killed_at else f"{how} (K)")
+        elif self.killed_at and code in (-signal.SIGKILL, None):
             how = "killed by SIGKILL (k)"
         elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL, None):
             how += " from its launcher (to its whole process group)"
@@ -149,8 +153,19 @@ class Sidecar:
                 elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
                     self.killed_at = time.time()
                     os.kill(self.pid, signal.SIGKILL)
+                elif cmd.get("op") == "end":  # K: the whole job ends
+                    threading.Thread(target=self._end, args=(float(cmd.get("grace", 10.0)),),
+                                     name="ddptui-sidecar-end", daemon=True).start()
         except (EOFError, OSError):
             pass
+
+    def _end(self, grace: float) -> None:
+        """SIGTERM, as a launcher ends its workers, then SIGKILL if the rank is still there."""
+        self.ended_by_k = grace
+        os.kill(self.pid, signal.SIGTERM)
+        if not self.gone.wait(grace):
+            self.killed_at = time.time()
+            os.kill(self.pid, signal.SIGKILL)
 
     def _stacks(self) -> None:
         """The rank's stacks (faulthandler answers from C, whatever its Python is doing), then

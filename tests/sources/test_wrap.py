@@ -269,3 +269,64 @@ def test_a_script_or_module_that_cannot_start_is_one_line_and_exit_2(argv, said,
     monkeypatch.setattr(sys, "argv", list(sys.argv))  # the wrapper sets the script's argv
     assert main(argv) == 2
     assert capsys.readouterr().err.splitlines() == [said]
+
+
+DEAF = """
+import signal, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+print("loss: 1.0", flush=True)
+if dist.get_rank() == 1:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # deaf to its launcher's SIGTERM, and K's
+    time.sleep(3600)
+dist.all_reduce(torch.zeros(1))  # rank 0 waits here for ever
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_K_ends_a_hung_job_sigterm_then_sigkill_after_the_grace(keyed_env, tmp_path):
+    """K, asked first, in attach's dashboard: each wrapped rank's sidecar sends SIGTERM, and
+    SIGKILL after --grace to a rank still there; each end says so, the job's end follows, and
+    no process of the job is left."""
+    from ddptui.view.app import DashboardApp
+    from ddptui.view.widgets.confirm import ConfirmEndJob
+
+    script, log, port = tmp_path / "deaf.py", tmp_path / "a.jsonl", _port()
+    script.write_text(DEAF)
+    attach = Attach(("127.0.0.1", port), KEY.encode(), str(log), "test", grace=2.0)
+    app = DashboardApp(attach)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "ddptui.wrap", str(script)],
+        env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        async with app.run_test(size=(160, 50)) as pilot:
+            for _ in range(600):  # both ranks printed their line: rank 1 is deaf by then
+                if {e["rank"] for e in events(log) if "loss: 1.0" in
+                        (e.get("text") or "") + "".join(e.get("lines") or [])} == {0, 1}:
+                    break
+                await pilot.pause(0.1)
+            pids = {e["rank"]: e["pid"] for e in events(log, "rank") if e.get("api")}
+            await pilot.press("K")
+            assert isinstance(app.screen, ConfirmEndJob)
+            await pilot.press("y")
+            job.communicate(timeout=60)
+            for _ in range(300):
+                if attach.done.is_set():
+                    break
+                await pilot.pause(0.1)
+            await pilot.press("q")
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate(timeout=60)
+        attach.stop()
+    assert job.returncode != 0
+    said = [e["text"] for e in events(log, "message")]
+    assert any(t.startswith("K: ending the job: SIGTERM to 2 ranks (0, 1)") for t in said)
+    ends = {e["rank"]: e["reason"] for e in events(log, "rank") if e["state"] == "crashed"}
+    assert ends == {0: "killed by SIGTERM (K)",
+                    1: "killed by SIGKILL (K, still there 2 s after its SIGTERM)"}
+    assert attach.exit_code == 1 and events(log, "run")[-1]["status"] == "failed"
+    assert_gone(set(pids.values()))

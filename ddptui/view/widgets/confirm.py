@@ -29,6 +29,27 @@ class ConfirmQuit(ModalScreen[bool]):
         self.dismiss(answer)
 
 
+class ConfirmEndJob(ModalScreen[bool]):
+    """K in attach: the whole job ends, every rank of every node."""
+
+    BINDINGS = [Binding("y", "answer(True)", "End the job"),
+                Binding("n,escape", "answer(False)", "Stay")]
+
+    def __init__(self, grace: float):
+        super().__init__()
+        self.grace = grace
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm"):
+            yield Label("End the whole job? Every rank gets SIGTERM through its wrapper, and "
+                        f"SIGKILL {self.grace:g} s later if it is still there; its launcher then "
+                        "ends.")
+            yield Label("[b]y[/b] end the job    [b]n[/b] keep it running")
+
+    def action_answer(self, answer: bool) -> None:
+        self.dismiss(answer)
+
+
 class ConfirmRestart(ModalScreen[bool]):
     """A script's ranks leave and come back together: s, r and k offer to restart them all."""
 
