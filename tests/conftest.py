@@ -1,15 +1,18 @@
 """The fixtures every test may take: the session's data cache, the environment of a run,
-ddptui's main() in the test's process, and the end of whatever a failed test left going;
-helpers live in tests/helpers/."""
+ddptui's main() in the test's process, a real one-host SLURM, and the end of whatever a failed
+test left going; helpers live in tests/helpers/."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import psutil
 import pytest
 
 from tests.helpers.runs import describe_pid, helper_of, run_env
+from tests.helpers.slurm import OneHostSlurm
+from tests.helpers.slurm import missing as slurm_missing
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +106,17 @@ def orphans():
             except psutil.Error:
                 pass
     psutil.wait_procs([p for p in psutil.Process().children() if p.pid not in before], timeout=10)
+
+
+@pytest.fixture
+def slurm(tmp_path_factory):
+    """A real SLURM on this host for the test (tests/helpers/slurm.py). Where it cannot run the
+    test is skipped and says why; on CI, which installs it (.ci/run), it fails instead."""
+    why = slurm_missing()
+    if why:
+        (pytest.fail if os.environ.get("CI") else pytest.skip)(f"no real SLURM: {why}")
+    cluster = OneHostSlurm(str(tmp_path_factory.mktemp("slurm")))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+

@@ -112,8 +112,10 @@ class Sidecar:
                    if self.killed_at else f"{how} (K)")
         elif self.killed_at and code in (-signal.SIGKILL, None):
             how = "killed by SIGKILL (k)"
-        elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL, None):
-            how += " from its launcher (to its whole process group)"
+        elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL):
+            how += " from its launcher"  # torchrun and srun signal every process of the rank
+        elif self.terminated:
+            how = "ended on its launcher's SIGTERM"
         elif code == -signal.SIGKILL and _memory_short():
             how += ": memory was nearly full, likely the kernel's OOM killer"
         elif code is None:  # srun's step daemon reaps at once
