@@ -15,6 +15,7 @@ from ddptui.observe.output import library_log
 from ddptui.observe.stalls import Reading, ScriptStalls, Silence, blame
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
+STUCK_AFTER_S = 2.0
 
 
 class RemoteWatch:
@@ -32,7 +33,11 @@ class RemoteWatch:
         self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
         self.traces: dict[int, dict] = {}  # its flight recorder's, compact (observe/flight.py)
         self.places: dict[int, str] = {}  # rank -> "node vm2, local 1"
-        self.ended: set[int] = set()
+        self.ended: dict[int, str | None] = {}  # rank -> why it failed (None: it finished)
+        self.held: dict[int, str] = {}  # a waiting rank -> where ("in all_reduce #12 (NCCL)")
+        self.waited: dict[int, list[int]] = {}  # a waiting rank -> the ranks it waits for
+        self.ended_at: dict[int, float] = {}
+        self._said_stuck: tuple = ()
 
     def observe(self, ev: dict, now: float) -> None:
         rank, kind = ev["rank"], ev["kind"]
@@ -42,7 +47,7 @@ class RemoteWatch:
         if kind == "rank" and ev.get("api") == "ddptui.wrap" or \
                 kind == "process" and rank not in self.silence:
             self.silence[rank] = Silence(now)
-            self.ended.discard(rank)
+            self.ended.pop(rank, None)
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
         self.heard[rank] = now
@@ -50,7 +55,8 @@ class RemoteWatch:
         if kind == "rank" and node:
             self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
         if kind == "rank" and ev.get("state") in ("done", "crashed"):
-            self.ended.add(rank)
+            self.ended[rank] = (ev.get("reason") or "failed") if ev["state"] == "crashed" else None
+            self.ended_at[rank] = now
         elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
             self.silence[rank].heard(now)
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
@@ -88,6 +94,33 @@ class RemoteWatch:
                 reason, fields = verdict
                 self._flag(rank, RankState.STALLED, now, reason, **fields)
                 self.ask_stacks(rank)
+        self._stuck(now)
+
+    def _stuck(self, now: float) -> None:
+        """Ranks that wait in a collective for a rank that has ended: the job cannot go on (NCCL
+        waits out its timeout, 10 minutes by default, and the launcher of those ranks with it)."""
+        held = {r: self.flags[r][1] for r in self.flags if r not in self.ended
+                and self.flags[r][0] in (RankState.STALLED, RankState.WAITING)}
+        # A peer's death fails gloo's collectives at once, and NCCL's where the job aborts: only
+        # ranks still held a moment later are stuck.
+        dead = {r: why for r, why in self.ended.items()
+                if why is not None and now - self.ended_at[r] >= STUCK_AFTER_S}
+        if not held or not dead:
+            return
+        said = (tuple(sorted(held)), tuple(sorted(dead)))
+        if said == self._said_stuck:
+            return
+        self._said_stuck = said
+        first = min(dead, key=lambda r: (r not in self.culprits(), r))
+        where = {self.held[r] for r in held if r in self.held}
+        self.record(event("message", PARENT, level="error", text=(
+            f"{_ranks(sorted(held))} {'waits' if len(held) == 1 else 'wait'}"
+            f"{' ' + where.pop() if len(where) == 1 else ''} for rank {first}, which ended "
+            f"({dead[first]}): the job cannot go on; K ends it")))
+
+    def culprits(self) -> set[int]:
+        """The ranks the waiting ones were found to wait for."""
+        return {c for r in self.held for c in self.waited.get(r, ())}
 
     def _blame(self) -> None:
         """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it;
@@ -103,6 +136,7 @@ class RemoteWatch:
             names = ", ".join(f"{c} ({self.places[c]})" if c in self.places else str(c)
                               for c in culprits)
             self.flags[rank] = (RankState.WAITING, self.flags[rank][1])
+            self.held[rank], self.waited[rank] = f"in {where}", culprits
             self.record(event("rank", rank, state=RankState.WAITING, reason=f"in {where}: waiting for "
                               f"rank {names}", waiting_for=culprits))
 
@@ -114,6 +148,7 @@ class RemoteWatch:
         self.flags.pop(rank, None)
         self.stacks.pop(rank, None)
         self.traces.pop(rank, None)
+        self.held.pop(rank, None)
         self.stalls.forget(rank)
         self.record(event("rank", rank, state=RankState.RUNNING, reason=reason))
 
@@ -123,3 +158,12 @@ def _the_scripts_own(ev: dict) -> bool:
     logging is not its pace (asking a stalled rank for its flight recorder makes torch log)."""
     lines = (ev.get("lines") or []) if ev["kind"] == "lines" else [ev.get("text") or ""]
     return any(not library_log(plain(line)) for line in lines)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2', 'ranks 0, 2 and 5'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"

@@ -366,6 +366,17 @@ def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collectiv
     assert recorded[0]["reason"] == \
         "in all_reduce #42 (NCCL): waiting for rank 1 (node vm/1, local 0)"
     assert watch.flags[1][0] == "stalled"
+    # Rank 1 is killed (k): rank 0, still held in the collective 2 s later (NCCL waits out its
+    # timeout), cannot go on, said once; a rank that ends a moment after its peer is not stuck.
+    watch.observe({"kind": "rank", "rank": 1, "state": "crashed",
+                   "reason": "killed by SIGKILL (k)"}, 3.5)
+    watch.check(4.0)
+    assert [e.get("text") for e in recorded if e["kind"] == "message"] == []
+    for now in (6.0, 7.0):
+        watch.check(now)
+    assert [e["text"] for e in recorded if e["kind"] == "message"] == [
+        "rank 0 waits in all_reduce #42 (NCCL) for rank 1, which ended (killed by SIGKILL (k)): "
+        "the job cannot go on; K ends it"]
 
 
 def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
