@@ -1,6 +1,7 @@
 """A hung rank under `python -m ddptui.wrap`, on two torchrun "nodes" of one GPU each on one
 machine, as `ddptui attach` sees it: the stall verdicts, the stacks, each rank's NCCL flight
-recorder and the cross-node blame it gives, then `k` through the wrapper.
+recorder and the cross-node blame it gives, then `k` through the wrapper, each rank's end as
+attach tells it, a job that cannot go on, and `K`, the whole job's end.
 
 python bench/wrap_hang.py --stall-after 10 --timeout 120 --out $OUT/wrap_hang.json
 examples/plain_ddp.py unmodified (resnet18-sized steps are not needed: its small CNN), rank 1
@@ -73,7 +74,7 @@ def main() -> int:
         attach.start()
         jobs = nodes(dict(env, DDPTUI_REPORT=f"127.0.0.1:{port}"), tmp, 0 if args.cpu else 2)
         try:
-            result = watch(attach, log, args.timeout)
+            result = watch(attach, log, args.timeout, jobs)
         finally:
             errs = []
             for job in jobs:
@@ -96,7 +97,7 @@ def main() -> int:
     return 0 if result.get("waiting") and not result["shown_running_after_flag"] else 1
 
 
-def watch(attach: Attach, log: str, timeout: float) -> dict:
+def watch(attach: Attach, log: str, timeout: float, jobs: list[subprocess.Popen]) -> dict:
     """Everything attach said about the hang, timed from rank 1's last step; each verdict and
     message printed as it comes, so that a run cut short still says how far it got."""
     deadline, seen = time.monotonic() + timeout, 0
@@ -124,10 +125,32 @@ def watch(attach: Attach, log: str, timeout: float) -> dict:
                       and e["state"] == "stalled"), None) for r in (0, 1)}
     stacks = {r: next((e for e in evs if e.get("stacks_of") == r and not e.get("flight")), None)
               for r in (0, 1)}
+    pids = {e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")}
+    t_k = time.time()
     attach.kill_rank(1)
     killed = wait_for(log, lambda e: e["kind"] == "message" and "kills itself" in e.get("text", ""),
                       10)
-    return {"stalled_s": {r: after(flags[r]) for r in (0, 1)},
+    ended = wait_for(log, lambda e: e["kind"] == "rank" and e["rank"] == 1
+                     and e.get("state") == "crashed", 15)
+    shown = time.time()  # its event is dated when the rank died
+    stuck = wait_for(log, lambda e: "cannot go on" in e.get("text", "") or
+                     e["kind"] == "rank" and e["rank"] == 0 and e.get("state") == "crashed", 30)
+    t_big_k = time.time()
+    attach.end_job()
+    while time.time() - t_big_k < 60 and any(j.poll() is None for j in jobs):
+        time.sleep(0.1)
+    gone = time.time() - t_big_k
+    ends = {e["rank"]: e.get("reason") for e in events(log) if e["kind"] == "rank"
+            and e.get("state") in ("crashed", "done")}
+    job_end = next((e for e in reversed(events(log)) if e["kind"] == "run"
+                    and e.get("status") in ("done", "failed")), None)
+    return {"k_to_end_shown_s": ended and round(shown - t_k, 2),
+            "after_k": stuck and (stuck.get("text") or stuck.get("reason")),
+            "after_k_s": stuck and round(stuck["t"] - t_k, 2),
+            "K_to_no_process_s": round(gone, 2), "ends": ends,
+            "job_end": job_end and job_end.get("reason"),
+            "left": sorted(p for p in pids if _alive(p)),
+            "stalled_s": {r: after(flags[r]) for r in (0, 1)},
             "stalled_reason": {r: flags[r] and flags[r]["reason"] for r in (0, 1)},
             "stacks_s": {r: after(stacks[r]) for r in (0, 1)},
             "flight": flights, "waiting_s": after(waiting),
@@ -136,6 +159,14 @@ def watch(attach: Attach, log: str, timeout: float) -> dict:
                                          and e.get("state") == "running" and flags.get(e["rank"])
                                          and e["t"] > flags[e["rank"]]["t"]],
             "waiting": waiting and waiting["reason"], "k": killed and killed["text"]}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 if __name__ == "__main__":
