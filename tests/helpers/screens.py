@@ -53,3 +53,14 @@ def tmux(*args: str, check: bool = True) -> str:
     exited unexpectedly")."""
     return subprocess.run(["tmux", "-L", f"ddptui-tests-{os.getpid()}", *args],
                           capture_output=True, text=True, check=check).stdout
+
+
+def rank_row(app, rank: int) -> dict:
+    """The ranks table's row of `rank`, by column label, as the screen shows it."""
+    from ddptui.view.widgets.tables import RankTable
+
+    table = app.query_one(RankTable)
+    if rank >= table.row_count:
+        return {}
+    return {str(c.label): str(v) for c, v in zip(table.ordered_columns,
+                                                  table.get_row_at(rank), strict=True)}

@@ -14,7 +14,6 @@ from ddptui.script.options import parse_script_args
 from ddptui.script.run import ScriptRun
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.confirm import ConfirmRestart
-from ddptui.view.widgets.tables import RankTable
 from tests.helpers.runs import (
     ROOT,
     assert_gone,
@@ -24,6 +23,7 @@ from tests.helpers.runs import (
     rank_pids,
     wait_for_event,
 )
+from tests.helpers.screens import rank_row
 
 LOOPING = os.path.join(ROOT, "tests", "helpers", "scripts", "looping.py")
 WITH_DDPTUI = os.path.join(ROOT, "examples", "with_ddptui.py")
@@ -60,14 +60,6 @@ async def _until(pilot, predicate, timeout: float = 60, log=None) -> None:
                          + "\n".join(map(str, last)))
 
 
-def _row(app, rank: int) -> dict:
-    table = app.query_one(RankTable)
-    if rank >= table.row_count:
-        return {}
-    return {str(c.label): str(v) for c, v in zip(table.ordered_columns,
-                                                  table.get_row_at(rank), strict=True)}
-
-
 def _toasts(app) -> list[str]:
     """The notifications on screen, as the user reads them."""
     return [str(t.render()) for t in app.screen.query("Toast")]
@@ -80,13 +72,13 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
     run = _run([LOOPING, "--cpus", "2", "--grace", "3"], log)
     app = DashboardApp(run)
     async with app.run_test(size=(160, 45), notifications=True) as pilot:
-        await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", ""))
-        row = _row(app, 1)
+        await _until(pilot, lambda: "loss:" in rank_row(app, 1).get("output", ""))
+        row = rank_row(app, 1)
         assert row["state"] == "running" and row["process"] in ("running", "sleeping")
         assert row["CPU"].endswith("%") and row["RSS"].endswith("M")
         # Loss lines become a step event at most every 50 ms, the mean of those read: the
         # progress bar's first `loss=0.000` can be the row's loss until the next one lands.
-        await _until(pilot, lambda: _float(_row(app, 1).get("loss")) > 0)
+        await _until(pilot, lambda: _float(rank_row(app, 1).get("loss")) > 0)
         await pilot.press("space")  # no ddptui.init() in it: nothing to pause, and it says so
         assert run.state.vitals().pause_asked is None
         await pilot.pause(0.2)
@@ -107,9 +99,9 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
         await pilot.press("y")
         await _until(pilot, lambda: any(e.get("restart") == 1 for e in events(log, "run")))
         # The new process's row (its pid), not the old one's last look.
-        await _until(pilot, lambda: "loss:" in _row(app, 1).get("output", "") and
-                     _row(app, 1)["state"] == "running" and
-                     _row(app, 1)["pid"] not in {str(pid) for pid in first}, log=log)
+        await _until(pilot, lambda: "loss:" in rank_row(app, 1).get("output", "") and
+                     rank_row(app, 1)["state"] == "running" and
+                     rank_row(app, 1)["pid"] not in {str(pid) for pid in first}, log=log)
         assert_gone(first)
         pids = rank_pids(log)
         await pilot.press("q")

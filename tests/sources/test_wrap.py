@@ -15,6 +15,7 @@ import pytest
 
 from ddptui.sources.attach import Attach
 from tests.helpers.runs import ROOT, assert_gone, events, wait_for_event
+from tests.helpers.screens import rank_row
 from tests.sources.test_attach import KEY, _port
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
@@ -313,9 +314,12 @@ async def test_K_ends_a_hung_job_sigterm_then_sigkill_after_the_grace(keyed_env,
             await pilot.press("y")
             job.communicate(timeout=60)
             for _ in range(300):
-                if attach.done.is_set():
+                if attach.done.is_set() and rank_row(app, 1).get("process") == "ended":
                     break
                 await pilot.pause(0.1)
+            # Ended ranks show no last readings as if live.
+            assert [rank_row(app, r)["process"] for r in (0, 1)] == ["ended", "ended"]
+            assert [rank_row(app, r)["CPU"] for r in (0, 1)] == ["-", "-"]
             await pilot.press("q")
     finally:
         if job.poll() is None:

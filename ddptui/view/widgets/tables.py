@@ -124,6 +124,10 @@ class RankTable(DataTable):
         out = Text.from_ansi(r.last_line, style="dim", no_wrap=True, end="")
         out.truncate(self.output_room, overflow="ellipsis")
         where = (str(r.step) if r.iteration else f"{r.epoch}/{r.step}") if stepped else "-"
+        if r.state.is_final:  # its last readings are no process's now
+            return (str(r.rank), state_cell(r, now), where, _fmt(r.loss, ".4f"), out,
+                    Text("ended", style="dim"), "-", "-", "-", "-", str(r.pid or "-"),
+                    r.device or "-")
         return (str(r.rank), state_cell(r, now), where, _fmt(r.loss, ".4f"), out,
                 Text(r.status or "-", style="bold red" if r.status in ("stopped", "zombie")
                      else ""),
