@@ -70,35 +70,32 @@ def test_srun_ranks_are_watched_and_k_scancel_and_K_ends_are_told(slurm, env, tm
         assert not [e for e in events(log)[since:] if e.get("state") == "unreachable"]
         assert events(log, "run")[-1]["reason"].startswith("rank 1: killed by SIGKILL (k)")
 
-        # scancel: SLURM signals every process of the step, sidecars included, which still
-        # tell their rank's end before they go.
-        attach, log, listen = _attach(tmp_path, "scancel")
-        attaches.append(attach)
-        steps.append(_step(slurm, env, listen, tmp_path))
-        wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 1
-                       and e.get("state") == "stalled", 90)
-        pids |= {e["pid"] for e in events(log, "rank") if e.get("api") == "ddptui.wrap"}
+        # scancel, then K: each rank's end as SLURM or K brought it, told by its sidecar,
+        # which is signalled too (SLURM signals every process of the step).
+        def hung(name: str) -> tuple[Attach, str]:
+            attach, log, listen = _attach(tmp_path, name)
+            attaches.append(attach)
+            steps.append(_step(slurm, env, listen, tmp_path))
+            wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 1
+                           and e.get("state") == "stalled", 90)
+            pids.update(e["pid"] for e in events(log, "rank") if e.get("api") == "ddptui.wrap")
+            return attach, log
+
+        def ended(attach: Attach, log: str, said: str) -> None:
+            steps[-1].communicate(timeout=60)
+            assert attach.done.wait(30)
+            ends = _ends(log, 0)
+            assert ends.keys() == {0, 1} and all(said in e["reason"] for e in ends.values()), ends
+
+        attach, log = hung("scancel")
         jobs = subprocess.run(["squeue", "-h", "-o", "%i"], env=slurm.env, capture_output=True,
                               text=True).stdout.split()
         assert len(jobs) == 1
         subprocess.run(["scancel", jobs[0]], env=slurm.env, check=True)
-        steps[1].communicate(timeout=60)
-        assert attach.done.wait(30)
-        ends = _ends(log, 0)
-        assert ends.keys() == {0, 1} and all("launcher" in e["reason"] for e in ends.values()), ends
-
-        # K: the whole job, through each rank's sidecar.
-        attach, log, listen = _attach(tmp_path, "K")
-        attaches.append(attach)
-        steps.append(_step(slurm, env, listen, tmp_path))
-        wait_for_event(log, lambda e: e["kind"] == "rank" and e["rank"] == 1
-                       and e.get("state") == "stalled", 90)
-        pids |= {e["pid"] for e in events(log, "rank") if e.get("api") == "ddptui.wrap"}
+        ended(attach, log, "launcher")
+        attach, log = hung("K")
         attach.end_job()
-        steps[2].communicate(timeout=60)
-        assert attach.done.wait(30)
-        ends = _ends(log, 0)
-        assert ends.keys() == {0, 1} and all("(K)" in e["reason"] for e in ends.values()), ends
+        ended(attach, log, "(K)")
     finally:
         for step in steps:
             if step.poll() is None:
