@@ -30,7 +30,8 @@ from tests.helpers.runs import (
     start_ddptui,
     wait_for_event,
 )
-from tests.script.test_script_live import _row, _run, _until, script_env  # noqa: F401 (a fixture)
+from tests.helpers.screens import rank_row
+from tests.script.test_script_live import _run, _until, script_env  # noqa: F401 (a fixture)
 
 ELASTIC = os.path.join(ROOT, "examples", "elastic_ddp.py")
 CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
@@ -79,11 +80,11 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
         pids = rank_pids(log)
         await pilot.press("down", "s")  # rank 1 leaves; no whole-group restart asked
         assert not isinstance(app.screen, ConfirmRestart)
-        await _until(pilot, lambda: _row(app, 1).get("state") == "stopped" and
-                     _row(app, 1)["process"] == "exited" and len(worlds()) == 1)
+        await _until(pilot, lambda: rank_row(app, 1).get("state") == "stopped" and
+                     rank_row(app, 1)["process"] == "ended" and len(worlds()) == 1)
         await pilot.press("r")  # it joins the running world again, from a standby
         assert not isinstance(app.screen, ConfirmRestart)
-        await _until(pilot, lambda: len(worlds()) == 2 and _row(app, 1)["state"] == "running")
+        await _until(pilot, lambda: len(worlds()) == 2 and rank_row(app, 1)["state"] == "running")
         joined = worlds()[-1]
         # Its script ran its set-up while rank 0 trained on; then they formed the world.
         (preparing,), (prepared,) = ([e["t"] for e in events(log, "rank") if e["rank"] == 1
@@ -97,18 +98,18 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
         await _until(pilot, row)
         pids |= rank_pids(log)
         await pilot.press("r")  # running: it leaves, and a new standby joins in its place
-        await _until(pilot, lambda: len(worlds()) == 4 and _row(app, 1)["state"] == "running")
+        await _until(pilot, lambda: len(worlds()) == 4 and rank_row(app, 1)["state"] == "running")
         pids |= rank_pids(log)
         await pilot.press("k")  # rank 1 is killed: rank 0 recovers alone
         await _until(pilot, lambda: len(worlds()) == 5 and
-                     _row(app, 1).get("state") == "crashed (SIGKILL)")
+                     rank_row(app, 1).get("state") == "crashed (SIGKILL)")
         recovered = worlds()[-1]
         await _until(pilot, lambda: any(e["rank"] == 0 and e["t"] > recovered["t"]
                                         for e in events(log, "step")))
         missing.touch()  # its data is gone: the next joiner's script fails in its set-up
         await pilot.press("r")
         await _until(pilot, lambda: len(events(log, "error")) == 2 and "FileNotFoundError" in
-                     _row(app, 1).get("state", ""))
+                     rank_row(app, 1).get("state", ""))
         failed = events(log, "error")[-1]
         await _until(pilot, lambda: any(e["rank"] == 0 and e["t"] > failed["t"] + 0.3
                                         for e in events(log, "step")))
