@@ -9,16 +9,15 @@ from collections import deque
 
 # The ports handed out lately, each held by a bound socket that is not listening: another pick
 # (this process's or another ddptui's on the machine) is refused it, and rank 0's store, which
-# binds with SO_REUSEADDR as this socket does, takes it over. Two runs beside each other picked
-# the same port before either listened (EADDRINUSE, the run lost: 1 of 4 runs of the suite).
+# binds with SO_REUSEADDR as this socket does, takes it over: two runs side by side never pick
+# one port before either listens.
 HELD: deque[socket.socket] = deque(maxlen=16)
 
 
 def free_port() -> int:
     """A loopback port for a rendezvous, free now, held for this run (HELD), and below the
-    range the kernel hands out to connections and to bind(0) (as torchrun's 29500 is): one from
-    that range was taken by some other socket between this pick and rank 0's store listening on
-    it (EADDRINUSE, the run lost: 2 x H100, a recovery after a joiner was killed)."""
+    range the kernel hands out to connections and to bind(0) (as torchrun's 29500 is), where any
+    socket may take it between this pick and rank 0's store listening on it."""
     low = ephemeral_ports()[0]
     for _ in range(200):
         s = socket.socket()

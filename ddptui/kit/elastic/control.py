@@ -126,8 +126,7 @@ class Mailbox:
     def changing(self) -> Iterator[None]:
         """While the main thread changes its world (closes, forms, shares state, settles), no
         abort comes from this thread: one that frees the communicator under the main thread's
-        own NCCL calls (a joiner's state, sent tensor by tensor) is the likeliest cause of a
-        heap corruption seen once when a joiner was killed as it joined. The change waits on no
+        own NCCL calls (a joiner's state being sent) corrupts the heap. The change waits on no
         collective that only an abort would end (a set-up ends by itself, objects go over
         gloo), and a death meanwhile is raised when it is done: the recovery then aborts from
         the main thread."""

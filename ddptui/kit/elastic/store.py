@@ -19,8 +19,8 @@ from ddptui.kit.elastic.snapshot import WorldLost
 ARRIVED = "ddptui/arrived"  # a world's members that came to its store
 STORE_CONNECT = timedelta(seconds=2)  # a store client's attempt to reach rank 0's store
 
-# The stores of worlds that failed to form, never freed: freeing a rank 0's store then
-# corrupted the heap (torch 2.11, 2 x H200). A port and a thread each.
+# The stores of worlds that failed to form, never freed: freeing a rank 0's store then corrupts
+# the heap (torch 2.11). A port and a thread each.
 ABANDONED: list = []
 # The stores rank 0 opened ahead of a script's join (open_ahead), by address, until its world
 # forms; and a joiner's connection to the store it came to before its script ran on.
@@ -29,19 +29,19 @@ CAME: list = []
 
 
 def meet(init_method: str, rank: int, world_size: int,
-         give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore | None:
+         give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
     """The world's store, once every member has come to it: at a tcp:// address ddptui gave, or
-    at env:// (torchrun's or srun's rank 0, or torchrun's agent); None for any other. At tcp://
-    rank 0's store does not wait for the others: a member that died before it came is noticed
-    here (`give_up`), not inside torch's constructors, whose failure halfway corrupted the heap
-    or hung their destruction (NCCL, 2 x H200). At env:// a rank that comes late (its imports on
-    a loaded node) is waited for as torch waits, not for gloo's 30 s connect (too few there)."""
+    at env:// (torchrun's or srun's rank 0, or torchrun's agent). At tcp:// rank 0's store does
+    not wait for the others: a member that died before it came is noticed here (`give_up`), not
+    inside torch's constructors, whose failure halfway corrupts the heap or hangs their
+    destruction (NCCL). At env:// a rank that comes late (its imports on a loaded node) is
+    waited for as torch waits, not for gloo's connect."""
     url = urllib.parse.urlsplit(init_method)
     if url.scheme == "env":
         store, _, _ = next(dist.rendezvous(init_method, rank, world_size,
                                            timeout=dist.default_pg_timeout))
     elif url.scheme != "tcp" or url.hostname is None or url.port is None:
-        return None
+        raise ValueError(f"worlds form at tcp://HOST:PORT or env://, not {init_method}")
     elif rank != 0:
         store = store_client(init_method, world_size, give_up)
     elif (store := OPENED.pop(init_method, None)) is None:
@@ -98,9 +98,9 @@ def kept_on_failure(store: dist.TCPStore | None) -> Iterator[None]:
 
 def store_client(init_method: str, world_size: int,
                  give_up: Callable[[], bool] = lambda: False) -> dist.TCPStore:
-    """A client of rank 0's store, once it listens, tried for STORE_CONNECT at a time: rank 0 dead
-    once its port listened was tried for the default 30 minutes, out of `give_up`'s reach (CPU
-    machine: the survivor stuck there, the run lost after the 60 s change timeout)."""
+    """A client of rank 0's store, once it listens, tried for STORE_CONNECT at a time: a client
+    tries for torch's default 30 minutes, out of `give_up`'s reach, where rank 0 died after its
+    port listened."""
     url = urllib.parse.urlsplit(init_method)
     while True:
         await_store(init_method, give_up)

@@ -23,15 +23,11 @@ from ddptui.kit.elastic.store import arrive, kept_on_failure, meet
 
 # How long gloo may take to connect a world's members, who have all met at its store by then
 # (and again before the control group: ARRIVED_AGAIN, where a script's joiner meets them too).
-# gloo waits five times this for a pair's peer to connect, and nothing else wakes that wait:
-# with a member that died after the meeting, a long timeout outlasted the change timeout, which
-# then killed the survivor too (the run lost). Live members that met connect in milliseconds.
+# gloo waits five times this for a pair's peer to connect and nothing else wakes that wait, so
+# it must stay well under the change timeout; live members that met connect in milliseconds.
 # Their collectives get the default back once connected. A script's joiner meets them at the
-# first meeting (it came early) and waits inside its script's init_process_group when they come
-# (on CPUs: gloo connects there; a joiner killed then left the survivor waiting 5 x 30 s). A
-# world formed with no meeting (an init method other than tcp:// and env://) keeps 30 s.
+# first meeting (it came early) and waits inside its script's init_process_group when they come.
 CONNECT = timedelta(seconds=1)
-CONNECT_UNMET = timedelta(seconds=30)
 ARRIVED_AGAIN = "ddptui/arrived-control"
 
 
@@ -50,8 +46,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     if mailbox is not None:
         mailbox.met()
     # The prefix init_method's stores get: a script's joiner forms its world from env://.
-    where = {"init_method": init_method} if store is None else {
-        "store": dist.PrefixStore("default_pg", store)}
+    where = {"store": dist.PrefixStore("default_pg", store)}
     with kept_on_failure(store):
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -60,7 +55,7 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
                                     **where)
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                    timeout=connect_within(store), **where)
+                                    timeout=CONNECT, **where)
         group = control_group(store, world_size, give_up)
         if device.type == "cuda":
             make_communicator(device)
@@ -69,33 +64,26 @@ def form(rank: int, world_size: int, device: torch.device, init_method: str,
     return group, Sockets() if device.type == "cuda" else open_sockets() - before
 
 
-def control_group(store: dist.Store | None, world_size: int,
+def control_group(store: dist.Store, world_size: int,
                   give_up: Callable[[], bool] = lambda: False):
     """The world's small gloo group that carries live commands, made once every member came to
     make it (`store`, the world's; a script's joiner comes from its run.elastic()): NCCL's
     set-up, and a joiner's script between its init_process_group and run.elastic(), take each
     member its own time. Its pairs then connect in CONNECT, and a member that died before it
-    came is noticed by `give_up` (a survivor waited in gloo 5 x 30 s for a joiner killed just
-    after it said it was prepared: the run lost, 2 x H200)."""
-    if store is not None:
-        arrive(store, ARRIVED_AGAIN, world_size, give_up)
-    group = dist.new_group(backend="gloo", timeout=connect_within(store))
+    came is noticed by `give_up`, not by gloo's wait for a peer that never connects."""
+    arrive(store, ARRIVED_AGAIN, world_size, give_up)
+    group = dist.new_group(backend="gloo", timeout=CONNECT)
     set_group_timeout(dist.default_pg_timeout, group)
     return group
-
-
-def connect_within(store: dist.Store | None) -> timedelta:
-    """How long gloo may take to connect a world's members: CONNECT once they met at `store`."""
-    return CONNECT if store is not None else CONNECT_UNMET
 
 
 def make_communicator(device: torch.device) -> None:
     """The world's NCCL communicator, made (or, eager, waited for) now by every member (a
     joiner as soon as it made its world's gloo group, as form() does), while the world forms
-    and no abort comes: a peer that died before it made its part left the others inside NCCL's
-    set-up, where the abort could not reach them (the run was lost). A set-up that waits for a
+    and no abort comes: a peer that died before it made its part would leave the others inside
+    NCCL's set-up, where no abort reaches. A set-up that waits for a
     dead member is failed by the recover order (its listening sockets shut: Mailbox), or ends
-    by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, trainer/bootstrap.py)."""
+    by itself (TORCH_NCCL_NONBLOCKING_TIMEOUT, ddptui/kit/environment.py)."""
     dist.all_reduce(torch.zeros(1, device=device))
 
 
