@@ -50,8 +50,9 @@ EXAMPLES = f"""examples:
 keys in the dashboard:
 {chr(10).join(keys_lines())}
 exit codes: 0 done, 1 training failed, 2 bad usage or input (one line on stderr), 130 Ctrl-C
-  or q, 143 SIGTERM, 129 SIGHUP; your own script: the failing rank's own exit code, passed on
-  (128+N for a rank killed by signal N)
+  or q, 143 SIGTERM, 129 SIGHUP with --headless (a run whose terminal closes goes on
+  to its end); your own script: the failing rank's own exit code, passed on (128+N for a rank
+  killed by signal N)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
   where Python may not write bytecode)"""
 
@@ -134,6 +135,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ddptui.run.processes import end_helpers
     from ddptui.run.supervisor import Supervisor, default_log_path
 
+    # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
+    # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
     policy = from_args(RunPolicy, args)
     supervisor = Supervisor(config, config.telemetry.log or default_log_path(), policy)
     try:
@@ -175,11 +180,24 @@ def run_dashboard(source: OwnedRun) -> int:
         source.stop(code=code)
         threading.Thread(target=_exit_when_done, args=(source, code), daemon=True).start()
 
+    hung_up = threading.Event()
+
+    def on_hangup(signum, frame) -> None:
+        # The terminal is gone: the run goes on without its screen to its own end, as under
+        # nohup, and the process exits with the run's code then (docs/dashboard.md).
+        hung_up.set()
+        _away_from_the_terminal()
+        app.detached = True
+        threading.Thread(target=_exit_when_done, args=(source, None), daemon=True).start()
+
     _stop_on_signals(on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         app.run()
     finally:
-        code = _end_after_dashboard(source)
+        code = source.wait() if hung_up.is_set() else _end_after_dashboard(source)
+    if hung_up.is_set():
+        return 1 if code is None else code
     if app.crashed:  # the dashboard broke (Textual printed why): the run was stopped
         print(f"ddptui: the dashboard failed (its traceback is above); the run was stopped, "
               f"log: {source.log_path}", file=sys.stderr)
@@ -212,7 +230,16 @@ def _exit_when_done(run: OwnedRun, code: int) -> None:
     from ddptui.run.processes import end_helpers
 
     end_helpers()
-    os._exit(code)
+    os._exit(run.exit_code if code is None and run.exit_code is not None else code or 0)
+
+
+def _away_from_the_terminal() -> None:
+    """A hung-up terminal fails or blocks every read and write: the process's standard streams
+    go to /dev/null instead."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def run_headless(run: OwnedRun, console=None) -> int:
@@ -234,7 +261,8 @@ def run_headless(run: OwnedRun, console=None) -> int:
 
 
 def _stop_on_signals(stop) -> None:
-    """Ctrl-C -> 130, SIGTERM -> 143, SIGHUP -> 129: an orderly stop; a second one is immediate."""
+    """Ctrl-C -> 130, SIGTERM -> 143, SIGHUP -> 129 (the headless console's; the dashboard's run
+    outlives its terminal): an orderly stop; a second one is immediate."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: stop(128 + signum))
 

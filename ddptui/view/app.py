@@ -67,6 +67,7 @@ class DashboardApp(App[int]):
         self.refresh_s = refresh_s
         self.view: RunView | None = None
         self.quitting = False
+        self.detached = False  # its terminal hung up: the run goes on without it
         self.closing = False
         self._seq = 0
         self._stacks_asked_t = 0.0
@@ -124,7 +125,7 @@ class DashboardApp(App[int]):
         """Pull a snapshot of the run state and hand it to the widgets."""
         if self.closing or not self.screen_stack:  # an interval can still fire at teardown
             return
-        if self.quitting and self.source.done.is_set():
+        if self.quitting and self.source.done.is_set() or self.detached:
             self._close(self.source.exit_code)
             return
         state = self.source.state

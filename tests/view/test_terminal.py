@@ -17,11 +17,11 @@ from tests.helpers.screens import tmux
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 
-def _dashboard_in_tmux(env: dict, log, then: str = "") -> str:
+def _dashboard_in_tmux(env: dict, log, then: str = "", epochs: int = 500) -> str:
     """A 2-rank run's dashboard in a new 120x40 tmux session; its name."""
     session = f"ddptui-test-{time.monotonic_ns()}"
     cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
-                    "--epochs", "500", "--log", str(log)])
+                    "--epochs", str(epochs), "--log", str(log)])
     environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
           f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}{then}")
@@ -64,9 +64,12 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         tmux("kill-session", "-t", session, check=False)
 
 
-def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env, tmp_path):
+def test_a_closed_terminal_leaves_the_run_going_to_its_end_and_then_nothing(env, tmp_path):
+    """The terminal closes mid-run (tmux kill-session: SIGHUP to its foreground process group,
+    ranks and fork server included): the run trains to its last epoch without a screen, ends
+    as it would have ('done', every epoch in its log), and no process of it is left."""
     log = tmp_path / "tui.jsonl"
-    session = _dashboard_in_tmux(env, log)
+    session = _dashboard_in_tmux(env, log, epochs=6)
     deadline = time.monotonic() + 60
     while not (log.exists() and events(log, "step")):
         assert time.monotonic() < deadline, "no step within 60 s"
@@ -74,8 +77,14 @@ def test_sighup_from_a_closed_terminal_ends_the_dashboard_and_every_process(env,
     pids = run_pids(log)
     tmux("kill-session", "-t", session, check=False)
     try:
+        deadline = time.monotonic() + 120
+        while not [e for e in events(log, "run") if e["status"] != "started"]:
+            assert time.monotonic() < deadline, "the run did not end within 120 s"
+            time.sleep(0.5)
+        assert events(log, "run")[-1]["status"] == "done"
+        assert sorted({e["epoch"] for e in events(log, "epoch") if e["rank"] == 0}) == \
+            list(range(6))
         assert_gone(pids, timeout=30)
     finally:
-        for pid in pids:  # leave nothing behind, even when the assertion fails
+        for pid in pids:  # leave nothing behind, even when an assertion fails
             subprocess.run(["kill", "-9", str(pid)], capture_output=True)
-    assert events(log, "run")[-1]["status"] == "interrupted"
