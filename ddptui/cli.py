@@ -83,6 +83,8 @@ def build_parser() -> Parser:
     attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",
                         help="K ends the whole job: each wrapped rank gets SIGTERM, and SIGKILL "
                         f"if it is still there S seconds later (default {JOB_GRACE_S:.0f})")
+    sub.add_parser("ls", help="this user's runs on this machine: running, and how the others "
+                   "ended")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
     replay = sub.add_parser("replay", help="the dashboard again, from a recorded JSONL log")
     replay.add_argument("file", metavar="FILE.jsonl")
@@ -133,6 +135,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
     from ddptui.run.processes import end_helpers
+    from ddptui.run.registry import register
     from ddptui.run.supervisor import Supervisor, default_log_path
 
     # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
@@ -141,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     policy = from_args(RunPolicy, args)
     supervisor = Supervisor(config, config.telemetry.log or default_log_path(), policy)
+    register(supervisor.log_path, supervisor.state.meta)
     try:
         if headless:
             print(f"ddptui: logging to {supervisor.log_path}", flush=True)
@@ -155,10 +159,12 @@ def cmd_run_script(argv: list[str]) -> int:
     from ddptui.script.options import parse_script_args
 
     config = parse_script_args(argv, resolve_devices)
+    from ddptui.run.registry import register
     from ddptui.script.run import ScriptRun
     from ddptui.view.headless import ScriptConsole
 
     run = ScriptRun(config)
+    register(run.log_path, run.meta)
     if config.headless:
         # stdout is the script's own, as under torchrun: ddptui speaks on stderr.
         print(f"ddptui: logging to {run.log_path}", file=sys.stderr, flush=True)
@@ -297,6 +303,33 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ls(_args: argparse.Namespace) -> int:
+    from ddptui.run.registry import runs
+
+    try:
+        found = runs()
+    except PermissionError as e:
+        raise UsageError(str(e)) from None
+    if not found:
+        print("no runs of this user on this machine")
+        return 0
+    now = time.time()
+    rows = [("NAME", "STATE", "PID", "RANKS", "AGE", "WHAT", "LOG")] + [
+        (r.name, r.state, str(r.pid), str(r.ranks), _age(now - r.started), r.what[:40], r.log)
+        for r in found]
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])
+    return 0
+
+
+def _age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
 def cmd_gpus(_args: argparse.Namespace) -> int:
     from ddptui.run.nvml import format_gpus, list_gpus
 
@@ -354,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         return _guarded(cmd_run_script, argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay}
+    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay,
+                "ls": cmd_ls}
     if args.command not in handlers:
         parser.print_help()
         return 2

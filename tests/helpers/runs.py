@@ -31,8 +31,10 @@ def run_config(*args: str, cpus: int = 2):
 
 
 def run_env(cache_dir: str) -> dict:
-    """The environment of a ddptui started by a test: this checkout, the shared data cache."""
-    e = dict(os.environ, DDPTUI_CACHE=cache_dir, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    """The environment of a ddptui started by a test: this checkout, the shared data cache, and
+    a runtime folder of the tests' own (the runs' records for `ddptui ls`)."""
+    e = dict(os.environ, DDPTUI_CACHE=cache_dir, PYTHONPATH=ROOT, PYTHONUNBUFFERED="1",
+             XDG_RUNTIME_DIR=os.path.join(cache_dir, "runtime"))
     e.pop("CUDA_VISIBLE_DEVICES", None)
     return e
 

@@ -1,0 +1,96 @@
+"""The runs this user started on this machine, for `ddptui ls`: each run ddptui owns leaves a
+small record in the user's runtime folder (mode 0700), kept after its end to say how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from ddptui.observe.endings import tail_lines
+
+KEPT_S = 7 * 24 * 3600  # an ended run's record is dropped after a week
+
+
+@dataclass
+class RunRecord:
+    name: str
+    pid: int
+    what: str  # the model, or the script and its arguments
+    ranks: int
+    log: str
+    started: float
+    state: str = "running"  # or the run's end status from its log: done, failed, interrupted
+
+
+def folder() -> str:
+    """$XDG_RUNTIME_DIR/ddptui, else /tmp/ddptui-UID: made 0700, and refused if another user
+    owns it or others may write to it (a record there names logs that ls would read)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = os.path.join(base, "ddptui") if base else f"/tmp/ddptui-{os.getuid()}"
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    info = os.stat(path)
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path} is not this user's own folder (owner {info.st_uid}, "
+                              f"mode {oct(info.st_mode & 0o777)})")
+    return path
+
+
+def register(log: str, meta: dict) -> str | None:
+    """Record the run ddptui is starting in this process; the record's path, or None where the
+    folder cannot be used (the run goes on: ls will not list it)."""
+    name = os.path.splitext(os.path.basename(log))[0]
+    record = RunRecord(name, os.getpid(), meta.get("script") or meta.get("model") or "?",
+                       int(meta.get("world_size") or 0), os.path.abspath(log), time.time())
+    try:
+        path = os.path.join(folder(), f"{name}.{os.getpid()}.json")
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            json.dump(record.__dict__, f)
+    except OSError:
+        return None
+    return path
+
+
+def runs(now: float | None = None) -> list[RunRecord]:
+    """This user's runs, newest first: a live one `running`, an ended one as its log says."""
+    now = time.time() if now is None else now
+    found = []
+    for entry in os.scandir(folder()):
+        if not entry.name.endswith(".json"):
+            continue
+        try:
+            with open(entry.path) as f:
+                record = RunRecord(**json.load(f))
+        except (OSError, ValueError, TypeError):
+            continue
+        if not _alive(record):
+            record.state = _end_status(record.log)
+            if now - record.started > KEPT_S:
+                os.unlink(entry.path)
+                continue
+        found.append(record)
+    return sorted(found, key=lambda r: r.started, reverse=True)
+
+
+def _alive(record: RunRecord) -> bool:
+    """Its process still runs (and is the one that started: a pid may be used again)."""
+    try:
+        return psutil.Process(record.pid).create_time() <= record.started + 1
+    except psutil.Error:
+        return False
+
+
+def _end_status(log: str) -> str:
+    """The last `run` event's status in the log's tail (an hour's log is tens of MB)."""
+    for line in reversed(tail_lines(log)):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if ev.get("kind") == "run" and ev.get("status") not in (None, "started"):
+            return ev["status"]
+    return "ended"
