@@ -114,7 +114,7 @@ class Sidecar:
             how = "killed by SIGKILL (k)"
         elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL):
             how += " from its launcher"  # torchrun and srun signal every process of the rank
-        elif self.terminated:
+        elif self.terminated and code is None:
             how = "ended on its launcher's SIGTERM"
         elif code == -signal.SIGKILL and _memory_short():
             how += ": memory was nearly full, likely the kernel's OOM killer"
