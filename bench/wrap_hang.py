@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+import psutil
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from ddptui.contract.events import read_events  # noqa: E402
@@ -149,7 +151,7 @@ def watch(attach: Attach, log: str, timeout: float, jobs: list[subprocess.Popen]
             "after_k_s": stuck and round(stuck["t"] - t_k, 2),
             "K_to_no_process_s": round(gone, 2), "ends": ends,
             "job_end": job_end and job_end.get("reason"),
-            "left": sorted(p for p in pids if _alive(p)),
+            "left": sorted(p for p in pids if psutil.pid_exists(p)),
             "stalled_s": {r: after(flags[r]) for r in (0, 1)},
             "stalled_reason": {r: flags[r] and flags[r]["reason"] for r in (0, 1)},
             "stacks_s": {r: after(stacks[r]) for r in (0, 1)},
@@ -160,13 +162,6 @@ def watch(attach: Attach, log: str, timeout: float, jobs: list[subprocess.Popen]
                                          and e["t"] > flags[e["rank"]]["t"]],
             "waiting": waiting and waiting["reason"], "k": killed and killed["text"]}
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def _end_after_dashboard(run: OwnedRun) -> int | None:
     return run.wait(60)
 
 
-def _exit_when_done(run: OwnedRun, code: int) -> None:
+def _exit_when_done(run: OwnedRun, code: int | None) -> None:
     """A terminal that closed (SIGHUP, with SIGCONT from the kernel) can leave Textual blocked
     writing to it forever. Once the run is done every process of the run has ended and the
     log is closed, so after a grace period for the app to restore the terminal, the process ends."""
@@ -236,7 +236,7 @@ def _exit_when_done(run: OwnedRun, code: int) -> None:
     from ddptui.run.processes import end_helpers
 
     end_helpers()
-    os._exit(run.exit_code if code is None and run.exit_code is not None else code or 0)
+    os._exit(code if code is not None else 1 if run.exit_code is None else run.exit_code)
 
 
 def _away_from_the_terminal() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from tests.helpers.runs import describe_pid, helper_of, run_env
+from tests.helpers.runs import REPORT_KEY, describe_pid, helper_of, run_env
 from tests.helpers.slurm import OneHostSlurm
 from tests.helpers.slurm import missing as slurm_missing
 
@@ -29,6 +29,12 @@ def cache_dir(tmp_path_factory, worker_id) -> str:
 @pytest.fixture
 def env(cache_dir) -> dict:
     return run_env(cache_dir)
+
+
+@pytest.fixture
+def keyed_env(env) -> dict:
+    """A run's environment with the attach channel's key."""
+    return dict(env, DDPTUI_AUTHKEY=REPORT_KEY, OMP_NUM_THREADS="1")
 
 
 @pytest.fixture

@@ -33,10 +33,10 @@ class RemoteWatch:
         self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
         self.traces: dict[int, dict] = {}  # its flight recorder's, compact (observe/flight.py)
         self.places: dict[int, str] = {}  # rank -> "node vm2, local 1"
-        self.ended: dict[int, str | None] = {}  # rank -> why it failed (None: it finished)
-        self.held: dict[int, str] = {}  # a waiting rank -> where ("in all_reduce #12 (NCCL)")
-        self.waited: dict[int, list[int]] = {}  # a waiting rank -> the ranks it waits for
-        self.ended_at: dict[int, float] = {}
+        # rank -> (why it failed, None where it finished; when its end came)
+        self.ended: dict[int, tuple[str | None, float]] = {}
+        # a waiting rank -> (where: "in all_reduce #12 (NCCL)", the ranks it waits for)
+        self.waiting: dict[int, tuple[str, list[int]]] = {}
         self._said_stuck: tuple = ()
 
     def observe(self, ev: dict, now: float) -> None:
@@ -55,8 +55,8 @@ class RemoteWatch:
         if kind == "rank" and node:
             self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
         if kind == "rank" and ev.get("state") in ("done", "crashed"):
-            self.ended[rank] = (ev.get("reason") or "failed") if ev["state"] == "crashed" else None
-            self.ended_at[rank] = now
+            why = (ev.get("reason") or "failed") if ev["state"] == "crashed" else None
+            self.ended[rank] = (why, now)
         elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
             self.silence[rank].heard(now)
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
@@ -99,28 +99,23 @@ class RemoteWatch:
     def _stuck(self, now: float) -> None:
         """Ranks that wait in a collective for a rank that has ended: the job cannot go on (NCCL
         waits out its timeout, 10 minutes by default, and the launcher of those ranks with it)."""
-        held = {r: self.flags[r][1] for r in self.flags if r not in self.ended
-                and self.flags[r][0] in (RankState.STALLED, RankState.WAITING)}
+        held = sorted(r for r, (state, _) in self.flags.items() if r not in self.ended
+                      and state in (RankState.STALLED, RankState.WAITING))
         # A peer's death fails gloo's collectives at once, and NCCL's where the job aborts: only
         # ranks still held a moment later are stuck.
-        dead = {r: why for r, why in self.ended.items()
-                if why is not None and now - self.ended_at[r] >= STUCK_AFTER_S}
-        if not held or not dead:
-            return
-        said = (tuple(sorted(held)), tuple(sorted(dead)))
-        if said == self._said_stuck:
+        dead = {r: why for r, (why, t) in self.ended.items()
+                if why is not None and now - t >= STUCK_AFTER_S}
+        said = (tuple(held), tuple(sorted(dead)))
+        if not held or not dead or said == self._said_stuck:
             return
         self._said_stuck = said
-        first = min(dead, key=lambda r: (r not in self.culprits(), r))
-        where = {self.held[r] for r in held if r in self.held}
+        waited = {c for r in held for c in self.waiting.get(r, ("", []))[1]}
+        first = min(dead, key=lambda r: (r not in waited, r))
+        where = {self.waiting[r][0] for r in held if r in self.waiting}
         self.record(event("message", PARENT, level="error", text=(
-            f"{_ranks(sorted(held))} {'waits' if len(held) == 1 else 'wait'}"
+            f"{_ranks(held)} {'waits' if len(held) == 1 else 'wait'}"
             f"{' ' + where.pop() if len(where) == 1 else ''} for rank {first}, which ended "
             f"({dead[first]}): the job cannot go on; K ends it")))
-
-    def culprits(self) -> set[int]:
-        """The ranks the waiting ones were found to wait for."""
-        return {c for r in self.held for c in self.waited.get(r, ())}
 
     def _blame(self) -> None:
         """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it;
@@ -136,7 +131,7 @@ class RemoteWatch:
             names = ", ".join(f"{c} ({self.places[c]})" if c in self.places else str(c)
                               for c in culprits)
             self.flags[rank] = (RankState.WAITING, self.flags[rank][1])
-            self.held[rank], self.waited[rank] = f"in {where}", culprits
+            self.waiting[rank] = (f"in {where}", culprits)
             self.record(event("rank", rank, state=RankState.WAITING, reason=f"in {where}: waiting for "
                               f"rank {names}", waiting_for=culprits))
 
@@ -148,7 +143,7 @@ class RemoteWatch:
         self.flags.pop(rank, None)
         self.stacks.pop(rank, None)
         self.traces.pop(rank, None)
-        self.held.pop(rank, None)
+        self.waiting.pop(rank, None)
         self.stalls.forget(rank)
         self.record(event("rank", rank, state=RankState.RUNNING, reason=reason))
 

@@ -53,7 +53,7 @@ class Sidecar:
         self.ended: dict | None = None  # the rank's own word of its end, passed on
         self.terminated: float | None = None  # when a SIGTERM came (its launcher's, mostly)
         self.killed_at: float | None = None  # when k's SIGKILL was sent
-        self.ended_by_k: float | None = None  # K's grace, once it asked this rank to end
+        self.end_grace: float | None = None  # K's grace, once K asked this rank to end
 
     def emit(self, kind: str, **fields) -> None:
         self.put(event(kind, self.rank, **fields))
@@ -107,8 +107,8 @@ class Sidecar:
         signal, and who sent it where known."""
         fields = {"state": "done" if code == 0 else "crashed", "pid": self.pid}
         how = ended_how(code) if code is not None else "ended"
-        if self.ended_by_k is not None and code in (-signal.SIGTERM, -signal.SIGKILL, None):
-            how = (f"killed by SIGKILL (K, still there {self.ended_by_k:g} s after its SIGTERM)"
+        if self.end_grace is not None and code in (-signal.SIGTERM, -signal.SIGKILL, None):
+            how = (f"killed by SIGKILL (K, still there {self.end_grace:g} s after its SIGTERM)"
                    if self.killed_at else f"{how} (K)")
         elif self.killed_at and code in (-signal.SIGKILL, None):
             how = "killed by SIGKILL (k)"
@@ -163,7 +163,7 @@ class Sidecar:
 
     def _end(self, grace: float) -> None:
         """SIGTERM, as a launcher ends its workers, then SIGKILL if the rank is still there."""
-        self.ended_by_k = grace
+        self.end_grace = grace
         os.kill(self.pid, signal.SIGTERM)
         if not self.gone.wait(grace):
             self.killed_at = time.time()

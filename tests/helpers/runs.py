@@ -4,6 +4,7 @@ run's JSONL events, its processes, and proof that none of them is left behind.""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,16 @@ def run_config(*args: str, cpus: int = 2):
     parser = Parser()
     add_training_options(parser)
     return config_from_args(parser.parse_args(list(args)), cpus=cpus)
+
+
+REPORT_KEY = "test-key-0123456789"  # the attach channel's key of every test
+
+
+def local_port() -> int:
+    """A loopback port free now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_env(cache_dir: str) -> dict:

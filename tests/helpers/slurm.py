@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
+
+from tests.helpers.runs import local_port
 
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "scancel", "sinfo")
 INSTALL = "apt-get install slurmctld slurmd slurm-client munge (as root)"
@@ -67,7 +68,7 @@ class OneHostSlurm:
         key = os.path.join(self.dir, "munge.key")
         subprocess.run(["mungekey", "-c", "-k", key], check=True, capture_output=True)
         with open(self.env["SLURM_CONF"], "w") as f:
-            f.write(CONF.format(dir=self.dir, ctld_port=_port(), slurmd_port=_port(),
+            f.write(CONF.format(dir=self.dir, ctld_port=local_port(), slurmd_port=local_port(),
                                 cpus=os.cpu_count()))
         self._daemon(["munged", "-F", "-f", "-S", f"{self.dir}/munge.sock", f"--key-file={key}",
                       f"--log-file={self.dir}/munged.log", f"--pid-file={self.dir}/munged.pid",
@@ -103,8 +104,3 @@ class OneHostSlurm:
                 daemon.kill()
                 daemon.wait()
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

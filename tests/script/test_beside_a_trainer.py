@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from tests.helpers.runs import ROOT, assert_gone, events
-from tests.sources.test_attach import KEY, _port
+from tests.helpers.runs import REPORT_KEY, ROOT, assert_gone, events, local_port
 
 SMALL = ["--epochs", "1", "--samples", "64", "--image-size", "16"]
 
@@ -35,7 +34,7 @@ def project(tmp_path) -> str:
 
 def _attached(env: dict, project: str, args: list[str]) -> list[dict]:
     """A torchrun job of 2 ranks started in the project with `args`, watched by attach."""
-    listen, log = f"127.0.0.1:{_port()}", os.path.join(project, f"attach-{_port()}.jsonl")
+    listen, log = f"127.0.0.1:{local_port()}", os.path.join(project, f"attach-{local_port()}.jsonl")
     attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless",
                                "--listen", listen, "--log", log], env=env, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -54,7 +53,7 @@ def _attached(env: dict, project: str, args: list[str]) -> list[dict]:
 
 @pytest.mark.timeout(240)
 def test_every_way_in_runs_beside_a_trainer_of_the_projects_own(env, project):
-    env = dict(env, DDPTUI_AUTHKEY=KEY, OMP_NUM_THREADS="1")
+    env = dict(env, DDPTUI_AUTHKEY=REPORT_KEY, OMP_NUM_THREADS="1")
     # ddptui run, with ddptui.init(), run.loader() and run.elastic() in every rank.
     log = os.path.join(project, "own.jsonl")
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ddptui"), "run",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,7 @@ import pytest
 from ddptui.contract.channel import MAX_MESSAGE
 from ddptui.contract.events import event
 from ddptui.sources.attach import Attach
-from tests.helpers.runs import ROOT, TINY, assert_gone, events, wait_for_event
-
-KEY = "test-key-0123456789"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers.runs import REPORT_KEY, ROOT, TINY, assert_gone, events, local_port, wait_for_event
 
 
 def _torchrun(node_rank: int, nnodes: int, rdzv: int, args: list[str], env: dict, cwd,
@@ -38,19 +29,14 @@ def _torchrun(node_rank: int, nnodes: int, rdzv: int, args: list[str], env: dict
         text=True)
 
 
-@pytest.fixture
-def keyed_env(env) -> dict:
-    return dict(env, DDPTUI_AUTHKEY=KEY, OMP_NUM_THREADS="1")
-
-
 @pytest.mark.timeout(240)
 def test_two_torchrun_nodes_report_to_one_attach(keyed_env, tmp_path):
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     log = tmp_path / "attach.jsonl"
     attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
                                listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    rdzv = _port()
+    rdzv = local_port()
     args = [*TINY, "--epochs", "3", "--report", listen]
     nodes = [_torchrun(n, 2, rdzv, args, keyed_env, tmp_path) for n in (0, 1)]
     for node in nodes:
@@ -71,7 +57,7 @@ def test_a_script_with_one_rank_reporting_runs_on_with_control_off(keyed_env, tm
     """Rank 0 reports to attach, rank 1 has no link (DDPTUI_REPORT on one node only): the script
     runs to its end and the dashboard says live control is off (rank 0 used to wait for ever
     for rank 1 in the control group's set-up at its first step)."""
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     log = tmp_path / "attach.jsonl"
     attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
                                listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
@@ -94,8 +80,8 @@ def test_a_script_with_one_rank_reporting_runs_on_with_control_off(keyed_env, tm
 
 @pytest.mark.timeout(120)
 def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_path):
-    port = _port()
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    port = local_port()
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "a.jsonl"), "test")
     attach.start()
     try:
         with pytest.raises(AuthenticationError):
@@ -104,7 +90,7 @@ def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_pa
         while not any("wrong key" in line[3] for line in attach.state.lines_after(0)):
             assert time.monotonic() < deadline, "the refusal was not logged"
             time.sleep(0.05)
-        good = Client(("127.0.0.1", port), authkey=KEY.encode())
+        good = Client(("127.0.0.1", port), authkey=REPORT_KEY.encode())
         good.send_bytes(b"\xff\xfe not json")
         good.send_bytes(b'{"kind": "step", "rank": "zero"}')  # wrong types
         good.send_bytes(b'{"t": 1, "kind": "rank", "rank": 3, "state": "running", "pid": 7}')
@@ -112,7 +98,7 @@ def test_wrong_key_and_bad_messages_are_refused_and_the_dashboard_goes_on(tmp_pa
         while 3 not in {r.rank for r in attach.state.view().ranks}:
             assert time.monotonic() < deadline, "a valid event after bad ones was not applied"
             time.sleep(0.05)
-        big = Client(("127.0.0.1", port), authkey=KEY.encode())
+        big = Client(("127.0.0.1", port), authkey=REPORT_KEY.encode())
         big.send_bytes(b"x" * (MAX_MESSAGE + 1))
         deadline = time.monotonic() + 10
         while not any("size limit" in line[3] for line in attach.state.lines_after(0)):
@@ -133,9 +119,9 @@ def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_go
     attach that comes later."""
     from ddptui.kit.telemetry.remote import RETRY_S, RemoteLink
 
-    port = _port()
+    port = local_port()
     said: list[str] = []
-    link = RemoteLink(("127.0.0.1", port), KEY.encode(), "vm/0", said.append)
+    link = RemoteLink(("127.0.0.1", port), REPORT_KEY.encode(), "vm/0", said.append)
     link.put(event("rank", 0, state="running", pid=7))
     deadline = time.monotonic() + 10
     while not said:
@@ -145,7 +131,7 @@ def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_go
                     f"10,000 events wait for `ddptui attach --listen 127.0.0.1:{port}`"]
     time.sleep(2.5 * RETRY_S)  # it retried meanwhile, silently
     assert len(said) == 1
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "a.jsonl"), "test")
     attach.start()
     wrong: list[str] = []
     other = RemoteLink(("127.0.0.1", port), b"another key", "vm/1", wrong.append)
@@ -164,12 +150,12 @@ def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_go
 
 @pytest.mark.timeout(240)
 def test_killing_attach_mid_run_does_not_fail_training(keyed_env, tmp_path):
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     alog, rlog = tmp_path / "attach.jsonl", tmp_path / "ranks.jsonl"
     attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
                                listen, "--log", str(alog)], env=keyed_env, cwd=ROOT,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    job = _torchrun(0, 1, _port(), [*TINY, "--epochs", "12", "--report", listen,
+    job = _torchrun(0, 1, local_port(), [*TINY, "--epochs", "12", "--report", listen,
                                     "--log", str(rlog)], keyed_env, tmp_path, nproc=2)
     wait_for_event(alog, lambda e: e["kind"] == "step", timeout=120)
     attach.send_signal(signal.SIGKILL)
@@ -184,7 +170,7 @@ def test_killing_attach_mid_run_does_not_fail_training(keyed_env, tmp_path):
 
 @pytest.mark.timeout(180)
 def test_slurm_variables_start_a_two_rank_run(env, tmp_path):
-    port = _port()
+    port = local_port()
     procs = []
     for rank in (0, 1):
         e = dict(env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
@@ -208,11 +194,11 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
     from ddptui.contract.channel import receive, send
     from ddptui.view.app import DashboardApp
 
-    port = _port()
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test")
+    port = local_port()
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "a.jsonl"), "test")
     app = DashboardApp(attach)
     async with app.run_test(size=(120, 40)) as pilot:
-        rank0 = Client(("127.0.0.1", port), authkey=KEY.encode())
+        rank0 = Client(("127.0.0.1", port), authkey=REPORT_KEY.encode())
         for kind, fields in (("run", {"status": "started", "model": "resnet18", "epochs": 2,
                                       "world_size": 2, "device_kind": "cpu"}),
                              ("rank", {"state": "running", "pid": 11, "node": "a/0"}),
@@ -248,7 +234,7 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
 def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_env, tmp_path):
     """examples/with_ddptui.py under plain torchrun with DDPTUI_REPORT: attach sees each rank's
     own loss and samples, and the epochs; the script's output is its own, as without ddptui."""
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     log = tmp_path / "attach.jsonl"
     attach = subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
                                listen, "--log", str(log)], env=keyed_env, cwd=ROOT,
@@ -298,10 +284,10 @@ def test_closing_the_listener_ends_every_connection_once(monkeypatch):
     monkeypatch.setattr(threading, "excepthook", failed.append)
     for _ in range(10):
         got, ended = [], threading.Event()
-        listener = ReportListener(("127.0.0.1", 0), KEY.encode(), got.append,
+        listener = ReportListener(("127.0.0.1", 0), REPORT_KEY.encode(), got.append,
                                   lambda level, text: None)
         listener.start()
-        ranks = [connect(listener.address, KEY.encode()) for _ in range(4)]
+        ranks = [connect(listener.address, REPORT_KEY.encode()) for _ in range(4)]
         for rank, conn in enumerate(ranks):
             send(conn, event("rank", rank, state="running", pid=rank))
         deadline = time.monotonic() + 10

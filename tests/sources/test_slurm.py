@@ -12,8 +12,7 @@ import sys
 import pytest
 
 from ddptui.sources.attach import Attach
-from tests.helpers.runs import ROOT, assert_gone, events, wait_for_event
-from tests.sources.test_attach import KEY, _port
+from tests.helpers.runs import REPORT_KEY, ROOT, assert_gone, events, local_port, wait_for_event
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
 HUNG = [PLAIN, "--epochs", "50", "--samples", "256", "--image-size", "16", "--hang-at-epoch", "1"]
@@ -24,7 +23,7 @@ def _step(slurm, env: dict, listen: str, cwd) -> subprocess.Popen:
     return subprocess.Popen(
         ["srun", "-n", "2", sys.executable, "-m", "ddptui.wrap", *HUNG],
         env=dict(slurm.env, **{k: v for k, v in env.items() if k != "SLURM_CONF"},
-                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()), DDPTUI_REPORT=listen,
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(local_port()), DDPTUI_REPORT=listen,
                  OMP_NUM_THREADS="1"),
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -35,16 +34,16 @@ def _ends(log, since: int) -> dict[int, dict]:
 
 
 def _attach(tmp_path, name: str) -> tuple[Attach, str, str]:
-    port = _port()
+    port = local_port()
     log = str(tmp_path / f"{name}.jsonl")
-    attach = Attach(("127.0.0.1", port), KEY.encode(), log, "test", stall_after=2.0)
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), log, "test", stall_after=2.0)
     attach.start()
     return attach, log, f"127.0.0.1:{port}"
 
 
 @pytest.mark.timeout(300)
 def test_srun_ranks_are_watched_and_k_scancel_and_K_ends_are_told(slurm, env, tmp_path):
-    env = dict(env, DDPTUI_AUTHKEY=KEY)
+    env = dict(env, DDPTUI_AUTHKEY=REPORT_KEY)
     steps, attaches, pids = [], [], set()
     try:
         # k on the hung rank: its sidecar kills it; srun's step ends as rank 0 fails on it.

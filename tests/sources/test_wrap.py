@@ -14,17 +14,11 @@ import psutil
 import pytest
 
 from ddptui.sources.attach import Attach
-from tests.helpers.runs import ROOT, assert_gone, events, wait_for_event
+from tests.helpers.runs import REPORT_KEY, ROOT, assert_gone, events, local_port, wait_for_event
 from tests.helpers.screens import rank_row
-from tests.sources.test_attach import KEY, _port
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
 SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
-
-
-@pytest.fixture
-def keyed_env(env) -> dict:
-    return dict(env, DDPTUI_AUTHKEY=KEY, OMP_NUM_THREADS="1")
 
 
 def _attach(listen: str, log, env) -> subprocess.Popen:
@@ -44,11 +38,11 @@ def _node(node_rank: int, rdzv: int, env: dict, cwd) -> subprocess.Popen:
 @pytest.mark.timeout(180)
 def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(keyed_env,
                                                                               tmp_path):
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     log = tmp_path / "attach.jsonl"
     attach = _attach(listen, log, keyed_env)
     env = dict(keyed_env, DDPTUI_REPORT=listen)
-    rdzv = _port()
+    rdzv = local_port()
     nodes = [_node(n, rdzv, env, tmp_path) for n in (0, 1)]
     outs = []
     for node in nodes:
@@ -81,8 +75,8 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
 @pytest.mark.timeout(120)
 def test_a_hung_wrapped_rank_is_flagged_k_kills_it_each_end_is_told_and_a_silent_one_unreachable(
         keyed_env, tmp_path):
-    port = _port()
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "a.jsonl"), "test",
+    port = local_port()
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "a.jsonl"), "test",
                     stall_after=2.0)
     attach.start()
     log, scratch = tmp_path / "a.jsonl", tmp_path / "tmp"
@@ -162,9 +156,9 @@ def test_a_rank_stuck_holding_the_gil_is_stalled_with_its_stacks_not_unreachable
     come from faulthandler in C. In-process threads would all have stopped."""
     script = tmp_path / "busy.py"
     script.write_text(BUSY)
-    port = _port()
+    port = local_port()
     log = tmp_path / "a.jsonl"
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(log), "test", stall_after=2.0)
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(log), "test", stall_after=2.0)
     attach.start()
     rank = subprocess.Popen([sys.executable, "-m", "ddptui.wrap", str(script)],
                             env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
@@ -187,10 +181,10 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
         keyed_env, tmp_path):
     """srun's environment (no SLURM here: the variables it sets): the script's env:// init
     works, and rank 1's exception is its reason in attach."""
-    listen = f"127.0.0.1:{_port()}"
+    listen = f"127.0.0.1:{local_port()}"
     log = tmp_path / "attach.jsonl"
     attach = _attach(listen, log, keyed_env)
-    master = _port()
+    master = local_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "ddptui.wrap", PLAIN, *SMALL, "--fail-at-epoch", "1"],
         env=dict(keyed_env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
@@ -221,8 +215,8 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
 
 @pytest.mark.timeout(120)
 def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env, tmp_path):
-    port = _port()
-    first = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "1.jsonl"), "test")
+    port = local_port()
+    first = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "1.jsonl"), "test")
     first.start()
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -234,7 +228,7 @@ def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env
             wait_for_event(tmp_path / "1.jsonl", lambda e, r=rank: e["kind"] == "step"
                            and e["rank"] == r, 60)
         first.stop()  # detach: training goes on
-        second = Attach(("127.0.0.1", port), KEY.encode(), str(tmp_path / "2.jsonl"), "test",
+        second = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(tmp_path / "2.jsonl"), "test",
                         stall_after=30.0)
         second.start()
         try:
@@ -292,9 +286,9 @@ async def test_K_ends_a_hung_job_sigterm_then_sigkill_after_the_grace(keyed_env,
     from ddptui.view.app import DashboardApp
     from ddptui.view.widgets.confirm import ConfirmEndJob
 
-    script, log, port = tmp_path / "deaf.py", tmp_path / "a.jsonl", _port()
+    script, log, port = tmp_path / "deaf.py", tmp_path / "a.jsonl", local_port()
     script.write_text(DEAF)
-    attach = Attach(("127.0.0.1", port), KEY.encode(), str(log), "test", grace=2.0)
+    attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(log), "test", grace=2.0)
     app = DashboardApp(attach)
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
