@@ -8,8 +8,8 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddptui import __version__
@@ -20,14 +20,13 @@ from ddptui.options.parser import Parser, from_args
 from ddptui.options.training import add_training_options, config_from_args
 from ddptui.run import bytecode
 from ddptui.run.policy import RunPolicy
-from ddptui.script.options import JOB_GRACE_S, STALL_S
+from ddptui.script.options import DETACH_HELP, DETACH_OR_HEADLESS, JOB_GRACE_S, STALL_S
+from ddptui.view.background import HOST_ENV
 from ddptui.view.keys import keys_lines
 
 if TYPE_CHECKING:
     from ddptui.run.owned import OwnedRun
 
-EXIT_GRACE_S = 3.0  # after a stop signal: the app's own exit, before the process is ended
-STOP_GRACE_S = 25.0  # after the dashboard is gone: the run's orderly stop, before ending it
 ATTACH_PORT = 29600
 NOTHING_TO_RUN = ("say what to train: a model (ddptui run resnet18), your own script (ddptui run "
                   "train.py) or module (ddptui run -m pkg.train); ddptui run --help")
@@ -39,6 +38,9 @@ EXAMPLES = f"""examples:
   ddptui run resnet50 --gpus all --data imagefolder:/data/imagenet --workers 12
   ddptui run mypkg.models:get_model --data mypkg.data:get_dataset --cpus 2
   ddptui run resnet18 --headless --epochs 1 --log runs/quick.jsonl
+  ddptui run resnet50 --gpus all --detach     # in the background: prints its name and log
+  ddptui ls                                   # your runs: running, and how the others ended
+  ddptui attach                               # the newest run's dashboard again (or: attach NAME)
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
   torchrun ... -m ddptui.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
@@ -49,9 +51,9 @@ EXAMPLES = f"""examples:
 
 keys in the dashboard:
 {chr(10).join(keys_lines())}
-exit codes: 0 done, 1 training failed, 2 bad usage or input (one line on stderr), 130 Ctrl-C
-  or q, 143 SIGTERM, 129 SIGHUP with --headless (a run whose terminal closes goes on
-  to its end); your own script: the failing rank's own exit code, passed on (128+N for a rank
+exit codes: 0 done (or d: the run goes on), 1 training failed, 2 bad usage or input (one line
+  on stderr), 130 Ctrl-C or q, 143 SIGTERM, 129 SIGHUP with --headless (the dashboard's run
+  has a process of its own: a closed terminal leaves it going); your own script: the failing rank's own exit code, passed on (128+N for a rank
   killed by signal N)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
   where Python may not write bytecode)"""
@@ -67,10 +69,16 @@ def build_parser() -> Parser:
                          hints={"the following arguments are required: model": NOTHING_TO_RUN})
     groups = add_training_options(run, DeviceOptions, RunPolicy)
     groups["launch"].add_argument("--headless", action="store_true", help=HEADLESS_HELP)
-    attach = sub.add_parser("attach", help="the dashboard for ranks started by torchrun or srun "
-                            "with --report, or under python -m ddptui.wrap (docs/cluster.md)")
-    attach.add_argument("--listen", default=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
-                        help=f"where ranks connect (default 127.0.0.1:{ATTACH_PORT}; "
+    groups["launch"].add_argument("--detach", action="store_true", help=DETACH_HELP)
+    attach = sub.add_parser("attach", help="the dashboard again on a run of yours (by name, a "
+                            "prefix of it, or the newest), or with --listen for ranks started by "
+                            "torchrun or srun (docs/cluster.md)")
+    attach.add_argument("run", nargs="?", metavar="RUN",
+                        help="a run `ddptui ls` lists as running: its name or a prefix of it "
+                        "(default: the newest)")
+    attach.add_argument("--listen", nargs="?", const=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
+                        help="listen for ranks started by torchrun or srun with --report, or "
+                        f"under python -m ddptui.wrap (alone: 127.0.0.1:{ATTACH_PORT}; "
                         "0.0.0.0:PORT for other machines)")
     attach.add_argument("--headless", action="store_true",
                         help=HEADLESS_HELP)
@@ -127,31 +135,22 @@ def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None
 
 def cmd_run(args: argparse.Namespace) -> int:
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
-    headless = args.headless or not sys.stdout.isatty()
     if args.report:
         raise UsageError("ddptui run shows its own dashboard: --report is for ranks started by "
                          "torchrun or srun (see docs/cluster.md)")
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    from ddptui.run.processes import end_helpers
-    from ddptui.run.registry import register
-    from ddptui.run.supervisor import Supervisor, default_log_path
+    from ddptui.run.registry import default_log_path
 
-    # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
-    # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    log = config.telemetry.log or os.environ.get(HOST_ENV) or default_log_path()
+    if args.detach and args.headless:
+        raise UsageError(DETACH_OR_HEADLESS)
+    if _in_background(args.headless or not sys.stdout.isatty(), args.detach):
+        return _background(args.argv, log, args.detach)
+    from ddptui.run.supervisor import Supervisor
 
-    policy = from_args(RunPolicy, args)
-    supervisor = Supervisor(config, config.telemetry.log or default_log_path(), policy)
-    register(supervisor.log_path, supervisor.state.meta)
-    try:
-        if headless:
-            print(f"ddptui: logging to {supervisor.log_path}", flush=True)
-            return run_headless(supervisor)
-        return run_dashboard(supervisor)
-    finally:
-        end_helpers()
+    return serve_headless(Supervisor(config, log, from_args(RunPolicy, args)))
 
 
 def cmd_run_script(argv: list[str]) -> int:
@@ -159,93 +158,65 @@ def cmd_run_script(argv: list[str]) -> int:
     from ddptui.script.options import parse_script_args
 
     config = parse_script_args(argv, resolve_devices)
-    from ddptui.run.registry import register
+    from ddptui.run.registry import default_log_path
+
+    log = config.log or os.environ.get(HOST_ENV) or default_log_path()
+    if _in_background(config.headless, config.detach):
+        return _background(["run", *argv], log, config.detach)
     from ddptui.script.run import ScriptRun
     from ddptui.view.headless import ScriptConsole
 
-    run = ScriptRun(config)
-    register(run.log_path, run.meta)
-    if config.headless:
-        # stdout is the script's own, as under torchrun: ddptui speaks on stderr.
-        print(f"ddptui: logging to {run.log_path}", file=sys.stderr, flush=True)
-        return run_headless(run, ScriptConsole(run.state))
-    return run_dashboard(run)
+    hosted = HOST_ENV in os.environ
+    # The run's own process serves dashboards: the ranks' output is theirs, not echoed here.
+    run = ScriptRun(replace(config, headless=not hosted), log)
+    return serve_headless(run, ScriptConsole(run.state), watched_when_failed=hosted)
 
 
-def run_dashboard(source: OwnedRun) -> int:
-    """The dashboard over a run that ddptui owns (built-in trainer or script) until it ends."""
-    from ddptui.view.app import DashboardApp
-    from ddptui.view.headless import summary
+def _in_background(headless: bool, detach: bool) -> bool:
+    """Whether this `ddptui run` starts the run's own process (a dashboard here, or --detach)
+    rather than running it in this one (headless, or the run's process itself)."""
+    return HOST_ENV not in os.environ and (detach or not headless)
 
-    app = DashboardApp(source)
 
-    def on_signal(code: int) -> None:
-        # Signal handlers run on the app's own thread: call_from_thread would deadlock. Ask the
-        # run to stop; the app's refresh tick exits once it is done.
-        app.quitting = True
-        source.stop(code=code)
-        threading.Thread(target=_exit_when_done, args=(source, code), daemon=True).start()
+def _background(argv: list[str], log: str, detach: bool) -> int:
+    from ddptui.view import background
 
-    hung_up = threading.Event()
-
-    def on_hangup(signum, frame) -> None:
-        # The terminal is gone: the run goes on without its screen to its own end, as under
-        # nohup, and the process exits with the run's code then (docs/dashboard.md).
-        hung_up.set()
-        _away_from_the_terminal()
-        app.detached = True
-        threading.Thread(target=_exit_when_done, args=(source, None), daemon=True).start()
-
-    _stop_on_signals(on_signal)
-    signal.signal(signal.SIGHUP, on_hangup)
     try:
-        app.run()
-    finally:
-        code = source.wait() if hung_up.is_set() else _end_after_dashboard(source)
-    if hung_up.is_set():
-        return 1 if code is None else code
-    if app.crashed:  # the dashboard broke (Textual printed why): the run was stopped
-        print(f"ddptui: the dashboard failed (its traceback is above); the run was stopped, "
-              f"log: {source.log_path}", file=sys.stderr)
-        return 1 if code in (0, 130, None) else code
-    view = source.state.view()
-    print(f"ddptui: {summary(view)}", flush=True)  # the screen is gone: what it came to
-    if code not in (0, None) and view.reason:
-        print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
-    return 1 if code is None else code
+        proc, path = background.start(argv, log)
+    except background.NotStarted as e:  # its own words: bad input, most often
+        print("\n".join(e.said) or f"ddptui: the run's process ended ({e.code})", file=sys.stderr)
+        return e.code
+    viewer = background.connect(path)
+    if detach:
+        viewer.close()
+        print(f"ddptui: {viewer.name} runs in the background (pid {viewer.pid}); "
+              f"{background.comeback(viewer)}", flush=True)
+        return 0
+    return background.watch(viewer, proc)
 
 
-def _end_after_dashboard(run: OwnedRun) -> int | None:
-    """Whatever the app did (quit, crash, never mounted), the run ends within a bounded time:
-    an orderly stop first, then every process at once."""
-    if not run.started:
-        return None
-    if not run.done.is_set():
-        run.stop()
-        if not run.done.wait(STOP_GRACE_S + 5):
-            run.stop()  # a second stop ends every process at once
-    return run.wait(60)
-
-
-def _exit_when_done(run: OwnedRun, code: int | None) -> None:
-    """A terminal that closed (SIGHUP, with SIGCONT from the kernel) can leave Textual blocked
-    writing to it forever. Once the run is done every process of the run has ended and the
-    log is closed, so after a grace period for the app to restore the terminal, the process ends."""
-    run.wait()
-    time.sleep(EXIT_GRACE_S)
+def serve_headless(run: OwnedRun, console=None, watched_when_failed: bool = False) -> int:
+    """Run it in this process with status lines (the run's own process: into its output file),
+    open to dashboards (ddptui attach) while it runs."""
+    from ddptui.run.host import serve
     from ddptui.run.processes import end_helpers
 
-    end_helpers()
-    os._exit(code if code is not None else 1 if run.exit_code is None else run.exit_code)
-
-
-def _away_from_the_terminal() -> None:
-    """A hung-up terminal fails or blocks every read and write: the process's standard streams
-    go to /dev/null instead."""
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
+    # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
+    # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    hosted = os.environ.pop(HOST_ENV, None) is not None  # not the ranks' business
+    host = serve(run)
+    if host is not None and watched_when_failed:
+        run.watched = host.watched  # type: ignore[attr-defined]
+    try:
+        if not hosted:
+            print(f"ddptui: logging to {run.log_path}", file=sys.stderr if console else sys.stdout,
+                  flush=True)
+        return run_headless(run, console)
+    finally:
+        if host is not None:
+            host.close()
+        end_helpers()
 
 
 def run_headless(run: OwnedRun, console=None) -> int:
@@ -274,6 +245,11 @@ def _stop_on_signals(stop) -> None:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    if args.listen is None:
+        return _attach_run(args.run, args.headless or not sys.stdout.isatty())
+    if args.run is not None:
+        raise UsageError(f"attach {args.run} --listen: a run of yours, or ranks of torchrun or "
+                         "srun on --listen, not both")
     from ddptui.contract.channel import load_key, parse_address
 
     try:
@@ -301,6 +277,23 @@ def cmd_attach(args: argparse.Namespace) -> int:
     DashboardApp(attach).run()
     attach.stop(code=0)
     return 0
+
+
+def _attach_run(name: str | None, headless: bool) -> int:
+    """The dashboard (or its lines) on a run of this user's, from its own process."""
+    from ddptui.contract.viewers import Refused
+    from ddptui.run.registry import find
+    from ddptui.sources.viewer import RunGone
+    from ddptui.view import background
+
+    try:
+        record = find(name)
+        viewer = background.connect(record.socket)
+    except (LookupError, PermissionError, Refused, RunGone) as e:
+        raise UsageError(str(e)) from None
+    except OSError as e:
+        raise UsageError(f"cannot reach {record.name}: {e.strerror or e}") from None
+    return background.follow(viewer) if headless else background.watch(viewer)
 
 
 def cmd_ls(_args: argparse.Namespace) -> int:
@@ -387,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         return _guarded(cmd_run_script, argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = argv  # the run's own process is started with the same command line
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay,
                 "ls": cmd_ls}
     if args.command not in handlers:

@@ -85,10 +85,11 @@ def event(kind: str, rank: int, **fields) -> dict:
     return {"t": round(time.time(), 3), "kind": kind, "rank": rank, **fields}
 
 
-def settings_request(settings: dict) -> tuple[dict, dict]:
+def settings_request(settings: dict, rid: str | None = None) -> tuple[dict, dict]:
     """A settings change as the parent's own "requested" event and the command for rank 0, under
-    one id: rank 0's "pending" echo names it, so a view can tell an echo that later keys overtook."""
-    rid = uuid.uuid4().hex[:8]
+    one id (`rid`, or a new one): rank 0's "pending" echo names it, so a view can tell an echo
+    that later keys overtook."""
+    rid = rid or uuid.uuid4().hex[:8]
     return (event("settings", PARENT, settings=settings, status="requested", request=rid),
             {"op": "settings", "settings": settings, "request": rid})
 

@@ -48,9 +48,10 @@ class OwnedRun(RunSource):
     def checkpoint(self) -> None:
         self._order({"op": "checkpoint"})
 
-    def change_settings(self, **settings) -> None:
-        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
-        requested, cmd = settings_request(settings)
+    def change_settings(self, request: str | None = None, **settings) -> None:
+        """Ask for new input-pipeline settings; every rank applies them at the next epoch.
+        `request`: the id a dashboard gave the request (its screen shows it pending at once)."""
+        requested, cmd = settings_request(settings, request)
         self._order(cmd, requested)
 
     def apply_now(self) -> None:

@@ -25,6 +25,16 @@ class RunRecord:
     log: str
     started: float
     state: str = "running"  # or the run's end status from its log: done, failed, interrupted
+    socket: str = ""  # where its dashboards connect (ddptui attach NAME)
+
+
+def default_log_path() -> str:
+    return os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S") + ".jsonl")
+
+
+def run_name(log: str) -> str:
+    """A run is named after its log: runs/2026-11-29T10-00-00.jsonl is 2026-11-29T10-00-00."""
+    return os.path.splitext(os.path.basename(log))[0]
 
 
 def folder() -> str:
@@ -40,12 +50,13 @@ def folder() -> str:
     return path
 
 
-def register(log: str, meta: dict) -> str | None:
+def register(log: str, meta: dict, socket: str = "") -> str | None:
     """Record the run ddptui is starting in this process; the record's path, or None where the
     folder cannot be used (the run goes on: ls will not list it)."""
-    name = os.path.splitext(os.path.basename(log))[0]
+    name = run_name(log)
     record = RunRecord(name, os.getpid(), meta.get("script") or meta.get("model") or "?",
-                       int(meta.get("world_size") or 0), os.path.abspath(log), time.time())
+                       int(meta.get("world_size") or 0), os.path.abspath(log), time.time(),
+                       socket=socket)
     try:
         path = os.path.join(folder(), f"{name}.{os.getpid()}.json")
         with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -69,6 +80,7 @@ def runs(now: float | None = None) -> list[RunRecord]:
             continue
         if not _alive(record):
             record.state = _end_status(record.log)
+
             if now - record.started > KEPT_S:
                 os.unlink(entry.path)
                 continue
@@ -76,10 +88,32 @@ def runs(now: float | None = None) -> list[RunRecord]:
     return sorted(found, key=lambda r: r.started, reverse=True)
 
 
+def find(name: str | None) -> RunRecord:
+    """The live run named `name` (or by a prefix of its name that no other live run shares), or
+    the newest live run; LookupError says why there is none."""
+    live = [r for r in runs() if r.state == "running" and r.socket]
+    if not live:
+        raise LookupError("no run of yours is running on this machine (ddptui ls lists them)")
+    if name is None:
+        return live[0]
+    exact = [r for r in live if r.name == name]
+    matches = exact or [r for r in live if r.name.startswith(name)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        ended = [r for r in runs() if r.name == name]
+        raise LookupError(f"run {name} has ended ({ended[0].state})" if ended else
+                          f"no running run of yours is named {name} (ddptui ls lists them)")
+    raise LookupError(f"{name} names {len(matches)} running runs: "
+                      + ", ".join(r.name for r in matches))
+
+
 def _alive(record: RunRecord) -> bool:
     """Its process still runs (and is the one that started: a pid may be used again)."""
     try:
-        return psutil.Process(record.pid).create_time() <= record.started + 1
+        process = psutil.Process(record.pid)
+        return process.create_time() <= record.started + 1 and \
+            process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

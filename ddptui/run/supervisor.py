@@ -22,15 +22,12 @@ from ddptui.run.policy import RunPolicy
 from ddptui.run.ports import free_port
 from ddptui.run.processes import ProcessPool, RankProcess, prepare_data
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
+from ddptui.run.registry import default_log_path
 from ddptui.run.watchdog import Member, Watchdog
 from ddptui.state.runstate import RunState
 
 STOP_GRACE_S = 20.0  # agreed stop, final checkpoint and exit; then SIGTERM
 STALLED_STOP_S = 5.0  # a stop past a stalled rank: the others roll back, checkpoint, exit
-
-
-def default_log_path() -> str:
-    return os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S") + ".jsonl")
 
 
 class Supervisor(OwnedRun):

@@ -23,6 +23,11 @@ GRACE_S = 30.0  # torchrun's: SIGINT or SIGTERM to the ranks, then SIGKILL after
 JOB_GRACE_S = 10.0  # attach's K: SIGTERM to every wrapped rank, then SIGKILL after this long
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
 
+DETACH_HELP = ("start the run in the background and return at once, printing its name and log "
+               "(ddptui attach NAME watches it)")
+DETACH_OR_HEADLESS = ("--detach and --headless: choose one (--headless runs in this terminal and "
+                      "ends with it)")
+
 TORCHRUN = "torchrun's options, same meaning (one machine)"
 FORMS = """your own script (torchrun's contract and command line, no code change):
   ddptui run --nproc-per-node 2 --standalone train.py --lr 0.1 --epochs 3
@@ -49,6 +54,7 @@ class ScriptConfig:
                               "GPU)", type=positive_int, metavar="N")
     headless: bool = option(False, "no dashboard: the ranks' output as torchrun shows it "
                             "(automatic when not a terminal)", action="store_true")
+    detach: bool = option(False, DETACH_HELP, action="store_true")
     log: str | None = option(None, "telemetry log (default runs/<time>.jsonl; each rank's output "
                              "beside it as .rankN.out)", metavar="FILE.jsonl")
     tensorboard: str | None = option(
@@ -176,6 +182,8 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
     for flag, why in NOT_APPLIED.items():
         if getattr(args, flag.lstrip("-").replace("-", "_")) not in (None, False):
             print(f"ddptui: note: {flag} does not apply: {why}", file=sys.stderr)
+    if args.detach and args.headless:
+        raise UsageError(DETACH_OR_HEADLESS)
     if args.nnodes not in (None, "1", "1:1"):
         raise UsageError(f"--nnodes {args.nnodes}: ddptui run is one machine; on several, "
                          "launch with torchrun and watch with ddptui attach (docs/cluster.md)")

@@ -12,6 +12,7 @@ import secrets
 import signal
 import threading
 import time
+from collections.abc import Callable
 
 from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
@@ -21,7 +22,7 @@ from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.ports import free_port
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
-from ddptui.run.supervisor import default_log_path
+from ddptui.run.registry import default_log_path
 from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.options import ScriptConfig
@@ -61,6 +62,9 @@ class ScriptRun(OwnedRun):
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
+        # A failed run waits for r or q while a dashboard shows it (the run's own process sets
+        # this to "while one is attached": with none, nobody is there to press r).
+        self.watched: Callable[[], bool] = lambda: not config.headless
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
                      "stop_rank": self._stop_rank, "kill_rank": self._kill_rank,
                      "restart_rank": self._restart_rank}
@@ -183,7 +187,7 @@ class ScriptRun(OwnedRun):
             if self._restart and self.outcome.stop is None:
                 self._start_attempt()
             elif self.outcome.stop is not None or self.outcome.failure is None or \
-                    self.config.headless:
+                    not self.watched():
                 return
             # A failed run stays on screen: r starts it again, q leaves.
 

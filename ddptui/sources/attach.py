@@ -143,8 +143,8 @@ class Attach(RunSource):
     def apply_now(self) -> None:
         self._command({"op": "apply"})
 
-    def change_settings(self, **settings) -> None:
-        requested, cmd = settings_request(settings)
+    def change_settings(self, request: str | None = None, **settings) -> None:
+        requested, cmd = settings_request(settings, request)
         if self._command(cmd):  # one that was never sent would stay pending in the view
             self._record(requested)
 

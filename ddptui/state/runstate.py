@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import replace
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ddptui.contract.events import PARENT, RankState, count, describe
@@ -66,15 +67,22 @@ class RunState:
         self.last_t = 0.0
         self.checkpoint_t: float | None = None
         self.host: dict = {}
+        # Each change, as the run's viewers take it (ddptui/run/host.py), under the lock.
+        self.listener: Callable[[dict], None] | None = None
 
     # -- writing -------------------------------------------------------------------------
     def apply(self, ev: dict) -> None:
         with self.lock:
             self._apply(ev)
+            if self.listener:
+                self.listener({"type": "event", "ev": ev})
 
     def say(self, text: str, level: str = "info", t: float | None = None) -> None:
         with self.lock:
-            self._line(t or time.time(), level, text)
+            t = t or time.time()
+            self._line(t, level, text)
+            if self.listener:
+                self.listener({"type": "say", "text": text, "level": level, "t": t})
 
     def _line(self, t: float, level: str, text: str, kind: str = "message") -> None:
         """`kind`: the event the line tells of, `rank:STATE` for a rank's (a console may show
@@ -292,6 +300,8 @@ class RunState:
     def set_host(self, host: dict) -> None:
         with self.lock:
             self.host = host
+            if self.listener:
+                self.listener({"type": "host", "host": host})
 
     # -- reading -------------------------------------------------------------------------
     def view(self) -> RunView:

@@ -19,6 +19,7 @@ class RunSource(ABC):
     can_steer: ClassVar[bool] = True  # pause, settings, checkpoint, ranks (a Replay: no)
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
     can_end_job: ClassVar[bool] = False  # K ends a job it does not own (an Attach)
+    can_detach: ClassVar[bool] = False  # d leaves the run going (a Viewer of a run's process)
 
     state: RunState
     done: threading.Event
@@ -33,6 +34,10 @@ class RunSource(ABC):
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         """End (an owned run: ranks agree on a step and exit; a second call kills them),
         detach or stop playing. Safe from a signal handler."""
+
+    def close(self) -> None:
+        """Leave the run going without this dashboard (can_detach)."""
+        self._cannot("leave the run going")
 
     def wait(self, timeout: float | None = None) -> int | None:
         self.done.wait(timeout)
@@ -61,8 +66,9 @@ class RunSource(ABC):
     def checkpoint(self) -> None:
         self._cannot("checkpoint")
 
-    def change_settings(self, **settings) -> None:
-        """Ask for new input-pipeline settings; every rank applies them at the next epoch."""
+    def change_settings(self, request: str | None = None, **settings) -> None:
+        """Ask for new input-pipeline settings; every rank applies them at the next epoch
+        (`request`: the request's id, when a dashboard named it)."""
         self._cannot("change settings")
 
     def apply_now(self) -> None:

@@ -67,7 +67,7 @@ class DashboardApp(App[int]):
         self.refresh_s = refresh_s
         self.view: RunView | None = None
         self.quitting = False
-        self.detached = False  # its terminal hung up: the run goes on without it
+        self.detached = False  # d: the run goes on without this dashboard
         self.closing = False
         self._seq = 0
         self._stacks_asked_t = 0.0
@@ -125,7 +125,7 @@ class DashboardApp(App[int]):
         """Pull a snapshot of the run state and hand it to the widgets."""
         if self.closing or not self.screen_stack:  # an interval can still fire at teardown
             return
-        if self.quitting and self.source.done.is_set() or self.detached:
+        if self.quitting and self.source.done.is_set():
             self._close(self.source.exit_code)
             return
         state = self.source.state
@@ -204,6 +204,8 @@ class DashboardApp(App[int]):
             return False  # a replay, or a run that is over, has nothing to steer: hidden
         if action == "end_job" and not self.source.can_end_job:
             return False  # a run ddptui owns: q ends it
+        if action == "detach" and (not self.source.can_detach or self.source.done.is_set()):
+            return False  # nothing goes on without this dashboard
         return None if self.why_not(action) else True  # dimmed in the footer
 
     def why_not(self, action: str) -> str | None:
@@ -374,6 +376,11 @@ class DashboardApp(App[int]):
         self.source.checkpoint()
         self.notify("checkpoint requested")
 
+    def action_detach(self) -> None:
+        self.detached = True
+        self.source.close()
+        self._close(None)
+
     def action_help(self) -> None:
         self.push_screen(HelpScreen(key_rows(self.why_not, self.source.restarts_group)))
 
@@ -388,14 +395,18 @@ class DashboardApp(App[int]):
             return
         last = self.view.checkpoint_t if self.view else None
         age = None if last is None else time.time() - last
-        if self.view and self.view.meta.get("checkpoint_dir") and (age is None or age > 60):
-            self.push_screen(ConfirmQuit(age), self._confirmed)
+        checkpoints = bool(self.view and self.view.meta.get("checkpoint_dir"))
+        if self.source.can_detach or checkpoints and (age is None or age > 60):
+            self.push_screen(ConfirmQuit(age, checkpoints, self.source.can_detach),
+                             self._confirmed)
         else:
             self._begin_quit()
 
-    def _confirmed(self, yes: bool | None) -> None:
-        if yes:
+    def _confirmed(self, answer: str | None) -> None:
+        if answer == "quit":
             self._begin_quit()
+        elif answer == "detach":
+            self.action_detach()
 
     def _begin_quit(self) -> None:
         self.quitting = True

@@ -48,10 +48,13 @@ KEYS = (
         "end the whole job ddptui attached to (asked first): every rank gets SIGTERM through its "
         "wrapper, SIGKILL after --grace (10 s) if still there, and its launcher ends; in a run "
         "ddptui owns, q ends it"),
+    Key("d", "detach", "Detach", "d",
+        "leave the dashboard, the run goes on (as when its terminal closes); `ddptui attach` "
+        "brings it back"),
     Key("question_mark", "help", "Help", "?", "this help"),
     Key("q", "quit", "Quit", "q, Ctrl-C",
         "quit: ranks stop at an agreed step, checkpoint (with --checkpoint-dir), every process "
-        "ends; a stalled rank is not waited for"),
+        "ends; a stalled rank is not waited for (asked first in a dashboard that attached)"),
 )
 SCRIPT_KEYS = ("(your own script)",
                "s, r, k offer to restart every rank (k kills the selected one at once), but with "

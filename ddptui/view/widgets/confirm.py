@@ -1,4 +1,4 @@
-"""The questions the dashboard asks before it acts: quit with a stale checkpoint, and restart
+"""The questions the dashboard asks before it acts: end the run, end an attached job, restart
 every rank of a script (whose ranks cannot leave one at a time)."""
 
 from __future__ import annotations
@@ -10,23 +10,32 @@ from textual.screen import ModalScreen
 from textual.widgets import Label
 
 
-class ConfirmQuit(ModalScreen[bool]):
-    """Asked only when a checkpoint directory is set and the last checkpoint is stale."""
+class ConfirmQuit(ModalScreen[str]):
+    """q in a dashboard that can leave the run going (then always asked: it may be one of several,
+    and the run outlives it), or where the last checkpoint is stale. Answers "quit", "detach" or
+    "" (stay)."""
 
-    BINDINGS = [Binding("y", "answer(True)", "Quit"), Binding("n,escape", "answer(False)", "Stay")]
+    BINDINGS = [Binding("y", "answer('quit')", "End the run"),
+                Binding("d", "answer('detach')", "Leave it going"),
+                Binding("n,escape", "answer('')", "Stay")]
 
-    def __init__(self, age: float | None):
+    def __init__(self, age: float | None, checkpoints: bool, can_detach: bool):
         super().__init__()
-        self.age = age
+        self.age, self.checkpoints, self.can_detach = age, checkpoints, can_detach
 
     def compose(self) -> ComposeResult:
-        age = "no checkpoint yet" if self.age is None else f"last checkpoint {self.age:.0f} s ago"
+        last = ("no checkpoint yet" if self.age is None else
+                f"last checkpoint {self.age:.0f} s ago")
+        then = f" ({last}; a final checkpoint is written first)" if self.checkpoints else ""
         with Vertical(id="confirm"):
-            yield Label(f"Quit the run? ({age}; a final checkpoint is written first)")
-            yield Label("[b]y[/b] quit    [b]n[/b] keep training")
+            yield Label(f"End the run?{then}")
+            yield Label("[b]y[/b] end it    " + ("[b]d[/b] leave it going    "
+                                                 if self.can_detach else "")
+                        + "[b]n[/b] keep watching")
 
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
+    def action_answer(self, answer: str) -> None:
+        if answer != "detach" or self.can_detach:
+            self.dismiss(answer)
 
 
 class ConfirmEndJob(ModalScreen[bool]):

@@ -1,0 +1,126 @@
+"""The Unix socket between a run ddptui owns and the dashboards that watch it: where it lives,
+who may use it, the framing (a JSON object a line, bounded) and the orders a viewer may send.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import struct
+
+MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
+MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
+
+# op -> the fields it carries and their types; anything else is malformed and dropped.
+ORDERS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "pause": {}, "resume": {}, "checkpoint": {}, "apply": {},
+    "settings": {"settings": dict, "request": str},
+    "stop_rank": {"rank": int}, "restart_rank": {"rank": int}, "kill_rank": {"rank": int},
+    "stacks": {"rank": int},
+    "restart_group": {"kill": (int, type(None))},
+    "stop": {"code": int},
+}
+SETTINGS = {"prefetch": bool, "workers": int, "cudnn_benchmark": bool}
+
+
+class Refused(OSError):
+    """The socket is not this user's own (owner or mode): nothing is sent to it."""
+
+
+def socket_path(folder: str, pid: int) -> str:
+    """Each run's socket is named by its process (a run's name may be long; AF_UNIX paths are
+    108 bytes at most)."""
+    return os.path.join(folder, f"{pid}.sock")
+
+
+def listen(path: str) -> socket.socket:
+    """A listening socket at `path`, mode 0600 from its creation (no window where others may
+    connect)."""
+    if os.path.lexists(path):  # a run of this pid that was killed: its process is gone
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(8)
+    return sock
+
+
+def connect(path: str, timeout: float = 5.0) -> socket.socket:
+    """Connect to a run's socket, after checking that this user owns it and no one else may
+    use it (a socket of another user's could show a false run, or take our orders)."""
+    info = os.stat(path)
+    if not stat.S_ISSOCK(info.st_mode):
+        raise Refused(f"{path} is not a socket")
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise Refused(f"{path} is not this user's own (owner {info.st_uid}, "
+                      f"mode {oct(info.st_mode & 0o777)})")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        raise
+    sock.settimeout(None)
+    return sock
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user id of the process at the other end, as the kernel knows it."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+def frame(message: dict) -> bytes:
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+
+
+class Lines:
+    """Reads a socket's messages, one JSON object a line; a line over `limit` bytes ends the
+    connection (OSError), a line that is not an object is handed on as None."""
+
+    def __init__(self, sock: socket.socket, limit: int):
+        self.sock, self.limit = sock, limit
+        self._buf = b""
+
+    def read(self) -> list[dict | None]:
+        """The next whole messages (blocks until some come); [] once the peer closed."""
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return []
+            self._buf += chunk
+            if len(self._buf) > self.limit and b"\n" not in self._buf:
+                raise OSError(f"a message over {self.limit} bytes")
+        *lines, self._buf = self._buf.split(b"\n")
+        return [_object(line) for line in lines if line.strip()]
+
+
+def _object(line: bytes) -> dict | None:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def malformed(order: dict | None) -> str | None:
+    """Why a viewer's message is not an order this run takes, or None when it is one."""
+    if order is None:
+        return "not a JSON object"
+    fields = ORDERS.get(order.get("op"))  # type: ignore[arg-type]
+    if fields is None:
+        return f"unknown op {str(order.get('op'))[:40]!r}"
+    for name, kind in fields.items():
+        value = order.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):  # no field is a flag
+            return f"{order['op']}: bad {name}"
+    settings = order.get("settings", {})
+    if any(k not in SETTINGS or type(v) is not SETTINGS[k] for k, v in settings.items()):
+        return "settings: unknown name or bad value"
+    return None

@@ -1,0 +1,144 @@
+"""A run ddptui owns, seen from another process: the dashboard of `ddptui run` and of `ddptui
+attach RUN`. Its state comes whole on connecting, then change by change; keys go as orders.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import threading
+
+from ddptui.contract.events import PARENT, event, settings_request
+from ddptui.contract.viewers import MAX_UPDATE, Lines, connect, frame
+from ddptui.state.snapshot import load
+from ddptui.state.source import RunSource
+
+
+class RunGone(OSError):
+    """The run's process closed the socket before it said hello (it ended meanwhile)."""
+
+
+class Viewer(RunSource):
+    """Connects at once (the first screen shows the whole run so far); start() follows it.
+    `owns_ranks`: q ends the run (after asking), `d` leaves it going."""
+
+    can_detach = True
+
+    def __init__(self, path: str):
+        self.sock = connect(path)
+        self._lines = Lines(self.sock, MAX_UPDATE)
+        hello = self._hello()
+        self.name, self.pid, self.log_path = hello["name"], hello["pid"], hello["log"]
+        self.state = load(hello["snapshot"])
+        self.faces: dict = hello["faces"]
+        self.done = threading.Event()
+        self.exit_code: int | None = None
+        self.lost = False  # the connection ended without the run's end
+        self._orders: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
+        self._threads = [threading.Thread(target=self._follow, name="viewer", daemon=True),
+                         threading.Thread(target=self._send, name="orders", daemon=True)]
+
+    def _hello(self) -> dict:
+        for message in self._lines.read():
+            if message and message.get("type") == "hello":
+                return message
+        self.sock.close()
+        raise RunGone("the run ended before it could be shown")
+
+    @property
+    def can_steer(self) -> bool:  # type: ignore[override]
+        return bool(self.faces.get("can_steer", True))
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def close(self) -> None:
+        """Leave the run (it goes on)."""
+        self._orders.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _follow(self) -> None:
+        try:
+            while messages := self._lines.read():
+                for m in messages:
+                    self._take(m or {})
+        except OSError:
+            pass
+        finally:
+            if not self.done.is_set():
+                self.lost = True
+                self.state.say("lost the run's process: it ended without a word, or dropped "
+                               "this dashboard (ddptui ls says which)", "error")
+                self.done.set()
+
+    def _take(self, m: dict) -> None:
+        match m.get("type"):
+            case "event":
+                self.state.apply(m["ev"])
+            case "say":
+                self.state.say(m["text"], m["level"], m["t"])
+            case "host":
+                self.state.set_host(m["host"])
+            case "faces":
+                self.faces = m["faces"]
+            case "end":
+                self.exit_code = m.get("exit_code")
+                self.done.set()
+
+    def _send(self) -> None:
+        while (order := self._orders.get()) is not None:
+            try:
+                self.sock.sendall(frame(order))
+            except OSError:
+                return
+
+    def _order(self, op: str, note: dict | None = None, **fields) -> None:
+        if note is not None:  # on screen at once, as in the run's own process
+            self.state.apply(note)
+        self._orders.put({"op": op, **fields})
+
+    # -- the RunSource calls: each an order to the run's process ------------------------------
+    def stop(self, status: str = "interrupted", code: int = 130) -> None:
+        if not self.done.is_set():
+            self._order("stop", code=code)
+
+    def refuse(self, action: str) -> str | None:
+        return self.faces.get("refuse", {}).get(action)
+
+    def restarts_group(self, key: str) -> bool:
+        return bool(self.faces.get("restarts_group", {}).get(key))
+
+    def pause(self) -> None:
+        self._order("pause", event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        self._order("resume", event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._order("checkpoint")
+
+    def change_settings(self, request: str | None = None, **settings) -> None:
+        requested, cmd = settings_request(settings, request)
+        self._order("settings", requested, settings=settings, request=cmd["request"])
+
+    def apply_now(self) -> None:
+        self._order("apply")
+
+    def stop_rank(self, rank: int) -> None:
+        self._order("stop_rank", rank=rank)
+
+    def restart_rank(self, rank: int) -> None:
+        self._order("restart_rank", rank=rank)
+
+    def kill_rank(self, rank: int) -> None:
+        self._order("kill_rank", rank=rank)
+
+    def restart_group(self, kill: int | None = None) -> None:
+        self._order("restart_group", kill=kill)
+
+    def stacks(self, rank: int) -> None:
+        self._order("stacks", rank=rank)
