@@ -53,8 +53,8 @@ keys in the dashboard:
 {chr(10).join(keys_lines())}
 exit codes: 0 done (or d: the run goes on), 1 training failed, 2 bad usage or input (one line
   on stderr), 130 Ctrl-C or q, 143 SIGTERM, 129 SIGHUP with --headless (the dashboard's run
-  has a process of its own: a closed terminal leaves it going); your own script: the failing rank's own exit code, passed on (128+N for a rank
-  killed by signal N)
+  has a process of its own: a closed terminal leaves it going); your own script: the failing
+  rank's own exit code, passed on (128+N for a rank killed by signal N)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
   where Python may not write bytecode)"""
 

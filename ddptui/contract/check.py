@@ -8,7 +8,16 @@ import types
 from functools import cache
 from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
-from ddptui.contract.schema import COMMANDS, EVENTS, Command, Event
+from ddptui.contract.schema import (
+    COMMANDS,
+    EVENTS,
+    RUN_UPDATES,
+    VIEWER_ORDERS,
+    Command,
+    Event,
+    RunUpdate,
+    ViewerOrder,
+)
 
 
 def problems(ev: dict) -> list[str]:
@@ -122,11 +131,22 @@ def reference() -> str:
         rows = _table(cls, skip)
         lines += rows if len(rows) > 2 else ["No fields beyond the common ones."]
     lines += ["", "# Commands", "", _doc(Command), ""]
-    for op, cls in COMMANDS.items():
-        lines += ["", f"## `{op}`", "", _doc(cls), ""]
-        rows = _table(cls, ("op",))
-        lines += rows if len(rows) > 2 else ["No fields beyond `op`."]
+    lines += _section(COMMANDS, "op", "##")
+    lines += ["", "# A run's dashboards", "", "## Orders", "", _doc(ViewerOrder), ""]
+    lines += _section({op: cls for op, cls in VIEWER_ORDERS.items() if cls is not ViewerOrder},
+                      "op", "###")
+    lines += ["", "## Updates", "", _doc(RunUpdate), ""]
+    lines += _section(RUN_UPDATES, "type", "###")
     return "\n".join(lines) + "\n"
+
+
+def _section(kinds: dict[str, type], key: str, heading: str) -> list[str]:
+    lines = []
+    for name, cls in kinds.items():
+        lines += ["", f"{heading} `{name}`", "", _doc(cls), ""]
+        rows = _table(cls, (key,))
+        lines += rows if len(rows) > 2 else [f"No fields beyond `{key}`."]
+    return lines
 
 
 if __name__ == "__main__":

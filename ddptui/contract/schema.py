@@ -389,3 +389,103 @@ COMMANDS: dict[str, type] = {
     "end": SidecarCommand,
     "reform": WorldOrder, "join": WorldOrder, "recover": WorldOrder, "host": WorldOrder,
 }
+
+
+class ViewerOrder(TypedDict):
+    """A dashboard's order to a run's own process, one JSON object a line on the run's Unix
+    socket (docs/dashboard.md), at most 64 KiB. A key becomes one order, and the run carries it
+    out as its own key would; a message that is not one of these, with these fields, is dropped
+    with a line in the events. `pause`, `resume`, `checkpoint` and `apply` carry nothing more."""
+
+    op: Annotated[str, "one of the ops below"]
+
+
+class ViewerSettingsOrder(ViewerOrder):
+    """p, w, W, b: new input-pipeline settings from the next epoch."""
+
+    settings: Settings
+    request: Annotated[str, "the request's id, chosen by the dashboard (its screen shows the "
+                            "change pending at once)"]
+
+
+class ViewerRankOrder(ViewerOrder):
+    """s, r, k, t on the selected rank."""
+
+    rank: Annotated[int, "the rank slot"]
+
+
+class ViewerRestartOrder(ViewerOrder):
+    """s, r, k on a script's rank without run.elastic(): every rank ends and the group starts
+    again."""
+
+    kill: Annotated[int | None, "a rank to SIGKILL at once (k)"]
+
+
+class ViewerStopOrder(ViewerOrder):
+    """q then y, or Ctrl-C or SIGTERM to a dashboard: the run ends as ddptui's own would."""
+
+    code: Annotated[int, "the exit code the run ends with: 130 (q, Ctrl-C), 143 (SIGTERM)"]
+
+
+VIEWER_ORDERS: dict[str, type] = {
+    "pause": ViewerOrder, "resume": ViewerOrder, "checkpoint": ViewerOrder, "apply": ViewerOrder,
+    "settings": ViewerSettingsOrder, "stop_rank": ViewerRankOrder,
+    "restart_rank": ViewerRankOrder, "kill_rank": ViewerRankOrder, "stacks": ViewerRankOrder,
+    "restart_group": ViewerRestartOrder, "stop": ViewerStopOrder,
+}
+
+
+class RunUpdate(TypedDict):
+    """What a run's process sends each dashboard, one JSON object a line: `hello` first, then
+    each change to the run state as it happens, `end` last."""
+
+    type: Annotated[str, "one of the types below"]
+
+
+class HelloUpdate(RunUpdate):
+    """The run as it is when the dashboard connects."""
+
+    name: Annotated[str, "the run's name (its log's, without .jsonl)"]
+    pid: Annotated[int, "the run's process"]
+    log: Annotated[str, "its log"]
+    faces: Annotated[dict, "what the keys may do now (see `faces`)"]
+    snapshot: Annotated[dict, "the run state, every field (ddptui/state/snapshot.py)"]
+
+
+class EventUpdate(RunUpdate):
+    """An event the run's state took, as in the log (or not logged: a key's note)."""
+
+    ev: Annotated[dict, "the event"]
+
+
+class SayUpdate(RunUpdate):
+    """A line of the events pane that is not an event."""
+
+    text: Annotated[str, "the line"]
+    level: Annotated[str, "info, warning or error"]
+    t: Annotated[float, "unix time"]
+
+
+class HostUpdate(RunUpdate):
+    """The machine's CPU and memory readings (a CPU run's panel)."""
+
+    host: Annotated[dict, "the readings"]
+
+
+class FacesUpdate(RunUpdate):
+    """What the keys may do changed (a script's ranks opted in to a control)."""
+
+    faces: Annotated[dict, "can_steer, refuse (why pause, settings or checkpoint cannot act, "
+                           "by action), restarts_group (whether s, r, k act on every rank)"]
+
+
+class EndUpdate(RunUpdate):
+    """The run ended; the socket closes after it."""
+
+    exit_code: Annotated[int | None, "the run's exit code"]
+
+
+RUN_UPDATES: dict[str, type] = {
+    "hello": HelloUpdate, "event": EventUpdate, "say": SayUpdate, "host": HostUpdate,
+    "faces": FacesUpdate, "end": EndUpdate,
+}

@@ -9,19 +9,29 @@ import os
 import socket
 import stat
 import struct
+from types import UnionType
+from typing import Annotated, Union, get_args, get_origin, get_type_hints
+
+from ddptui.contract.schema import VIEWER_ORDERS
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
 
-# op -> the fields it carries and their types; anything else is malformed and dropped.
-ORDERS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "pause": {}, "resume": {}, "checkpoint": {}, "apply": {},
-    "settings": {"settings": dict, "request": str},
-    "stop_rank": {"rank": int}, "restart_rank": {"rank": int}, "kill_rank": {"rank": int},
-    "stacks": {"rank": int},
-    "restart_group": {"kill": (int, type(None))},
-    "stop": {"code": int},
-}
+
+
+def _runtime(hint) -> tuple[type, ...]:
+    """The types a JSON value of a schema field may have (Annotated and unions unwrapped)."""
+    if get_origin(hint) is Annotated:
+        return _runtime(get_args(hint)[0])
+    if get_origin(hint) in (Union, UnionType):
+        return tuple(t for arg in get_args(hint) for t in _runtime(arg))
+    return (hint,)
+
+
+# op -> each field it carries and the types it may have (schema.py); anything else is dropped.
+ORDERS = {op: {name: _runtime(hint) for name, hint in
+               get_type_hints(cls, include_extras=True).items() if name != "op"}
+          for op, cls in VIEWER_ORDERS.items()}
 SETTINGS = {"prefetch": bool, "workers": int, "cudnn_benchmark": bool}
 
 

@@ -10,8 +10,8 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddptui.contract.events import PARENT, RankState, count, describe

@@ -53,8 +53,9 @@ KEYS = (
         "brings it back"),
     Key("question_mark", "help", "Help", "?", "this help"),
     Key("q", "quit", "Quit", "q, Ctrl-C",
-        "quit: ranks stop at an agreed step, checkpoint (with --checkpoint-dir), every process "
-        "ends; a stalled rank is not waited for (asked first in a dashboard that attached)"),
+        "end the run, asked first (y ends it, d leaves it going): ranks stop at an agreed step, "
+        "checkpoint (with --checkpoint-dir), every process ends; a stalled rank is not waited "
+        "for; a replay, an attach --listen or a finished run just closes"),
 )
 SCRIPT_KEYS = ("(your own script)",
                "s, r, k offer to restart every rank (k kills the selected one at once), but with "

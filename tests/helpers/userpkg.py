@@ -150,7 +150,8 @@ class SlowOnOneRank(Dataset):
         return len(self.inner)
 
     def __getitem__(self, i):
-        if torch.distributed.get_rank() == self.rank:
+        # A standby reads a sample before it joins a process group (its warm-up).
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() == self.rank:
             time.sleep(self.delay)
         return self.inner[i]
 

@@ -15,6 +15,7 @@ from ddptui.run.supervisor import Supervisor
 from ddptui.script.run import ScriptRun
 from ddptui.sources.attach import Attach
 from ddptui.sources.replay import Replay
+from ddptui.sources.viewer import Viewer
 from ddptui.state.source import RunSource
 from ddptui.view.app import DashboardApp
 from ddptui.view.widgets.help import HelpScreen
@@ -326,29 +327,7 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
     assert "12,937" in svg and "12,940" in svg and "0.0008" in svg
 
 
-async def test_a_crash_of_the_dashboard_still_ends_the_run_and_every_process(tmp_path,
-                                                                             monkeypatch):
-    from ddptui.cli import _end_after_dashboard
-
-    sup = Supervisor(run_config(*TINY, "--epochs", "500"), str(tmp_path / "live.jsonl"))
-    app = DashboardApp(sup)
-
-    def broken_show(view, selected, refit=False, final=False):
-        if any(r.step for r in view.ranks):
-            raise RuntimeError("a widget bug")
-
-    with pytest.raises(RuntimeError, match="a widget bug"):
-        async with app.run_test(size=(120, 40)) as pilot:
-            monkeypatch.setattr(app.rank_table, "show", broken_show)
-            await _until(pilot, lambda: sup.done.is_set() or app.crashed, "the crash",
-                         timeout=90)
-    assert app.crashed and sup.started and not sup.done.is_set()
-    pids = sup.pids()
-    assert _end_after_dashboard(sup) == 130
-    assert_gone(pids)
-
-
-@pytest.mark.parametrize("cls", [Supervisor, ScriptRun, Attach, Replay])
+@pytest.mark.parametrize("cls", [Supervisor, ScriptRun, Attach, Replay, Viewer])
 def test_every_run_source_serves_the_keys_its_flags_offer(cls):
     """The app asks a source's flags, then calls: a flag that offers a key the source does not
     serve would end in NotImplementedError on a key press."""

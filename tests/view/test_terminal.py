@@ -42,7 +42,12 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         else:
             raise AssertionError(f"both ranks never showed live on screen:\n{screen}")
         pids = run_pids(log)
-        tmux("send-keys", "-t", session, "q")
+        tmux("send-keys", "-t", session, "q")  # asked first: the run has a process of its own
+        deadline = time.monotonic() + 30
+        while "End the run?" not in tmux("capture-pane", "-p", "-t", session):
+            assert time.monotonic() < deadline, "q did not ask"
+            time.sleep(0.3)
+        tmux("send-keys", "-t", session, "y")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(
                 e["status"] == "interrupted" for e in events(log, "run")):

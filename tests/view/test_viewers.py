@@ -1,0 +1,225 @@
+"""A run with a process of its own and the dashboards on it: `ddptui run --detach`, then
+`ddptui attach`'s dashboard in Pilot (the run so far, live steps, a key, d, q + y), two viewers
+at once, and a socket no one else may use."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import socket
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from ddptui.contract.viewers import Refused, frame
+from ddptui.sources.viewer import Viewer
+from ddptui.view.app import DashboardApp
+from ddptui.view.background import connect
+from ddptui.view.widgets.confirm import ConfirmQuit
+from ddptui.view.widgets.tables import EpochTable
+from tests.helpers.runs import ROOT, TINY, assert_gone, ddptui, events, run_pids, wait_for_event
+
+
+def _detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
+    """A 2-rank CPU run started with --detach: its pid and socket, once it has stepped."""
+    r = ddptui(["run", *TINY, "--cpus", "2", "--epochs", str(epochs), "--detach", "--log",
+                str(log)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    said = re.fullmatch(r"ddptui: (\S+) runs in the background \(pid (\d+)\); ddptui attach "
+                        r"\1 watches it again; log (\S+)\n", r.stdout)
+    assert said and said[1] == log.stem and said[3] == str(log), r.stdout
+    pid = int(said[2])
+    wait_for_event(log, lambda e: e["kind"] == "step", 90)
+    return pid, os.path.join(env["XDG_RUNTIME_DIR"], "ddptui", f"{pid}.sock")
+
+
+def _lines(viewer: Viewer) -> list[str]:
+    return [text for _seq, _t, _level, text, _kind in viewer.state.lines_after(0)]
+
+
+async def _until(pilot, check, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the time"
+        await pilot.pause(0.2)
+
+
+async def test_attach_shows_the_run_so_far_and_live_and_its_keys_act_once_for_every_viewer(
+        env, tmp_path):
+    log = tmp_path / "bg.jsonl"
+    pid, path = _detached(env, log)
+    pids = run_pids(log) | {pid}
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 0, 90)
+        other = connect(path)  # a second dashboard, watching the same run
+        other.start()
+        app = DashboardApp(connect(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause(0.5)
+            # The run so far: the epoch that ended before this dashboard came, and the events
+            # of the launch.
+            epochs = app.query_one(EpochTable)
+            assert epochs.row_count >= 1 and str(epochs.get_row_at(0)[0]).startswith("0")
+            assert any(line.startswith("first step") for line in _lines(app.source))
+            # ... and live: the steps go on.
+            step = app.source.state.view().ranks[0].global_step
+            await _until(pilot, lambda: app.source.state.view().ranks[0].global_step > step)
+
+            await pilot.press("down", "s")  # rank 1 leaves the world
+            await _until(pilot, lambda: any(e.get("generation") and e["ranks"] == [0]
+                                            for e in events(log, "world")))
+            for viewer in (app.source, other):  # both saw it, once
+                await _until(pilot, lambda v=viewer: "world: 1 rank [0]" in " ".join(
+                    _lines(v)))
+                assert sum(line.startswith("world: 1 rank [0]") for line in _lines(viewer)) == 1
+            await pilot.press("d")  # this dashboard leaves; the run goes on
+            await pilot.pause()
+        assert app.detached
+        assert psutil.pid_exists(pid) and not other.done.is_set()
+        step = events(log, "step")[-1]["global_step"]
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step, 60)
+
+        app = DashboardApp(connect(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("q")
+            await _until(pilot, lambda: isinstance(app.screen, ConfirmQuit))
+            await pilot.press("y")
+            await _until(pilot, lambda: app.closing, 90)  # once the run has ended
+        assert app.source.exit_code == 130 and app.return_value == 130
+        assert events(log, "run")[-1]["status"] == "interrupted"
+        assert other.done.wait(10) and other.exit_code == 130  # the other one saw the end
+        assert_gone(pids)
+        assert not os.path.exists(path)
+    finally:
+        for p in pids:
+            if psutil.pid_exists(p):
+                os.kill(p, 9)
+
+
+async def test_a_crash_of_the_dashboard_leaves_the_run_going_for_another(env, tmp_path,
+                                                                        monkeypatch):
+    log = tmp_path / "crash.jsonl"
+    pid, path = _detached(env, log)
+    pids = run_pids(log) | {pid}
+    try:
+        app = DashboardApp(connect(path))
+
+        def broken_show(view, selected, refit=False, final=False):
+            raise RuntimeError("a widget bug")
+
+        with pytest.raises(RuntimeError, match="a widget bug"):
+            async with app.run_test(size=(120, 40)) as pilot:
+                monkeypatch.setattr(app.rank_table, "show", broken_show)
+                await _until(pilot, lambda: app.crashed)
+        assert app.crashed and not app.source.done.is_set()
+        app.source.close()
+        step = events(log, "step")[-1]["global_step"]
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step, 60)
+        again = connect(path)  # the next dashboard finds it as it was
+        assert again.state.view().status == "running"
+        again.stop(code=143)
+        again.start()
+        assert again.done.wait(90) and again.exit_code == 143
+        assert_gone(pids)
+    finally:
+        for p in pids:
+            if psutil.pid_exists(p):
+                os.kill(p, 9)
+
+
+def test_a_socket_others_could_use_is_refused_and_messages_are_checked(env, tmp_path):
+    # A runtime folder another user could reach but for its own mode (the tests' cache is under
+    # pytest's 0700 folder).
+    runtime = tempfile.mkdtemp(prefix="ddptui-rt-", dir="/tmp")
+    os.chmod(runtime, 0o755)
+    env = dict(env, XDG_RUNTIME_DIR=runtime)
+    log = tmp_path / "sec.jsonl"
+    pid, path = _detached(env, log)
+    pids = run_pids(log) | {pid}
+    folder = os.path.dirname(path)
+    watcher = connect(path)  # what a dashboard's events pane shows
+    watcher.start()
+    try:
+        # Another user of the machine: the folder (0700) keeps it out; with the folder and the
+        # socket opened to all, the run still refuses it (the kernel names its user).
+        assert os.stat(folder).st_mode & 0o777 == 0o700 and os.stat(path).st_mode & 0o777 == 0o600
+        assert _as_nobody(path) == "PermissionError"
+        os.chmod(folder, 0o755)
+        os.chmod(path, 0o666)
+        assert _as_nobody(path) == "closed"
+        _said(watcher, "refused a dashboard of user 65534")
+        # A socket others may use is not trusted either: attach refuses it, in one line.
+        os.chmod(folder, 0o700)
+        r = ddptui(["attach", log.stem], env, tmp_path)
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and \
+            f"{path} is not this user's own (owner 0, mode 0o666)" in r.stderr, r.stderr
+        with pytest.raises(Refused):
+            Viewer(path)
+        os.chmod(path, 0o600)
+
+        # Messages that are not orders are dropped and said; one over the bound ends that
+        # connection alone; the run goes on.
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b"not json\n" + frame({"op": "rm -rf"}) + frame({"op": "kill_rank",
+                                                                        "rank": "1"}))
+            for why in ("not a JSON object", "unknown op 'rm -rf'", "kill_rank: bad rank"):
+                _said(watcher, f"a dashboard's message was dropped: {why}")
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b"{" + b" " * (1 << 17))
+            s.settimeout(30)
+            with contextlib.suppress(ConnectionResetError):  # unread bytes: a reset, not a FIN
+                while s.recv(1 << 16):  # the snapshot, then the end of this connection
+                    pass
+        step = events(log, "step")[-1]["global_step"]
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step, 60)
+        assert not [e for e in events(log, "rank") if e.get("state") in ("stopped", "crashed")]
+    finally:
+        os.chmod(folder, 0o700)
+        os.kill(pid, 15)
+        assert_gone(pids, timeout=60)
+
+
+def _said(viewer: Viewer, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in _lines(viewer):
+        assert time.monotonic() < deadline, f"never said: {text}\n{_lines(viewer)[-10:]}"
+        time.sleep(0.2)
+
+
+def _as_nobody(path: str) -> str:
+    """Connect to `path` as user 65534 from a child process: what came of it."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover (the child)
+        os.close(read)
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(path)
+            s.settimeout(10)
+            result = "closed" if s.recv(1 << 16) == b"" else "served"
+        except OSError as e:
+            result = type(e).__name__
+        os.write(write, result.encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        result = f.read()
+    os.waitpid(child, 0)
+    return result
+
+
+def test_attach_names_what_it_cannot_reach(env, tmp_path):
+    r = ddptui(["attach"], env, tmp_path)
+    assert r.returncode == 2 and r.stderr == ("ddptui: error: no run of yours is running on this "
+                                              "machine (ddptui ls lists them)\n")
+    r = ddptui(["attach", "x", "--listen", "127.0.0.1:1"], env, tmp_path)
+    assert r.returncode == 2 and "not both" in r.stderr
+    r = ddptui(["run", *TINY, "--detach", "--headless"], env, tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("ddptui: error: --detach and --headless")
