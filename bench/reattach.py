@@ -5,7 +5,9 @@ and the bench times its first full screen and how fast its keys reach the run.
     python bench/reattach.py [--ranks 8] [--hz 20] [--hours 1] [--presses 30]
 
 Prints the hour's fold time (what a dashboard would spend replaying the log), the snapshot's
-size, connect-to-full-screen, and the median and worst key-to-run times.
+size, connect-to-full-screen, and the median and worst key-to-run times (a key sent as the
+terminal's driver sends it, until the run's process takes the order), split into the time in
+the dashboard and on the socket.
 """
 
 from __future__ import annotations
@@ -29,13 +31,12 @@ from ddptui.run.host import RunHost  # noqa: E402
 from ddptui.sources.replay import Replay  # noqa: E402
 from ddptui.state.snapshot import dump  # noqa: E402
 
-T0 = 1_800_000_000.0
 
-
-def events(ranks: int, hz: int, seconds: float, t0: float):
+def events(ranks: int, hz: int, seconds: float, t0: float, first: bool = False,
+           step: int = 0):
     """Per rank and second: `hz` events, 3 of 4 steps and 1 of 4 GPU readings; an epoch every
-    five minutes; the run's start first."""
-    if t0 == T0:
+    five minutes; the run's start first (`first`)."""
+    if first:
         yield {"t": t0, "kind": "run", "rank": PARENT, "status": "started", "model": "resnet50",
                "data": "imagefolder:/data", "epochs": 12, "world_size": ranks,
                "device_kind": "cuda", "batch_size": 256}
@@ -44,7 +45,6 @@ def events(ranks: int, hz: int, seconds: float, t0: float):
                    "gpu": r, "device": f"cuda:{r}"}
         yield {"t": t0, "kind": "message", "rank": 0, "level": "info",
                "steps_per_epoch": 3000 * 5, "text": "resnet50: 25.6M parameters"}
-    step = 0
     for i in range(int(seconds * hz)):
         t = t0 + i / hz
         for r in range(ranks):
@@ -85,8 +85,8 @@ class Served(Replay):
 def serve(args) -> None:
     source = Served(args.log, args.orders)
     started = time.perf_counter()
-    n = 0
-    for ev in events(args.ranks, args.hz, args.hours * 3600, T0):
+    n, t0 = 0, time.time() - args.hours * 3600  # the hour ends now, and the run goes on
+    for ev in events(args.ranks, args.hz, args.hours * 3600, t0, first=True):
         source.state.apply(ev)
         n += 1
     fold_s = time.perf_counter() - started
@@ -97,12 +97,12 @@ def serve(args) -> None:
     host.start()
     print(json.dumps({"events": n, "fold_s": round(fold_s, 2), "snapshot_bytes": len(snapshot),
                       "snapshot_encode_s": round(dump_s, 3)}), flush=True)
-    live_t0 = T0 + args.hours * 3600
+    step = n // args.ranks * 3 // 4  # the hour's steps
     while True:  # live: hz events a second per rank, as the hour had
         t = time.monotonic()
-        for ev in events(args.ranks, args.hz, 1.0, live_t0):
-            source.state.apply({**ev, "t": time.time()})
-        live_t0 += 1.0
+        for ev in events(args.ranks, args.hz, 1.0, time.time(), step=step):
+            source.state.apply(ev)
+        step += args.hz * 3 // 4
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
 
 
@@ -117,6 +117,14 @@ async def watch(args, sock: str, orders: str) -> dict:
     viewer = connect(sock)
     got_state = time.monotonic() - started
     app = DashboardApp(viewer)
+    acted = []  # when the app's key handler sent each order (split: dashboard, socket)
+    send = viewer._order
+
+    def timed(op, note=None, **fields):
+        acted.append(time.monotonic())
+        send(op, note, **fields)
+
+    viewer._order = timed
     async with app.run_test(size=(200, 60)) as pilot:
         while True:
             tables = list(app.query(DataTable))
@@ -136,9 +144,13 @@ async def watch(args, sock: str, orders: str) -> dict:
     with open(orders) as f:
         arrived = [float(line) for line in f]
     delays = [(a - s) * 1000 for s, a in zip(sent, arrived, strict=False)]
+    handled = [(a - s) * 1000 for s, a in zip(sent, acted, strict=False)]
+    carried = [(a - s) * 1000 for s, a in zip(acted, arrived, strict=False)]
     return {"state_s": round(got_state, 3), "full_screen_s": round(full, 3),
             "key_ms_median": round(statistics.median(delays), 1),
-            "key_ms_max": round(max(delays), 1), "presses": len(sent), "arrived": len(arrived)}
+            "key_ms_max": round(max(delays), 1),
+            "in_dashboard_ms_max": round(max(handled), 1), "on_socket_ms_max": round(max(carried), 1),
+            "presses": len(sent), "arrived": len(arrived)}
 
 
 def main() -> None:

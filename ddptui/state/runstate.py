@@ -336,7 +336,9 @@ class RunState:
             t0 = self.started_t or self.first_step_t or 0.0
 
             def rel(points):
-                return [(t - t0, v) for t, v in points]
+                # A point before the launch (a node's clock behind ours) would stretch a line
+                # far off the chart, and plotext draws every cell of it.
+                return [(t - t0, v) for t, v in points if t >= t0]
 
             return {"loss": {rank: rel(line.copy()) for rank, line in sorted(self.loss_lines.items())},
                     "rate": rel(self.rate_line.copy()), "wait": rel(self.wait_line.copy()),

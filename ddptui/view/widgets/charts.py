@@ -4,8 +4,8 @@ axis, over time since launch, with world and settings changes marked where they 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
-from functools import partial
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -18,35 +18,49 @@ from ddptui.view.widgets.bars import duration
 
 RANK_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")
 MARK_COLOR = "gray"
+BUILD_PAUSE = 3.0  # after a build, its duration times this before the next: charts <= 1/4 busy
 
 
 class Chart(PlotextPlot):
-    """A plot built on a thread: plotext takes ~25 ms to build one, which on the UI thread would
-    hold up the keys; the screen shows the last built plot until the next one is ready."""
+    """A plot built on a thread: plotext takes 25-200 ms to build one (8 ranks over an hour), which
+    on the UI thread would hold up the keys; the screen shows the last built plot until the next
+    one is ready. One build at a time, of the newest data, and a pause after it: builds asked
+    faster than they finish would take the interpreter from the keys."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
         self._shown: tuple[Size, Text] | None = None
         self._draw: Callable[[object, int], None] | None = None
-        self._lock = threading.Lock()  # one build at a time touches the plot
+        self._lock = threading.Lock()  # guards _draw and _building across the threads
+        self._building = False
 
     def redraw(self, draw: Callable[[object, int], None]) -> None:
         """`draw(plt, width)` fills the plot; it is built at the current size and shown."""
-        self._draw = draw
-        if self.size.area:
-            self.run_worker(partial(self._build, draw), thread=True,
-                            group=f"chart-{id(self)}", exit_on_error=False)
-
-    def _build(self, draw: Callable[[object, int], None]) -> None:
         with self._lock:
+            self._draw = draw
+            start = not self._building and bool(self.size.area)
+            self._building = self._building or start
+        if start:
+            self.run_worker(self._build, thread=True, group=f"chart-{id(self)}",
+                            exit_on_error=False)
+
+    def _build(self) -> None:
+        while True:
+            draw, started = self._draw, time.perf_counter()
+            assert draw is not None
             size = self.size
             draw(self.plt, size.width)
             # PlotextPlot's own render sizes the figure, applies the app's theme and builds it.
             text = PlotextPlot.render(self)
-        try:
-            self.app.call_from_thread(self._show, size, text)
-        except RuntimeError:  # the app closed meanwhile
-            pass
+            try:
+                self.app.call_from_thread(self._show, size, text)
+            except RuntimeError:  # the app closed meanwhile
+                return
+            time.sleep(BUILD_PAUSE * (time.perf_counter() - started))
+            with self._lock:
+                if self._draw is draw and self.size == size:
+                    self._building = False
+                    return
 
     def _show(self, size: Size, text: Text) -> None:
         self._shown = (size, text)
