@@ -216,6 +216,7 @@ def _as_nobody(path: str) -> str:
 
 
 def test_attach_names_what_it_cannot_reach(env, tmp_path):
+    env = dict(env, XDG_RUNTIME_DIR=str(tmp_path))  # the other tests' runs are not ours here
     r = ddptui(["attach"], env, tmp_path)
     assert r.returncode == 2 and r.stderr == ("ddptui: error: no run of yours is running on this "
                                               "machine (ddptui ls lists them)\n")
