@@ -182,11 +182,10 @@ def _background(argv: list[str], log: str, detach: bool) -> int:
     from ddptui.view import background
 
     try:
-        proc, path = background.start(argv, log)
+        proc, viewer = background.launch(argv, log)
     except background.NotStarted as e:  # its own words: bad input, most often
         print("\n".join(e.said) or f"ddptui: the run's process ended ({e.code})", file=sys.stderr)
         return e.code
-    viewer = background.connect(path)
     if detach:
         viewer.close()
         print(f"ddptui: {viewer.name} runs in the background (pid {viewer.pid}); "

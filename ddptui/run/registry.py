@@ -82,7 +82,10 @@ def runs(now: float | None = None) -> list[RunRecord]:
             record.state = _end_status(record.log)
 
             if now - record.started > KEPT_S:
-                os.unlink(entry.path)
+                for path in (entry.path, os.path.join(os.path.dirname(entry.path),
+                                                      f"{record.name}.out")):
+                    if os.path.exists(path):
+                        os.unlink(path)
                 continue
         found.append(record)
     return sorted(found, key=lambda r: r.started, reverse=True)

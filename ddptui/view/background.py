@@ -29,9 +29,10 @@ class NotStarted(Exception):
         self.code, self.said = code, said
 
 
-def start(argv: list[str], log: str) -> tuple[subprocess.Popen, str]:
+def launch(argv: list[str], log: str) -> tuple[subprocess.Popen, Viewer]:
     """Start `ddptui ARGV` as the run's own process, in a session of its own (no controlling
-    terminal), its output in the user's runtime folder; returns once it listens."""
+    terminal), its output in the user's runtime folder; returns once a viewer is connected to
+    it. Ctrl-C meanwhile ends it: the run is not wanted."""
     try:
         where = folder()
     except PermissionError as e:
@@ -42,6 +43,16 @@ def start(argv: list[str], log: str) -> tuple[subprocess.Popen, str]:
                                 env={**os.environ, HOST_ENV: log}, stdin=subprocess.DEVNULL,
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     path, deadline = socket_path(where, proc.pid), time.monotonic() + READY_S
+    try:
+        _until_listening(proc, path, out, deadline)
+        return proc, connect(path)
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        raise
+
+
+def _until_listening(proc: subprocess.Popen, path: str, out: str, deadline: float) -> None:
     while not os.path.exists(path):
         if proc.poll() is not None:
             with open(out, errors="replace") as f:
@@ -51,7 +62,6 @@ def start(argv: list[str], log: str) -> tuple[subprocess.Popen, str]:
             raise UsageError(f"the run's process did not start within {READY_S:.0f} s "
                              f"(its output: {out})")
         time.sleep(0.05)
-    return proc, path
 
 
 def connect(path: str) -> Viewer:
