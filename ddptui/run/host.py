@@ -4,6 +4,7 @@ it is, then every change to it; any viewer's orders steer the run. Lives in the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -176,10 +177,8 @@ class _Viewer:
     def drop(self) -> None:
         self.gone.set()
         self.queue.put(None)
-        try:
+        with contextlib.suppress(OSError):  # gone already
             self.conn.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _send_loop(self) -> None:
         try:
@@ -196,10 +195,8 @@ class _Viewer:
             pass  # the viewer went: its reader sees it too
         finally:
             self.gone.set()
-            try:
+            with contextlib.suppress(OSError):  # gone already
                 self.conn.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
 
     def _read_loop(self) -> None:
         lines = Lines(self.conn, MAX_ORDER)

@@ -4,6 +4,7 @@ attach RUN`. Its state comes whole on connecting, then change by change; keys go
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import threading
@@ -56,10 +57,8 @@ class Viewer(RunSource):
     def close(self) -> None:
         """Leave the run (it goes on)."""
         self._orders.put(None)
-        try:
+        with contextlib.suppress(OSError):  # gone already
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _follow(self) -> None:
         try:
