@@ -8,16 +8,8 @@ import types
 from functools import cache
 from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
-from ddptui.contract.schema import (
-    COMMANDS,
-    EVENTS,
-    RUN_UPDATES,
-    VIEWER_ORDERS,
-    Command,
-    Event,
-    RunUpdate,
-    ViewerOrder,
-)
+from ddptui.contract.dashboards import RUN_UPDATES, VIEWER_ORDERS, RunUpdate, ViewerOrder
+from ddptui.contract.schema import COMMANDS, EVENTS, Command, Event
 
 
 def problems(ev: dict) -> list[str]:

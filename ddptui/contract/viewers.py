@@ -1,5 +1,5 @@
 """The Unix socket between a run ddptui owns and the dashboards that watch it: where it lives,
-who may use it, the framing (a JSON object a line, bounded) and the orders a viewer may send.
+who may use it, and the framing (a JSON object a line, bounded); what crosses it: dashboards.py.
 """
 
 from __future__ import annotations
@@ -9,30 +9,10 @@ import os
 import socket
 import stat
 import struct
-from types import UnionType
-from typing import Annotated, Union, get_args, get_origin, get_type_hints
-
-from ddptui.contract.schema import VIEWER_ORDERS
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
 
-
-
-def _runtime(hint) -> tuple[type, ...]:
-    """The types a JSON value of a schema field may have (Annotated and unions unwrapped)."""
-    if get_origin(hint) is Annotated:
-        return _runtime(get_args(hint)[0])
-    if get_origin(hint) in (Union, UnionType):
-        return tuple(t for arg in get_args(hint) for t in _runtime(arg))
-    return (hint,)
-
-
-# op -> each field it carries and the types it may have (schema.py); anything else is dropped.
-ORDERS = {op: {name: _runtime(hint) for name, hint in
-               get_type_hints(cls, include_extras=True).items() if name != "op"}
-          for op, cls in VIEWER_ORDERS.items()}
-SETTINGS = {"prefetch": bool, "workers": int, "cudnn_benchmark": bool}
 
 
 class Refused(OSError):
@@ -118,19 +98,3 @@ def _object(line: bytes) -> dict | None:
         return None
     return value if isinstance(value, dict) else None
 
-
-def malformed(order: dict | None) -> str | None:
-    """Why a viewer's message is not an order this run takes, or None when it is one."""
-    if order is None:
-        return "not a JSON object"
-    fields = ORDERS.get(order.get("op"))  # type: ignore[arg-type]
-    if fields is None:
-        return f"unknown op {str(order.get('op'))[:40]!r}"
-    for name, kind in fields.items():
-        value = order.get(name)
-        if not isinstance(value, kind) or isinstance(value, bool):  # no field is a flag
-            return f"{order['op']}: bad {name}"
-    settings = order.get("settings", {})
-    if any(k not in SETTINGS or type(v) is not SETTINGS[k] for k, v in settings.items()):
-        return "settings: unknown name or bad value"
-    return None

@@ -11,7 +11,8 @@ import socket
 import threading
 import time
 
-from ddptui.contract.viewers import MAX_ORDER, Lines, frame, listen, malformed, peer_uid, socket_path
+from ddptui.contract.dashboards import malformed
+from ddptui.contract.viewers import MAX_ORDER, Lines, frame, listen, peer_uid, socket_path
 from ddptui.run.owned import OwnedRun
 from ddptui.run.registry import folder, register, run_name
 from ddptui.state.snapshot import dump

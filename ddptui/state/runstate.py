@@ -6,7 +6,6 @@ Pure Python: no torch, no NVML, no psutil here.
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections import deque
@@ -315,9 +314,9 @@ class RunState:
                 now=now,
                 # step_times copied: the supervisor thread appends to the original.
                 ranks=[replace(r, step_times=deque(r.step_times))
-                       for r in sorted(self.ranks.values(), key=_by_node)],
+                       for r in sorted(self.ranks.values(), key=RankView.order)],
                 devices=[self._copy_device(d, now)
-                         for d in sorted(self.devices.values(), key=_device_order)],
+                         for d in sorted(self.devices.values(), key=DeviceView.order)],
                 epochs=[self._merged(self.epochs[k]) for k in sorted(self.epochs)],
                 live_epoch=None if self.ended_t is not None else self.live_epoch.row(
                     now, self.settings, self.meta.get("world_size")),
@@ -394,14 +393,3 @@ class RunState:
             done = 1.0
         return Progress(r.epoch, epochs, r.step, int(self.meta.get("steps_per_epoch") or 0), done)
 
-
-def _by_node(r: RankView) -> tuple:
-    """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),
-    then by rank; on one box, by rank (a row never moves as its details arrive)."""
-    return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", r.node)), r.rank)
-
-
-def _device_order(d: DeviceView) -> tuple[int, str, int]:
-    node, _, name = d.key.rpartition(" ")
-    digits = "".join(c for c in name if c.isdigit())
-    return (0 if name.startswith("gpu") else 1, node, int(digits or 0))

@@ -3,6 +3,7 @@ events and copies for every view. Pure Python."""
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -49,6 +50,11 @@ class RankView:
     gpu_mem: int | None = None  # MiB
     error: list = field(default_factory=list)  # its traceback's last lines, when it failed
 
+    def order(self) -> tuple:
+        """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),
+        then by rank; on one box, by rank (a row never moves as its details arrive)."""
+        return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", self.node)), self.rank)
+
 
 @dataclass
 class DeviceView:
@@ -76,6 +82,12 @@ class DeviceView:
     stale: bool = False  # set in views: no reading for a while, or the run is over
     # (t, util or CPU%, memory %, power W) over the last minutes; a list in views
     history: Recent | list = field(default_factory=lambda: Recent(GPU_HISTORY_S))
+
+    def order(self) -> tuple[int, str, int]:
+        """GPUs before CPU ranks, then by node and number."""
+        node, _, name = self.key.rpartition(" ")
+        digits = "".join(c for c in name if c.isdigit())
+        return (0 if name.startswith("gpu") else 1, node, int(digits or 0))
 
 
 class Progress(NamedTuple):
