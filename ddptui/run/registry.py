@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import psutil
 
 from ddptui.observe.endings import tail_lines
+from ddptui.options.errors import UsageError
 
 KEPT_S = 7 * 24 * 3600  # an ended run's record is dropped after a week
 
@@ -29,7 +30,20 @@ class RunRecord:
 
 
 def default_log_path() -> str:
-    return os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S") + ".jsonl")
+    """runs/<time>.jsonl, claimed (made empty) so that a run started in the same second gets
+    runs/<time>-2.jsonl: two runs never share a log, nor a name."""
+    stem, n = os.path.join("runs", time.strftime("%Y-%m-%dT%H-%M-%S")), 1
+    while True:
+        path = f"{stem}-{n}.jsonl" if n > 1 else f"{stem}.jsonl"
+        try:
+            os.makedirs("runs", exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            return path
+        except FileExistsError:
+            n += 1
+        except OSError as e:
+            raise UsageError(f"cannot write the run's log in {os.path.abspath('runs')}: "
+                             f"{e.strerror or e} (--log FILE.jsonl puts it elsewhere)") from None
 
 
 def run_name(log: str) -> str:
