@@ -28,6 +28,7 @@ class Viewer(RunSource):
     def __init__(self, path: str):
         self.sock = connect(path)
         self._lines = Lines(self.sock, MAX_UPDATE)
+        self._early: list[dict | None] = []
         hello = self._hello()
         self.name, self.pid, self.log_path = hello["name"], hello["pid"], hello["log"]
         self.state = load(hello["snapshot"])
@@ -40,9 +41,12 @@ class Viewer(RunSource):
                          threading.Thread(target=self._send, name="orders", daemon=True)]
 
     def _hello(self) -> dict:
-        for message in self._lines.read():
-            if message and message.get("type") == "hello":
-                return message
+        """The first message; those that came with it are kept for start()."""
+        messages = self._lines.read()
+        first = messages[0] if messages else None
+        if first and first.get("type") == "hello":
+            self._early = messages[1:]
+            return first
         self.sock.close()
         raise RunGone("the run ended before it could be shown")
 
@@ -62,6 +66,8 @@ class Viewer(RunSource):
 
     def _follow(self) -> None:
         try:
+            for m in self._early:
+                self._take(m or {})
             while messages := self._lines.read():
                 for m in messages:
                     self._take(m or {})

@@ -65,6 +65,8 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
                                            r"(, [\d,]+ img/s mean)?, best (val_acc|loss) \S+; "
                                            r"log ", said[0]), said
         assert said[0].endswith(f"log {log}") or str(log).startswith(said[0].split("log ")[-1])
+        # The dashboard saw the run from its start (it connects as the run begins).
+        assert float(said[0].split(" in ")[1].split(" s")[0]) > 0
     finally:
         tmux("kill-session", "-t", session, check=False)
 

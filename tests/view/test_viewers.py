@@ -9,13 +9,16 @@ import os
 import re
 import socket
 import tempfile
+import threading
 import time
 
 import psutil
 import pytest
 
-from ddptui.contract.viewers import Refused, frame
+from ddptui.contract.viewers import Refused, frame, listen
 from ddptui.sources.viewer import Viewer
+from ddptui.state.runstate import RunState
+from ddptui.state.snapshot import dump
 from ddptui.view.app import DashboardApp
 from ddptui.view.background import connect
 from ddptui.view.widgets.confirm import ConfirmQuit
@@ -224,3 +227,26 @@ def test_attach_names_what_it_cannot_reach(env, tmp_path):
     assert r.returncode == 2 and "not both" in r.stderr
     r = ddptui(["run", *TINY, "--detach", "--headless"], env, tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("ddptui: error: --detach and --headless")
+
+
+def test_the_changes_that_come_with_the_hello_are_taken(tmp_path):
+    """The run's first events often come in the same read as its hello (a dashboard that
+    connects as the run starts): they were dropped, and the screen never knew the run began."""
+    path = str(tmp_path / "run.sock")
+    server = listen(path)
+    started = {"t": time.time(), "kind": "run", "rank": -1, "status": "started", "model": "m"}
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.sendall(frame({"type": "hello", "name": "x", "pid": os.getpid(), "log": "x.jsonl",
+                            "faces": {}, "snapshot": dump(RunState())})
+                     + frame({"type": "event", "ev": started})
+                     + frame({"type": "end", "exit_code": 0}))
+        conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    viewer = Viewer(path)
+    viewer.start()
+    assert viewer.done.wait(10) and viewer.exit_code == 0 and not viewer.lost
+    assert viewer.state.started_t == started["t"] and viewer.state.meta["model"] == "m"
+    server.close()
