@@ -22,7 +22,7 @@ def _dashboard_in_tmux(env: dict, log, then: str = "", epochs: int = 500) -> str
     session = f"ddptui-test-{time.monotonic_ns()}"
     cmd = " ".join([sys.executable, "-m", "ddptui", "run", *TINY, "--cpus", "2",
                     "--epochs", str(epochs), "--log", str(log)])
-    environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE"))
+    environ = " ".join(f"{k}={env[k]}" for k in ("PYTHONPATH", "DDPTUI_CACHE", "XDG_RUNTIME_DIR"))
     tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "40",
           f"cd {ROOT} && env -u COLUMNS -u LINES {environ} {cmd}{then}")
     return session
