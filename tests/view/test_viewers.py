@@ -133,6 +133,18 @@ async def test_a_crash_of_the_dashboard_leaves_the_run_going_for_another(env, tm
                 os.kill(p, 9)
 
 
+def test_the_run_process_killed_ends_every_rank_and_its_dashboards_say_so(env, tmp_path):
+    log = tmp_path / "k9.jsonl"
+    pid, path = _detached(env, log)
+    pids = run_pids(log) | {pid}
+    viewer = connect(path)
+    viewer.start()
+    os.kill(pid, 9)
+    assert viewer.done.wait(30) and viewer.lost and viewer.exit_code is None
+    assert "lost the run's process" in " ".join(_lines(viewer))
+    assert_gone(pids, timeout=60)  # the ranks watch their parent
+
+
 def test_a_socket_others_could_use_is_refused_and_messages_are_checked(env, tmp_path):
     # A runtime folder another user could reach but for its own mode (the tests' cache is under
     # pytest's 0700 folder).
