@@ -105,7 +105,10 @@ class RunHost:
         """Each change to the run state (called under its lock): to every viewer, encoded once."""
         if not self._viewers:
             return
-        data = frame(update)
+        try:
+            data = frame(update)
+        except (TypeError, ValueError):  # not JSON: the dashboards miss it, the run goes on
+            return
         for v in list(self._viewers):
             if not v.send(data):
                 self._viewers.remove(v)
