@@ -287,8 +287,11 @@ def _attach_run(name: str | None, headless: bool) -> int:
 
     try:
         record = find(name)
+    except (LookupError, OSError) as e:
+        raise UsageError(str(e)) from None
+    try:
         viewer = background.connect(record.socket)
-    except (LookupError, PermissionError, Refused, RunGone) as e:
+    except (Refused, RunGone) as e:
         raise UsageError(str(e)) from None
     except OSError as e:
         raise UsageError(f"cannot reach {record.name}: {e.strerror or e}") from None

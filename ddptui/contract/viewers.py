@@ -9,10 +9,10 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Iterator
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
-
 
 
 class Refused(OSError):
@@ -71,24 +71,24 @@ def frame(message: dict) -> bytes:
 
 
 class Lines:
-    """Reads a socket's messages, one JSON object a line; a line over `limit` bytes ends the
-    connection (OSError), a line that is not an object is handed on as None."""
+    """A socket's messages, one JSON object a line, in order until the peer closes (iterate); a
+    line over `limit` bytes ends the connection (OSError), one that is not an object is None."""
 
     def __init__(self, sock: socket.socket, limit: int):
         self.sock, self.limit = sock, limit
-        self._buf = b""
 
-    def read(self) -> list[dict | None]:
-        """The next whole messages (blocks until some come); [] once the peer closed."""
-        while b"\n" not in self._buf:
-            chunk = self.sock.recv(1 << 16)
-            if not chunk:
-                return []
-            self._buf += chunk
-            if len(self._buf) > self.limit and b"\n" not in self._buf:
-                raise OSError(f"a message over {self.limit} bytes")
-        *lines, self._buf = self._buf.split(b"\n")
-        return [_object(line) for line in lines if line.strip()]
+    def __iter__(self) -> Iterator[dict | None]:
+        buf = b""
+        while True:
+            while b"\n" not in buf:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    return
+                buf += chunk
+                if len(buf) > self.limit and b"\n" not in buf:
+                    raise OSError(f"a message over {self.limit} bytes")
+            *lines, buf = buf.split(b"\n")
+            yield from (_object(line) for line in lines if line.strip())
 
 
 def _object(line: bytes) -> dict | None:

@@ -203,11 +203,9 @@ class _Viewer:
                 self.conn.shutdown(socket.SHUT_WR)
 
     def _read_loop(self) -> None:
-        lines = Lines(self.conn, MAX_ORDER)
         try:
-            while messages := lines.read():
-                for order in messages:
-                    self.on_order(order)
+            for order in Lines(self.conn, MAX_ORDER):
+                self.on_order(order)
         except OSError:
             pass  # gone, or a message over the bound: this viewer is dropped
         self.drop()

@@ -94,7 +94,6 @@ def runs(now: float | None = None) -> list[RunRecord]:
             continue
         if not _alive(record):
             record.state = _end_status(record.log)
-
             if now - record.started > KEPT_S:
                 for path in (entry.path, os.path.join(os.path.dirname(entry.path),
                                                       f"{record.name}.out")):

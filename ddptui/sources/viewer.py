@@ -27,8 +27,7 @@ class Viewer(RunSource):
 
     def __init__(self, path: str):
         self.sock = connect(path)
-        self._lines = Lines(self.sock, MAX_UPDATE)
-        self._early: list[dict | None] = []
+        self._messages = iter(Lines(self.sock, MAX_UPDATE))  # hello first, then the changes
         hello = self._hello()
         self.name, self.pid, self.log_path = hello["name"], hello["pid"], hello["log"]
         self.state = load(hello["snapshot"])
@@ -41,11 +40,8 @@ class Viewer(RunSource):
                          threading.Thread(target=self._send, name="orders", daemon=True)]
 
     def _hello(self) -> dict:
-        """The first message; those that came with it are kept for start()."""
-        messages = self._lines.read()
-        first = messages[0] if messages else None
+        first = next(self._messages, None)
         if first and first.get("type") == "hello":
-            self._early = messages[1:]
             return first
         self.sock.close()
         raise RunGone("the run ended before it could be shown")
@@ -66,11 +62,8 @@ class Viewer(RunSource):
 
     def _follow(self) -> None:
         try:
-            for m in self._early:
+            for m in self._messages:
                 self._take(m or {})
-            while messages := self._lines.read():
-                for m in messages:
-                    self._take(m or {})
         except OSError:
             pass
         finally:

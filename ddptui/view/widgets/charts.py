@@ -45,6 +45,14 @@ class Chart(PlotextPlot):
                             exit_on_error=False)
 
     def _build(self) -> None:
+        try:
+            self._build_newest()
+        except Exception:  # a plot that failed: the next redraw builds again
+            with self._lock:
+                self._building = False
+            raise
+
+    def _build_newest(self) -> None:
         while True:
             draw, started = self._draw, time.perf_counter()
             assert draw is not None
@@ -57,7 +65,7 @@ class Chart(PlotextPlot):
             except RuntimeError:  # the app closed meanwhile
                 return
             time.sleep(BUILD_PAUSE * (time.perf_counter() - started))
-            with self._lock:
+            with self._lock:  # with the flag: a redraw asked now starts a worker of its own
                 if self._draw is draw and self.size == size:
                     self._building = False
                     return
