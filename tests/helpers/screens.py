@@ -3,9 +3,11 @@ its charts built; snapshots only under a fixed hash seed."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,3 +66,24 @@ def rank_row(app, rank: int) -> dict:
         return {}
     return {str(c.label): str(v) for c, v in zip(table.ordered_columns,
                                                   table.get_row_at(rank), strict=True)}
+
+
+def cells(table) -> list[list[str]]:
+    """A DataTable's rows as the screen shows them."""
+    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+
+
+async def until(pilot, predicate, what: str, timeout: float = 90) -> None:
+    """Wait for an outcome; the timeout only keeps a hang from eating the suite. A failure says
+    what the screen showed: its epochs table and last event lines."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s\n{_screen(pilot.app)}"
+        await pilot.pause(0.1)
+    await asyncio.sleep(0)
+
+
+def _screen(app) -> str:
+    rows = "\n".join(" | ".join(row) for row in cells(app.epoch_table))
+    lines = "\n".join(line.text for line in list(app.events.lines)[-20:])
+    return f"epochs:\n{rows}\nevents:\n{lines}"

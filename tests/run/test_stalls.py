@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 from PIL import Image
@@ -26,6 +25,7 @@ from tests.helpers.runs import (
     start_ddptui,
     wait_for_event,
 )
+from tests.helpers.screens import until
 
 HANG = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:hang_once",
         "--batch-size", "8", "--workers", "0", "--cpus", "2"]
@@ -40,13 +40,6 @@ def _worlds(log) -> list[int]:
 
 
 
-async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s"
-        await pilot.pause(0.1)
-
-
 @pytest.mark.timeout(240)
 async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without_it(tmp_path):
     log = tmp_path / "live.jsonl"
@@ -58,11 +51,11 @@ async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without
         return next(r.state for r in app.view.ranks if r.rank == rank)
 
     async with app.run_test(size=(140, 40)) as pilot:
-        await _until(pilot, lambda: app.view and app.view.status == "running"
+        await until(pilot, lambda: app.view and app.view.status == "running"
                      and len(app.view.ranks) == 2, "a running world of 2")
         victim = sup.slots[1].process.pid
         os.kill(victim, signal.SIGSTOP)
-        await _until(pilot, lambda: state(1) == "stalled" and state(0) == "waiting",
+        await until(pilot, lambda: state(1) == "stalled" and state(0) == "waiting",
                      "rank 1 stalled, rank 0 waiting")
         stalled = wait_for_event(log, _rank_state(log, 1, "stalled"), timeout=10)
         assert stalled["process"] == "stopped" and stalled["seconds"] >= 2.0
@@ -70,15 +63,15 @@ async def test_sigstop_is_flagged_stalled_the_peer_waiting_and_k_goes_on_without
         assert waiting["waiting_for"] == [1]
         assert app.rank_table.get_row_at(1)[1].plain.startswith("stalled")
         await pilot.press("down", "k")
-        await _until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
+        await until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
         step = max(e["global_step"] for e in events(log, "step") if e["rank"] == 0)
-        await _until(pilot, lambda: any(e["global_step"] > step + 5 for e in events(log, "step")
+        await until(pilot, lambda: any(e["global_step"] > step + 5 for e in events(log, "step")
                                         if e["rank"] == 0), "steps on 1 rank")
         assert state(0) == "running"
         assert next(r for r in app.view.ranks if r.rank == 1).state == "crashed"
         pids = sup.pids()
         await pilot.press("q")
-        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
+        await until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
     assert sup.exit_code == 130
     crashed = [e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "crashed"]
     assert "killed by ddptui (k: stalled)" in crashed[0]["reason"]
@@ -140,13 +133,13 @@ async def test_a_straggler_is_flagged_slow_with_cause_data_wait_and_s_takes_it_o
         return next((r.state for r in app.view.ranks if r.rank == rank), "")
 
     async with app.run_test(size=(140, 40)) as pilot:
-        await _until(pilot, lambda: app.view and state(1) == "slow", "rank 1 flagged slow", 120)
+        await until(pilot, lambda: app.view and state(1) == "slow", "rank 1 flagged slow", 120)
         pids = sup.pids()
         await pilot.press("down", "s")
-        await _until(pilot, lambda: _worlds(log)[-1:] == [1] and state(1) == "stopped",
+        await until(pilot, lambda: _worlds(log)[-1:] == [1] and state(1) == "stopped",
                      "rank 1 stopped, a world of 1")
         await pilot.press("q")
-        await _until(pilot, sup.done.is_set, "quit", timeout=60)
+        await until(pilot, sup.done.is_set, "quit", timeout=60)
     slow = next(e for e in events(log, "rank") if e["rank"] == 1 and e["state"] == "slow")
     assert slow["cause"] == "data-wait", slow
     assert not [e for e in events(log, "rank") if e["rank"] == 0 and e["state"] == "slow"]

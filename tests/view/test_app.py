@@ -3,7 +3,6 @@ real 2-rank CPU run, SVG snapshots of the layout, and responsiveness under a flo
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import threading
@@ -22,24 +21,20 @@ from ddptui.view.widgets.help import HelpScreen
 from ddptui.view.widgets.tables import EpochTable, RankTable
 from tests.helpers.runlogs import gpu_run
 from tests.helpers.runs import ROOT, TINY, assert_gone, events, run_config
-from tests.helpers.screens import fixed_hash, settle
+from tests.helpers.screens import cells, fixed_hash, settle, until
 
 DATA = os.path.join(ROOT, "tests", "data")
 RECORDED = os.path.join(DATA, "run-2cpu.jsonl")
-
-
-def _cells(table) -> list[list[str]]:
-    return [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
 
 
 async def test_replay_fills_every_panel_and_offers_only_harmless_keys():
     app = DashboardApp(Replay(RECORDED, speed=0))
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
-        ranks = _cells(app.query_one(RankTable))
+        ranks = cells(app.query_one(RankTable))
         assert [row[0] for row in ranks] == ["0", "1"]
         assert all(row[1] == "done" for row in ranks)
-        epochs = _cells(app.query_one(EpochTable))
+        epochs = cells(app.query_one(EpochTable))
         assert [row[0] for row in epochs] == ["0", "1", "2"]
         assert float(epochs[-1][6]) < float(epochs[0][6])  # the loss fell
         # A replay has nothing to steer: the control keys are neither shown nor active.
@@ -84,14 +79,14 @@ async def test_the_rank_table_shows_the_last_step_once_the_log_is_played_out():
         while not gate.reached.is_set():
             await pilot.pause(0.05)
         app.refresh_view()
-        before = _cells(app.query_one(RankTable))[0][2]
+        before = cells(app.query_one(RankTable))[0][2]
         gate.go.set()
         while not app.source.done.is_set():
             await pilot.pause(0.05)
         app.refresh_view()
         final = evs[last_step]
         assert before != f"{final['epoch']}/{final['step']}"
-        assert _cells(app.query_one(RankTable))[0][2] == f"{final['epoch']}/{final['step']}"
+        assert cells(app.query_one(RankTable))[0][2] == f"{final['epoch']}/{final['step']}"
 
 
 class _HeldEnd(_Gate):
@@ -123,7 +118,7 @@ async def test_the_tables_are_measured_again_when_the_log_ends_after_its_last_dr
         table = app.query_one(RankTable)
         loss = table.columns[next(k for k, c in table.columns.items() if str(c.label) == "loss")]
         shown = loss.get_render_width(table) - 2 * table.cell_padding
-        assert shown >= max(len(row[3]) for row in _cells(table)) > len("loss")
+        assert shown >= max(len(row[3]) for row in cells(table)) > len("loss")
 
 
 @fixed_hash
@@ -160,10 +155,10 @@ async def test_keys_are_served_while_8_ranks_send_20_events_per_second():
     the flood is still coming, and the app quits on q in the middle of it."""
     app = DashboardApp(Replay("flood", speed=1.0, events=_flood(seconds=600.0)), refresh_s=0.1)
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.query_one(RankTable).row_count == 8, "8 rank rows")
+        await until(pilot, lambda: app.query_one(RankTable).row_count == 8, "8 rank rows")
         for expected in (1, 2, 3):
             await pilot.press("down")
-            await _until(pilot, lambda e=expected: app.query_one(RankTable).cursor_row == e,
+            await until(pilot, lambda e=expected: app.query_one(RankTable).cursor_row == e,
                          f"row {expected} selected")
         assert not app.source.done.is_set()  # served while the flood was still coming
         await pilot.press("q")
@@ -179,48 +174,32 @@ async def test_live_run_pause_settings_and_quit_ends_every_process(tmp_path):
         deadline = time.monotonic() + 60
         # The first steps come before their loss (read with a lag) and before the table redraws
         shown = lambda: all(row[3] != "-" and row[4] != "-"  # noqa: E731  loss and img/s
-                            for row in _cells(app.query_one(RankTable)))
+                            for row in cells(app.query_one(RankTable)))
         while not (app.view and all(r.state == "running" and r.step for r in app.view.ranks)
                    and len(app.view.ranks) == 2 and shown()):
             assert time.monotonic() < deadline, "ranks never showed live figures"
             await pilot.pause(0.2)
-        rows = _cells(app.query_one(RankTable))
+        rows = cells(app.query_one(RankTable))
         assert len(rows) == 2 and all(row[3] != "-" and row[4] != "-" for row in rows)
         # Space three times, faster than the ranks answer: pause, resume, pause (each press
         # builds on the one before, not on the ranks' last word).
         await pilot.press("space", "space", "space")
-        await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
+        await until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
                                      if e["rank"] == 0] == ["paused", "resumed", "paused"],
                      "paused, resumed, paused")
-        await _until(pilot, lambda: app.view.paused, "pause")
+        await until(pilot, lambda: app.view.paused, "pause")
         await pilot.press("space")
-        await _until(pilot, lambda: not app.view.paused, "resume")
+        await until(pilot, lambda: not app.view.paused, "resume")
         await pilot.press("W")
-        await _until(pilot, lambda: any("settings requested: workers 1" in line.text
+        await until(pilot, lambda: any("settings requested: workers 1" in line.text
                                         for line in app.events.lines), "request in the events")
-        await _until(pilot, lambda: any(row[2] == "1" for row in _cells(app.epoch_table)),
+        await until(pilot, lambda: any(row[2] == "1" for row in cells(app.epoch_table)),
                      "an epoch with 1 worker", timeout=60)
         pids = sup.pids()
         await pilot.press("q")
-        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
+        await until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
     assert sup.exit_code == 130
     assert_gone(pids)
-
-
-async def _until(pilot, predicate, what: str, timeout: float = 90) -> None:
-    """Wait for an outcome; the timeout only keeps a hang from eating the suite."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what} not seen within {timeout} s\n{_screen(pilot.app)}"
-        await pilot.pause(0.1)
-    await asyncio.sleep(0)
-
-
-def _screen(app: DashboardApp) -> str:
-    """What a failed wait saw: the epochs table and the last event lines."""
-    rows = "\n".join(" | ".join(row) for row in _cells(app.epoch_table))
-    lines = "\n".join(line.text for line in list(app.events.lines)[-20:])
-    return f"epochs:\n{rows}\nevents:\n{lines}"
 
 
 async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
@@ -234,16 +213,16 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         return next(r.state for r in app.view.ranks if r.rank == rank)
 
     async with app.run_test(size=(120, 40)) as pilot:
-        await _until(pilot, lambda: app.view and app.view.status == "running"
+        await until(pilot, lambda: app.view and app.view.status == "running"
                      and len(app.view.ranks) == 2, "a running world of 2", timeout=60)
         await pilot.press("down", "s")
-        await _until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
+        await until(pilot, lambda: app.view.meta["world_size"] == 1, "the world of 1")
         # Rank 1's own "stopped" may arrive a moment after the supervisor's world event.
-        await _until(pilot, lambda: _cells(app.rank_table)[1][1].startswith("stopped"),
+        await until(pilot, lambda: cells(app.rank_table)[1][1].startswith("stopped"),
                      "rank 1 shown stopped", timeout=30)
         await pilot.press("s")  # rank 1 is out already: nothing to stop
         await pilot.press("r")  # at once, while its standby still warms: queued, not refused
-        await _until(pilot, lambda: app.view.meta["world_size"] == 2 and state(1) == "running",
+        await until(pilot, lambda: app.view.meta["world_size"] == 2 and state(1) == "running",
                      "rank 1 back in a world of 2", timeout=90)
         await pilot.press("a")  # nothing pending yet: refused, nothing sent
         # Paused first: an epoch ending between the request and `a` would take the new
@@ -251,13 +230,13 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         # Space three times, faster than the ranks answer: pause, resume, pause (each press
         # builds on the one before, not on the ranks' last word).
         await pilot.press("space", "space", "space")
-        await _until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
+        await until(pilot, lambda: [e["status"] for e in events(tmp_path / "live.jsonl", "run")
                                      if e["rank"] == 0] == ["paused", "resumed", "paused"],
                      "paused, resumed, paused")
-        await _until(pilot, lambda: app.view.paused, "pause")
+        await until(pilot, lambda: app.view.paused, "pause")
         # Each key builds on the one before, though no view is drawn between them: 1, 2, 1.
         await pilot.press("W", "W", "w", "a")
-        await _until(pilot, lambda: app.view.settings["workers"] == 1, "workers 1 applied")
+        await until(pilot, lambda: app.view.settings["workers"] == 1, "workers 1 applied")
         applied = next(e for e in events(tmp_path / "live.jsonl", "settings")
                        if e["status"] == "applied" and e["settings"]["workers"] == 1)
         await pilot.press("space")
@@ -266,13 +245,13 @@ async def test_keys_stop_and_restart_a_rank_and_apply_settings_now(tmp_path):
         # on an epoch's last step, 1 in 128, the change lands at the boundary instead.)
         before = rf"^{epoch - 1}( |$)" if step == 0 else rf"^{epoch} ·\d+-{step}$"
         after = rf"^{epoch}( |$)" if step == 0 else rf"^{epoch} ·{step}-"
-        await _until(pilot, lambda: any(re.match(after, row[0]) and row[2] == "1"
-                                        for row in _cells(app.epoch_table)),
+        await until(pilot, lambda: any(re.match(after, row[0]) and row[2] == "1"
+                                        for row in cells(app.epoch_table)),
                      f"epoch {epoch} from step {step} with 1 worker")
-        assert any(re.match(before, row[0]) and row[2] == "0" for row in _cells(app.epoch_table))
+        assert any(re.match(before, row[0]) and row[2] == "0" for row in cells(app.epoch_table))
         pids = sup.pids()
         await pilot.press("q")
-        await _until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
+        await until(pilot, lambda: sup.done.is_set(), "quit", timeout=60)
     assert sup.exit_code == 130
     lines = [line.text for line in app.events.lines]
     assert any("world: 1 rank [0]" in t for t in lines)

@@ -24,6 +24,7 @@ from ddptui.view.background import connect
 from ddptui.view.widgets.confirm import ConfirmQuit
 from ddptui.view.widgets.tables import EpochTable
 from tests.helpers.runs import ROOT, TINY, assert_gone, ddptui, events, run_pids, wait_for_event
+from tests.helpers.screens import until
 
 
 def _detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
@@ -41,13 +42,6 @@ def _detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
 
 def _lines(viewer: Viewer) -> list[str]:
     return [text for _seq, _t, _level, text, _kind in viewer.state.lines_after(0)]
-
-
-async def _until(pilot, check, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "not within the time"
-        await pilot.pause(0.2)
 
 
 async def test_attach_shows_the_run_so_far_and_live_and_its_keys_act_once_for_every_viewer(
@@ -69,14 +63,15 @@ async def test_attach_shows_the_run_so_far_and_live_and_its_keys_act_once_for_ev
             assert any(line.startswith("first step") for line in _lines(app.source))
             # ... and live: the steps go on.
             step = app.source.state.view().ranks[0].global_step
-            await _until(pilot, lambda: app.source.state.view().ranks[0].global_step > step)
+            await until(pilot, lambda: app.source.state.view().ranks[0].global_step > step,
+                        "live steps")
 
             await pilot.press("down", "s")  # rank 1 leaves the world
-            await _until(pilot, lambda: any(e.get("generation") and e["ranks"] == [0]
-                                            for e in events(log, "world")))
+            await until(pilot, lambda: any(e.get("generation") and e["ranks"] == [0]
+                                           for e in events(log, "world")), "a world of rank 0")
             for viewer in (app.source, other):  # both saw it, once
-                await _until(pilot, lambda v=viewer: "world: 1 rank [0]" in " ".join(
-                    _lines(v)))
+                await until(pilot, lambda v=viewer: "world: 1 rank [0]" in " ".join(_lines(v)),
+                            "the change said")
                 assert sum(line.startswith("world: 1 rank [0]") for line in _lines(viewer)) == 1
             await pilot.press("d")  # this dashboard leaves; the run goes on
             await pilot.pause()
@@ -88,9 +83,9 @@ async def test_attach_shows_the_run_so_far_and_live_and_its_keys_act_once_for_ev
         app = DashboardApp(connect(path))
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.press("q")
-            await _until(pilot, lambda: isinstance(app.screen, ConfirmQuit))
+            await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), "q asking")
             await pilot.press("y")
-            await _until(pilot, lambda: app.closing, 90)  # once the run has ended
+            await until(pilot, lambda: app.closing, "the close", 90)  # once the run has ended
         assert app.source.exit_code == 130 and app.return_value == 130
         assert events(log, "run")[-1]["status"] == "interrupted"
         assert other.done.wait(10) and other.exit_code == 130  # the other one saw the end
@@ -116,7 +111,7 @@ async def test_a_crash_of_the_dashboard_leaves_the_run_going_for_another(env, tm
         with pytest.raises(RuntimeError, match="a widget bug"):
             async with app.run_test(size=(120, 40)) as pilot:
                 monkeypatch.setattr(app.rank_table, "show", broken_show)
-                await _until(pilot, lambda: app.crashed)
+                await until(pilot, lambda: app.crashed, "the crash")
         assert app.crashed and not app.source.done.is_set()
         app.source.close()
         step = events(log, "step")[-1]["global_step"]
