@@ -226,6 +226,12 @@ class MessageEvent(Event):
     limit: NotRequired[Annotated[int, "... --max-bad-samples"]]
     decoder: NotRequired[Annotated[str, "--decode gpu: the decoder the rank uses"]]
     autotune: NotRequired[Annotated[dict, "--autotune: the settings it kept"]]
+    input_wait: NotRequired[Annotated[dict, "the input holds ranks back (a tenth of their step "
+                                            "or more waiting for data), or keeps up again: "
+                                            "`ranks` (the slots that wait; empty: it keeps up), "
+                                            "`data_wait` (the largest share, 0-1), `knob` (the "
+                                            "key or option most likely to help: p, W, w, "
+                                            "--decode gpu; null: none would)"]]
     usage: NotRequired[Annotated[bool, "an error in the user's input (ddptui exits 2)"]]
     num_classes: NotRequired[Annotated[int, "the data's classes"]]
     num_train: NotRequired[Annotated[int, "training samples"]]

@@ -16,6 +16,7 @@ from multiprocessing.connection import wait as wait_any
 from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.options.config import RunConfig
 from ddptui.run.membership import Membership
+from ddptui.run.inputwatch import Pipeline
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy
@@ -214,7 +215,8 @@ class Supervisor(OwnedRun):
             running = [s for s in self.members if self.slots[s].state == RankState.RUNNING
                        and s not in self.world.leaving]
             self.watchdog.check(time.time(), [_member(self.slots[s]) for s in running
-                                              if self.slots[s].alive], self.state.paused)
+                                              if self.slots[s].alive], self.state.paused,
+                                self._pipeline())
             if self._running():
                 self._act(self.world.tick(time.time()))
             if self._autotuner is not None:
@@ -223,6 +225,17 @@ class Supervisor(OwnedRun):
                 self.say("ranks did not stop in time: terminating them", "warning")
                 self._end_now()
         self._reap()
+
+    def _pipeline(self) -> Pipeline | None:
+        """The input pipeline in force, for the input watch; None while --autotune tries
+        settings (its trials are meant to differ) or a world change is under way."""
+        if (self._autotuner and not self._autotuner.done) or not self.world.idle():
+            return None
+        settings = {**self.config.settings(self.config.devices.world_size), **self.state.settings}
+        return Pipeline(cuda=self.config.devices.kind == "cuda", decode=self.config.data.decode,
+                        files=self.config.data.kind in ("imagefolder", "shapes"),
+                        workers=int(settings["workers"]), prefetch=bool(settings["prefetch"]),
+                        ranks=len(self.members), cores=os.cpu_count() or 1)
 
     def _sample(self) -> None:
         self.pool.scan_children()

@@ -1,6 +1,7 @@
 """The supervisor's watch over the members of the world: folds their step, heartbeat and GPU
-events, asks health.py for verdicts twice a second and reports every change as a `rank` event;
-fetches a stalled rank's Python stacks and, with --on-stall recover, has it killed.
+events, asks health.py for verdicts twice a second and reports every change as a `rank` event,
+and inputwatch.py whether the input holds them back; fetches a stalled rank's Python stacks and,
+with --on-stall recover, has it killed.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from ddptui.contract.events import RankState
 from ddptui.observe.stacks import StackRequests, say_stacks
 from ddptui.run.health import Seen, Stragglers, judge_stalls
+from ddptui.run.inputwatch import InputWatch, Pipeline
 
 CHECK_EVERY_S = 0.5
 SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped
@@ -44,6 +46,7 @@ class Watchdog:
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting | slow
         self.stepped: set[int] = set()  # slots whose current process has finished a step
         self.stragglers = Stragglers()
+        self.inputs = InputWatch()
         self.stacks = StackRequests()
         self._kill_pending: dict[int, str] = {}  # on-stall recover: once its stacks are in
         self._streak: dict[int, tuple[bool, int]] = {}  # slot -> (slow?, checks in a row)
@@ -58,6 +61,7 @@ class Watchdog:
                 self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.get("step_ms") or 0.0)
                 self.stragglers.add(slot, ev.get("steps", 1), ev.get("step_ms") or 0.0,
                                     ev.get("data_wait") or 0.0)
+                self.inputs.observe(ev)
             case {"kind": "beat"}:
                 self.beats[slot] = (ev["t"], ev)
             case {"kind": "gpu"}:
@@ -66,6 +70,7 @@ class Watchdog:
     def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
         """The world changed, the run resumed, or (`first_step`) the input pipeline was rebuilt
         and its workers start again: silence until now says nothing."""
+        self.inputs.fresh(slots)
         for slot in slots:
             self.since[slot] = now
             self.stragglers.forget(slot)
@@ -86,7 +91,9 @@ class Watchdog:
     def ask_stacks(self, m: Member, now: float) -> None:
         self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
 
-    def check(self, now: float, members: list[Member], paused: bool) -> None:
+    def check(self, now: float, members: list[Member], paused: bool,
+              pipeline: Pipeline | None = None) -> None:
+        """`pipeline`: the settings in force, for the input watch (None: it keeps quiet)."""
         for slot, text in self.stacks.collect(now):
             self._stacks_in(slot, text)
         if now < self._next:
@@ -103,6 +110,10 @@ class Watchdog:
                         for s, cause in self.stragglers.judge(live, self.gpus).items()}
         for m in members:
             self._update(m, verdicts.get(m.slot), now)
+        if pipeline is not None and not verdicts:
+            said = self.inputs.check([m.slot for m in members], pipeline)
+            if said:
+                self.say(said[0], said[1], **said[2])
 
     def _seen(self, m: Member, now: float) -> Seen:
         since = max(self.last_step.get(m.slot, 0.0), self.since.get(m.slot, now))

@@ -137,21 +137,23 @@ def hang_once():
 
 
 class SlowOnOneRank(Dataset):
-    """Blobs that take $DDPTUI_TEST_SLOW_S seconds a sample on rank $DDPTUI_TEST_SLOW_RANK."""
+    """Blobs that take $DDPTUI_TEST_SLOW_S seconds a sample on rank $DDPTUI_TEST_SLOW_RANK (or
+    on every rank: `all`)."""
 
     classes = Blobs.classes
 
     def __init__(self):
         self.inner = Blobs(4096, 0)
         self.delay = float(os.environ["DDPTUI_TEST_SLOW_S"])
-        self.rank = int(os.environ["DDPTUI_TEST_SLOW_RANK"])
+        self.rank = os.environ["DDPTUI_TEST_SLOW_RANK"]
 
     def __len__(self) -> int:
         return len(self.inner)
 
     def __getitem__(self, i):
         # A standby reads a sample before it joins a process group (its warm-up).
-        if torch.distributed.is_initialized() and torch.distributed.get_rank() == self.rank:
+        if self.rank == "all" or (torch.distributed.is_initialized()
+                                  and str(torch.distributed.get_rank()) == self.rank):
             time.sleep(self.delay)
         return self.inner[i]
 

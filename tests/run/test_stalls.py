@@ -147,6 +147,23 @@ async def test_a_straggler_is_flagged_slow_with_cause_data_wait_and_s_takes_it_o
     assert_gone(pids)
 
 
+@pytest.mark.timeout(180)
+def test_ranks_waiting_for_their_input_are_told_which_knob_may_help(env, tmp_path):
+    """Every rank's samples are slow and the ranks load them themselves (--workers 0): the
+    events say the input holds both back, once, with W as the knob, and so does the console."""
+    log = tmp_path / "x.jsonl"
+    env = dict(env, DDPTUI_TEST_SLOW_S="0.003", DDPTUI_TEST_SLOW_RANK="all")
+    r = ddptui(["run", *TINY, "--data", "tests.helpers.userpkg:slow_on_one_rank", "--cpus", "2",
+                "--epochs", "1", "--log", str(log)], env, ROOT, timeout=150)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = [e for e in events(log, "message") if "input_wait" in e]
+    assert len(said) == 1, said
+    assert said[0]["input_wait"]["ranks"] == [0, 1] and said[0]["input_wait"]["knob"] == "W"
+    assert said[0]["input_wait"]["data_wait"] > 0.5 and said[0]["level"] == "warning"
+    assert "input holds ranks 0, 1 back" in r.stdout
+    assert "W may help: no DataLoader workers" in r.stdout
+
+
 def _jpegs(root, per_class: int = 12) -> None:
     for cls in ("a", "b"):
         (root / cls).mkdir(parents=True)
