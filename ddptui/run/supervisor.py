@@ -15,8 +15,8 @@ from multiprocessing.connection import wait as wait_any
 
 from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.options.config import RunConfig
-from ddptui.run.membership import Membership
 from ddptui.run.inputwatch import Pipeline
+from ddptui.run.membership import Membership
 from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.policy import RunPolicy

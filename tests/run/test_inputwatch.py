@@ -62,7 +62,7 @@ def test_after_a_switch_it_says_how_it_went():
 
 def test_an_epochs_first_batch_and_a_fresh_pipeline_do_not_count():
     w = InputWatch()
-    for i in range(12):  # every figure covers an epoch's first steps: the workers' start
+    for _ in range(12):  # every figure covers an epoch's first steps: the workers' start
         w.observe({"rank": 0, "step": 2, "steps": 2, "step_ms": 100.0, "data_wait": 0.9})
     assert w.shares([0]) == {}
     w.fresh([0])
