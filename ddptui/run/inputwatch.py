@@ -4,6 +4,7 @@ of their step, and the knob most likely to help (p, W, w, --decode gpu), said on
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,9 +27,9 @@ class Pipeline:
     cores: int
 
 
-def knob(p: Pipeline) -> tuple[str | None, str]:
-    """(the key or option, why) most likely to help ranks that wait for their input; None
-    where no switch would: the input costs more than the host has."""
+def knob(p: Pipeline, wait: float) -> tuple[str | None, str]:
+    """(the key or option, why) most likely to help ranks that wait for their input `wait` of
+    their step; None where no switch would: the input costs more than the host has."""
     share = max(1, p.cores // max(1, p.ranks))
     if p.workers == 0:
         return "W", "no DataLoader workers: each rank loads its batches between its steps"
@@ -42,12 +43,17 @@ def knob(p: Pipeline) -> tuple[str | None, str]:
                          f"{p.ranks} ranks' decoding threads share {p.cores} cores with them")
         return None, ("the GPU decodes the JPEGs in the time it would train: nothing to switch "
                       "live (docs/input-pipeline.md)")
-    if p.workers < share - 1:
-        return "W", f"{p.workers} workers a rank, with {share} cores for each rank"
+    # Workers decode in parallel: keeping up takes workers / (1 - wait) of them.
+    needed = math.ceil(round(p.workers / max(0.02, 1 - wait), 6))
+    room = f"about {needed} would keep up, and the host has {share} cores for each rank"
+    if needed < share:
+        return "W", f"{p.workers} workers a rank; {room}"
     if p.cuda and p.files:
-        return "--decode gpu", (f"{p.workers} workers a rank already take the host's cores: "
-                                "a run with --decode gpu decodes the JPEGs on the GPUs")
-    return None, f"{p.workers} workers a rank already take the host's {p.cores} cores"
+        return "--decode gpu", (f"{p.workers} workers a rank; {room}: a run with --decode gpu "
+                                "decodes the JPEGs on the GPUs")
+    if p.workers < share - 1:
+        return "W", f"{p.workers} workers a rank; {room}"
+    return None, f"{p.workers} workers a rank; {room}"
 
 
 class InputWatch:
@@ -106,7 +112,7 @@ class InputWatch:
             return (f"input keeps up again: {100 * worst:.0f}% of a step at most waiting for "
                     f"data", "info", {"input_wait": {"ranks": [], "data_wait": round(worst, 3)}})
         self.said = (waiting, pipeline)
-        key, why = knob(pipeline)
+        key, why = knob(pipeline, worst)
         text = (f"input holds rank{'s' if len(waiting) > 1 else ''} "
                 f"{', '.join(map(str, waiting))} back: up to {100 * worst:.0f}% of a step "
                 f"waiting for data; " + (f"{key} may help: {why}" if key else why))

@@ -29,8 +29,9 @@ def test_ranks_that_wait_for_data_are_named_once_with_a_knob_after_the_change_he
     text, level, fields = said[0]
     assert level == "warning" and fields["input_wait"] == {"ranks": [0, 1], "data_wait": 0.25,
                                                            "knob": "W"}
-    assert text.startswith("input holds ranks 0, 1 back: up to 25% of a step waiting for data; "
-                           "W may help: 4 workers a rank, with 16 cores for each rank")
+    assert text == ("input holds ranks 0, 1 back: up to 25% of a step waiting for data; W may "
+                    "help: 4 workers a rank; about 6 would keep up, and the host has 16 cores for "
+                    "each rank")
     assert _checks(w, times=3 * HOLD) == []  # said once
 
 
@@ -80,15 +81,20 @@ def test_a_rank_without_figures_keeps_the_watch_quiet():
     assert _checks(w, times=2 * HOLD) == []
 
 
-def test_the_knob_follows_the_settings_and_the_host():
-    def k(**kw):
-        return knob(Pipeline(**{**CPU_DECODE.__dict__, **kw}))[0]
+def test_the_knob_follows_the_settings_the_wait_and_the_host():
+    def k(wait=0.25, **kw):
+        return knob(Pipeline(**{**CPU_DECODE.__dict__, **kw}), wait)[0]
 
     assert k(workers=0) == "W"
     assert k(prefetch=False) == "p"
     assert k(cuda=False, prefetch=False) == "W"  # no prefetcher on CPU ranks
-    assert k(workers=15) == "--decode gpu"
-    assert k(workers=15, files=False) is None  # every core busy, nothing to decode elsewhere
+    assert k() == "W"  # 4 workers at 25%: about 6 would do, of 16 cores for each rank
+    assert k(wait=0.72, workers=12) == "--decode gpu"  # about 43 would: more than the host has
+    assert k(wait=0.72, workers=12, files=False) == "W"  # some help, all it can do
+    assert k(wait=0.72, workers=15, files=False) is None  # every core loading already
     assert k(decode="gpu", workers=12) == "w"
     assert k(decode="gpu", workers=12, ranks=1) is None
     assert k(decode="gpu", workers=3) is None
+    assert knob(CPU_DECODE, 0.8)[1] == ("4 workers a rank; about 20 would keep up, and the host "
+                                        "has 16 cores for each rank: a run with --decode gpu "
+                                        "decodes the JPEGs on the GPUs")
