@@ -1,5 +1,6 @@
-"""The `ddptui` command: run, gpus, replay. Parses and validates everything before any process
-starts, so bad input is one line on stderr and exit code 2; torch is never imported here.
+"""The `ddptui` command: run and attach here, ls, gpus and replay in browse.py. Parses and
+validates everything before any process starts, so bad input is one line on stderr and exit
+code 2; torch is never imported here.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ddptui import __version__
+from ddptui import __version__, browse
 from ddptui.options.argtypes import positive_float
 from ddptui.options.config import DeviceOptions
 from ddptui.options.errors import UsageError
@@ -211,36 +212,13 @@ def serve_headless(run: OwnedRun, console=None, watched_when_failed: bool = Fals
         if not hosted:
             print(f"ddptui: logging to {run.log_path}", file=sys.stderr if console else sys.stdout,
                   flush=True)
+        from ddptui.view.headless import run_headless
+
         return run_headless(run, console)
     finally:
         if host is not None:
             host.close()
         end_helpers()
-
-
-def run_headless(run: OwnedRun, console=None) -> int:
-    from ddptui.view.headless import HeadlessConsole
-
-    console = console or HeadlessConsole(run.state)
-    _stop_on_signals(lambda code: run.stop(code=code))
-    run.start()
-    while not run.done.wait(0.25):
-        console.poll()
-    console.finish()
-    code = run.exit_code
-    view = run.state.view()
-    if code == 2 and view.status != "failed":  # bad input to ddptui, not a script's exit
-        print(f"ddptui: error: {view.reason}", file=sys.stderr)
-    elif code not in (0, None) and view.reason:
-        print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
-    return 1 if code is None else code
-
-
-def _stop_on_signals(stop) -> None:
-    """Ctrl-C -> 130, SIGTERM -> 143, SIGHUP -> 129 (the headless console's; the dashboard's run
-    outlives its terminal): an orderly stop; a second one is immediate."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda signum, _frame: stop(128 + signum))
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
@@ -270,6 +248,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if headless:
         print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
               f"--report {args.listen}; logging to {log}", flush=True)
+        from ddptui.view.headless import run_headless
+
         return run_headless(attach)
     from ddptui.view.app import DashboardApp
 
@@ -298,81 +278,6 @@ def _attach_run(name: str | None, headless: bool) -> int:
     return background.follow(viewer) if headless else background.watch(viewer)
 
 
-def cmd_ls(_args: argparse.Namespace) -> int:
-    from ddptui.run.registry import runs
-
-    try:
-        found = runs()
-    except PermissionError as e:
-        raise UsageError(str(e)) from None
-    if not found:
-        print("no runs of this user on this machine")
-        return 0
-    now = time.time()
-    rows = [("NAME", "STATE", "PID", "RANKS", "AGE", "WHAT", "LOG")] + [
-        (r.name, r.state, str(r.pid), str(r.ranks), _age(now - r.started), r.what[:40], r.log)
-        for r in found]
-    widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])
-    return 0
-
-
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def cmd_gpus(_args: argparse.Namespace) -> int:
-    from ddptui.run.nvml import format_gpus, list_gpus
-
-    print(format_gpus(list_gpus()))
-    return 0
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    if not os.path.isfile(args.file):
-        raise UsageError(f"no such log: {args.file}")
-    if args.speed < 0:
-        raise UsageError(f"--speed must be 0 or more, got {args.speed}")
-    from ddptui.sources.replay import Replay, not_a_log
-
-    why = not_a_log(args.file)
-    if why:
-        raise UsageError(f"{args.file} is not a ddptui log: {why}")
-    if args.csv is not None:
-        return _epochs_csv(args.file, args.csv)
-
-    replay = Replay(args.file, speed=args.speed)
-    if args.headless or not sys.stdout.isatty():
-        return run_headless(replay)
-    from ddptui.view.app import DashboardApp
-
-    DashboardApp(replay).run()
-    return 0
-
-
-def _epochs_csv(log: str, target: str) -> int:
-    from ddptui.contract.events import count
-    from ddptui.sources.export import write_epochs_csv
-
-    def warn(text: str) -> None:
-        print(f"ddptui: warning: {text}", file=sys.stderr)
-
-    if target == "-":
-        write_epochs_csv(log, sys.stdout, warn)
-        return 0
-    try:
-        with open(target, "w", newline="") as out:
-            rows = write_epochs_csv(log, out, warn)
-    except OSError as e:
-        raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
-    print(f"ddptui: {count(rows, 'epoch row')} written to {target}", file=sys.stderr)
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     bytecode.enable()  # before textual, and before any rank starts
     argv = sys.argv[1:] if argv is None else argv
@@ -383,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv  # the run's own process is started with the same command line
-    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_gpus, "replay": cmd_replay,
-                "ls": cmd_ls}
+    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": browse.cmd_gpus,
+                "replay": browse.cmd_replay, "ls": browse.cmd_ls}
     if args.command not in handlers:
         parser.print_help()
         return 2

@@ -4,12 +4,17 @@ every few seconds and a final summary. Used with --headless or when stdout is no
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ddptui.contract.events import count
 from ddptui.state.runstate import RunState
 from ddptui.state.views import RunView
+
+if TYPE_CHECKING:
+    from ddptui.state.source import RunSource
 
 STATUS_EVERY_S = 5.0
 
@@ -100,3 +105,27 @@ class ScriptConsole(HeadlessConsole):
 
     def finish(self) -> None:
         self.poll()
+
+
+def run_headless(run: RunSource, console: HeadlessConsole | None = None) -> int:
+    """Start `run`, print its lines until it ends, and return its exit code."""
+    console = console or HeadlessConsole(run.state)
+    _stop_on_signals(lambda code: run.stop(code=code))
+    run.start()
+    while not run.done.wait(0.25):
+        console.poll()
+    console.finish()
+    code = run.exit_code
+    view = run.state.view()
+    if code == 2 and view.status != "failed":  # bad input to ddptui, not a script's exit
+        print(f"ddptui: error: {view.reason}", file=sys.stderr)
+    elif code not in (0, None) and view.reason:
+        print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
+    return 1 if code is None else code
+
+
+def _stop_on_signals(stop) -> None:
+    """Ctrl-C -> 130, SIGTERM -> 143, SIGHUP -> 129 (the headless console's; the dashboard's run
+    outlives its terminal): an orderly stop; a second one is immediate."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: stop(128 + signum))
