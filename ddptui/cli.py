@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -144,39 +145,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = config_from_args(args, gpus=gpus, cpus=cpus)
     from ddptui.run.registry import default_log_path
 
-    log = config.telemetry.log or os.environ.get(HOST_ENV) or default_log_path()
+    log = config.telemetry.log or args.hosted or default_log_path()
     if args.detach and args.headless:
         raise UsageError(DETACH_OR_HEADLESS)
-    if _in_background(args.headless or not sys.stdout.isatty(), args.detach):
+    if not args.hosted and (args.detach or (not args.headless and sys.stdout.isatty())):
         return _background(args.argv, log, args.detach)
     from ddptui.run.supervisor import Supervisor
 
-    return serve_headless(Supervisor(config, log, from_args(RunPolicy, args)))
+    return serve_headless(Supervisor(config, log, from_args(RunPolicy, args)), args.hosted)
 
 
-def cmd_run_script(argv: list[str]) -> int:
+def cmd_run_script(argv: list[str], hosted: str | None) -> int:
     """`ddptui run SCRIPT.py ... -- args` and `ddptui run -m MODULE ...`: the script's ranks."""
     from ddptui.script.options import parse_script_args
 
     config = parse_script_args(argv, resolve_devices)
     from ddptui.run.registry import default_log_path
 
-    log = config.log or os.environ.get(HOST_ENV) or default_log_path()
-    if _in_background(config.headless, config.detach):
+    log = config.log or hosted or default_log_path()
+    if not hosted and (config.detach or not config.headless):
         return _background(["run", *argv], log, config.detach)
     from ddptui.script.run import ScriptRun
     from ddptui.view.headless import ScriptConsole
 
-    hosted = HOST_ENV in os.environ
     # The run's own process serves dashboards: the ranks' output is theirs, not echoed here.
     run = ScriptRun(replace(config, headless=not hosted), log)
-    return serve_headless(run, ScriptConsole(run.state), watched_when_failed=hosted)
-
-
-def _in_background(headless: bool, detach: bool) -> bool:
-    """Whether this `ddptui run` starts the run's own process (a dashboard here, or --detach)
-    rather than running it in this one (headless, or the run's process itself)."""
-    return HOST_ENV not in os.environ and (detach or not headless)
+    return serve_headless(run, hosted, ScriptConsole(run.state))
 
 
 def _background(argv: list[str], log: str, detach: bool) -> int:
@@ -195,19 +189,18 @@ def _background(argv: list[str], log: str, detach: bool) -> int:
     return background.watch(viewer, proc)
 
 
-def serve_headless(run: OwnedRun, console=None, watched_when_failed: bool = False) -> int:
-    """Run it in this process with status lines (the run's own process: into its output file),
-    open to dashboards (ddptui attach) while it runs."""
+def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
+    """Run it in this process with status lines, open to dashboards (ddptui attach) while it
+    runs; `hosted`: this is the run's own process (its lines go to its output file)."""
     from ddptui.run.host import serve
     from ddptui.run.processes import end_helpers
 
     # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
     # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    hosted = os.environ.pop(HOST_ENV, None) is not None  # not the ranks' business
     host = serve(run)
-    if host is not None and watched_when_failed:
-        run.watched = host.watched  # type: ignore[attr-defined]
+    if host is not None and hosted:
+        run.watched = host.watched
     try:
         if not hosted:
             print(f"ddptui: logging to {run.log_path}", file=sys.stderr if console else sys.stdout,
@@ -283,22 +276,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     from ddptui.script.options import is_script_form
 
+    # In the run's own process: the log that its foreground claimed (not the ranks' business).
+    hosted = os.environ.pop(HOST_ENV, None)
     if is_script_form(argv):
-        return _guarded(cmd_run_script, argv[1:])
+        return _guarded(lambda: cmd_run_script(argv[1:], hosted))
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = argv  # the run's own process is started with the same command line
+    args.hosted = hosted
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": browse.cmd_gpus,
                 "replay": browse.cmd_replay, "ls": browse.cmd_ls}
     if args.command not in handlers:
         parser.print_help()
         return 2
-    return _guarded(handlers[args.command], args)
+    return _guarded(lambda: handlers[args.command](args))
 
 
-def _guarded(handler, args) -> int:
+def _guarded(handler: Callable[[], int]) -> int:
     try:
-        return handler(args)
+        return handler()
     except UsageError as e:
         print(f"ddptui: error: {e}", file=sys.stderr)
         return 2

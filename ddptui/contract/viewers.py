@@ -11,6 +11,8 @@ import stat
 import struct
 from collections.abc import Iterator
 
+from ddptui.contract.events import encode
+
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
 
@@ -67,7 +69,7 @@ def peer_uid(sock: socket.socket) -> int:
 
 
 def frame(message: dict) -> bytes:
-    return (json.dumps(message, separators=(",", ":")) + "\n").encode()
+    return encode(message).encode()
 
 
 class Lines:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import queue
 import threading
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
 from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
@@ -29,6 +29,8 @@ class OwnedRun(RunSource):
         self._writer: JsonlWriter | None = None
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        # Whether a dashboard shows the run now; the run's own process has its host say.
+        self.watched: Callable[[], bool] = lambda: False
 
     @property
     def started(self) -> bool:

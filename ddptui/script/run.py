@@ -12,7 +12,6 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
 
 from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
@@ -62,9 +61,9 @@ class ScriptRun(OwnedRun):
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
-        # A failed run waits for r or q while a dashboard shows it (the run's own process sets
-        # this to "while one is attached": with none, nobody is there to press r).
-        self.watched: Callable[[], bool] = lambda: not config.headless
+        # A failed run waits for r or q while a dashboard shows it (in the run's own process:
+        # while one is attached; with none, nobody is there to press r).
+        self.watched = lambda: not config.headless
         self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
                      "stop_rank": self._stop_rank, "kill_rank": self._kill_rank,
                      "restart_rank": self._restart_rank}
