@@ -224,7 +224,7 @@ class ScriptRun(OwnedRun):
         # script takes: no stall verdict, no readings.
         members = [r for r in alive if not self._outside(r)]
         self.watch.sample(members, self.sampler.util, self.sampler.gpu_memory, now,
-                          judge=not self._ending)
+                          judge=not self._ending, settings=self.state.settings)
 
     def _outside(self, r: ScriptRank) -> bool:
         """A standby, or a joiner that the members are not forming a world with yet."""

@@ -1,6 +1,6 @@
 """What the parent sees of a script's ranks from outside, turned into events: their output
 (the last line, figures read from it), their processes (state, CPU, memory, GPU memory), stall
-verdicts, and their Python stacks on request.
+verdicts, input that holds them back (run.loader's wait), and their Python stacks on request.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ddptui.observe.metrics import MetricReader, compile_metrics
 from ddptui.observe.output import LINE_EVERY_S, library_log
 from ddptui.observe.stacks import StackRequests, say_stacks
 from ddptui.observe.stalls import Reading, ScriptStalls, Silence, blame
+from ddptui.run.inputwatch import InputWatch, Pipeline
 from ddptui.script.group import ScriptRank
 from ddptui.script.options import ScriptConfig
 
@@ -35,6 +36,7 @@ class ScriptWatch:
         self.config, self.handle, self.say = config, handle, say
         self.patterns = compile_metrics(config.metrics)
         self.stalls = ScriptStalls(config.stall_after)
+        self.inputs = InputWatch()
         self.stacks = StackRequests()
         # GPU ranks' NCCL flight recorders, dumped with their stacks (ddptui/observe/flight.py)
         self.flight = FlightDumps(trace_prefix) if trace_prefix and config.gpus else None
@@ -64,6 +66,7 @@ class ScriptWatch:
             self.stalls.forget(slot)
             self._forget(slot)
         self.reporting -= set(slots)
+        self.inputs.fresh(slots)
         if not standby:
             self._started = now
 
@@ -87,6 +90,10 @@ class ScriptWatch:
         if slot in self.silence and (ev["kind"] in ("step", "epoch") or ev.get("api")):
             self._heard(slot, now)
             self.reporting.add(slot)
+        if ev["kind"] == "step":
+            self.inputs.observe(ev)
+        elif ev["kind"] == "settings" and ev.get("status") == "applied":
+            self.inputs.fresh(list(self.silence))  # run.loader starts its workers again
 
     def _heard(self, slot: int, now: float) -> None:
         """A line or a step: the first one says the rank runs (its script got going)."""
@@ -133,9 +140,11 @@ class ScriptWatch:
 
     # -- what the parent sees ------------------------------------------------------------
     def sample(self, ranks: list[ScriptRank], gpu_util: dict[int, float],
-               gpu_memory: dict[int, int], now: float, judge: bool = True) -> None:
+               gpu_memory: dict[int, int], now: float, judge: bool = True,
+               settings: dict | None = None) -> None:
         """Process figures of every live rank, and (`judge`: not while the group is being
-        ended) a stall verdict where one is due."""
+        ended) a stall verdict where one is due, or else whether run.loader's input (its
+        `settings` in force) holds the ranks back."""
         self._ranks = ranks
         for r in ranks:
             cpu, rss = self.tree.read(r.pid)
@@ -155,6 +164,17 @@ class ScriptWatch:
                                                 s.longest), now)
             self._update(r, verdict, now)
         self.tree.forget()
+        if judge and ranks and not self.flags and settings and "workers" in settings:
+            self._input(ranks, settings)
+
+    def _input(self, ranks: list[ScriptRank], settings: dict) -> None:
+        pipeline = Pipeline(cuda=bool(self.config.gpus), decode="cpu", files=False,
+                            workers=int(settings["workers"]),
+                            prefetch=bool(settings.get("prefetch", True)), ranks=len(ranks),
+                            cores=os.cpu_count() or 1)
+        said = self.inputs.check([r.slot for r in ranks], pipeline)
+        if said:
+            self.say(said[0], said[1], **said[2])
 
     def _update(self, r: ScriptRank, verdict, now: float) -> None:
         if r.slot in self.flags:  # stalled, or found waiting in a collective

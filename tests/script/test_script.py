@@ -117,6 +117,20 @@ def test_a_script_that_prints_no_loss_is_told_how_to_show_one(env, tmp_path):
     assert not events(log, "step")
 
 
+@pytest.mark.timeout(120)
+def test_a_script_waiting_for_run_loaders_input_is_told_which_knob_may_help(env, tmp_path):
+    """run.loader with no workers over samples that take 3 ms each: the same input warning as
+    the built-in loop's, once, naming both ranks and W (its workers follow w/W)."""
+    log = tmp_path / "slow.jsonl"
+    r = ddptui(["run", "--cpus", "2", "--log", str(log), os.path.join(SCRIPTS, "slow_input.py")],
+               env, ROOT, timeout=100)
+    assert r.returncode == 0, r.stderr[-2000:]
+    said = [e for e in events(log, "message") if "input_wait" in e]
+    assert len(said) == 1, said
+    assert said[0]["input_wait"]["ranks"] == [0, 1] and said[0]["input_wait"]["knob"] == "W"
+    assert said[0]["text"].startswith("input holds ranks 0, 1 back")
+
+
 @pytest.mark.timeout(60)
 def test_each_rank_gets_torchruns_environment_in_its_own_session(env, tmp_path):
     log = tmp_path / "env.jsonl"
