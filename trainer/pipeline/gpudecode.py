@@ -136,38 +136,48 @@ class Decoder:
         by_shape: dict[tuple[int, int], list[int]] = {}
         for i, image in enumerate(images):
             by_shape.setdefault(tuple(image.shape[1:]), []).append(i)
-        for group in by_shape.values():
-            for start in range(0, len(group), CHUNK):
-                index = group[start:start + CHUNK]
-                resized = self._resize(images, index, boxes)
-                if len(index) == len(images):  # one size, one chunk: straight into the batch
-                    norm.standardize(resized, out=out)
-                else:
-                    places = torch.tensor(index).to(self.device, non_blocking=True)
-                    out[places] = norm.standardize(resized)
+        chunks = [group[start:start + CHUNK] for group in by_shape.values()
+                  for start in range(0, len(group), CHUNK)]
+        table = self._table(chunks, boxes)
+        start = 0
+        for index in chunks:
+            rows, start = table[start:start + len(index)], start + len(index)
+            resized = self._resize(images, index, rows)
+            if len(index) == len(images):  # one size, one chunk: straight into the batch
+                norm.standardize(resized, out=out)
+            else:
+                out[rows[:, 6].long()] = norm.standardize(resized)
         return out
 
+    def _table(self, chunks: list[list[int]], boxes: torch.Tensor) -> torch.Tensor:
+        """Per image, chunk by chunk: its place in its chunk, its crop (left, top, right,
+        bottom), whether it is flipped, its place in the batch; on the device in one copy from
+        pinned memory. A copy from pageable memory first waits for the stream's queued kernels:
+        one per chunk held the decoding thread to the pace of the GPU it shares with training."""
+        order = [i for index in chunks for i in index]
+        top, left, height, width, flip = boxes[order].to(torch.float32).unbind(1)
+        place = torch.cat([torch.arange(len(index), dtype=torch.float32) for index in chunks])
+        table = torch.stack([place, left, top, left + width, top + height, flip,
+                             torch.tensor(order, dtype=torch.float32)], 1)
+        if self.device.type == "cuda":
+            table = table.pin_memory()
+        return table.to(self.device, non_blocking=True)
+
     def _resize(self, images: list[torch.Tensor | None], index: list[int],
-                boxes: torch.Tensor) -> torch.Tensor:
+                rows: torch.Tensor) -> torch.Tensor:
         """Images `index` (of one size) cropped to their boxes, resized and flipped, in float;
-        each decoded image is let go once its float copy exists."""
+        each decoded image is let go once its float copy exists. `rows`: their _table rows."""
         stack = torch.empty((len(index), *images[index[0]].shape), device=self.device)
         torch.stack([images[i] for i in index], out=stack)  # uint8 to float in one pass
         for i in index:
             images[i] = None
-        top, left, h, w = boxes[index, :4].to(torch.float32).unbind(1)
-        regions = torch.stack([torch.arange(len(index), dtype=torch.float32), left, top,
-                               left + w, top + h], 1).to(self.device, non_blocking=True)
         # sampling_ratio -1: as many samples per output pixel as the crop is larger, an average
         # like antialiased resizing.
-        resized = roi_align(stack, regions, (self.size, self.size), aligned=True,
+        resized = roi_align(stack, rows[:, :5], (self.size, self.size), aligned=True,
                             sampling_ratio=-1)
         del stack
-        flipped = boxes[index, 4].nonzero().squeeze(1)  # only these are read and written again
-        if len(flipped):
-            flipped = flipped.to(self.device, non_blocking=True)
-            resized[flipped] = resized[flipped].flip(-1)
-        return resized
+        # Chosen on the device: picking the flipped ones on the host would wait for the GPU.
+        return torch.where(rows[:, 5].view(-1, 1, 1, 1) > 0, resized.flip(-1), resized)
 
 
 class TorchvisionCodec:
