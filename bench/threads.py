@@ -4,7 +4,9 @@ CPU, and NVIDIA's JPEG engines (nvidia-smi dmon's jpg) over the same window as i
 
 python bench/threads.py /data/jpeg --gpus 0 --seconds 15 -- --decode gpu
 python bench/threads.py /data/jpeg --gpus 0 --env OMP_NUM_THREADS=1 -- --decode gpu --workers 4
-Prints one JSON line. The window starts once rank 0 is past --warmup steps.
+Prints one JSON line. The window starts once rank 0 is past --warmup steps. --profile FILE: rank
+0's Python stacks over the window too, every thread's, idle ones included (py-spy record --idle
+--threads --nonblocking, collapsed: one stack and its sample count a line).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--model", default="resnet18")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the run")
+    ap.add_argument("--profile", default=None, metavar="FILE", help="py-spy's record of rank 0")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     args, extra = ap.parse_args(argv[:cut]), argv[cut + 1:]
@@ -48,16 +51,23 @@ def main() -> None:
                 if run.poll() is not None:
                     sys.exit(f"the run ended ({run.returncode}) before step {args.warmup}")
                 time.sleep(0.5)
-            figures = window(run.pid, log, args.seconds, args.batch_size)
+            figures = window(run.pid, log, args.seconds, args.batch_size, args.profile)
         finally:
             run.terminate()
             run.wait(timeout=60)
     print(json.dumps({"options": " ".join(args.env + extra), **figures}), flush=True)
 
 
-def window(parent: int, log: str, seconds: float, batch: int) -> dict:
+def window(parent: int, log: str, seconds: float, batch: int, profile: str | None) -> dict:
     """Threads' CPU over `seconds`, and the run's img/s and data-wait over the same span."""
     roles = _roles(parent, log)
+    spy = None
+    if profile:
+        rank0 = next(pid for pid, role in roles.items() if role == "rank 0")
+        spy = subprocess.Popen(["py-spy", "record", "--pid", str(rank0), "--duration",
+                                str(int(seconds)), "--idle", "--threads", "--nonblocking",
+                                "--format", "raw", "--output", profile],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     dmon = subprocess.Popen(["nvidia-smi", "dmon", "-s", "u", "-c", str(int(seconds))],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     psutil.cpu_percent()
@@ -66,6 +76,8 @@ def window(parent: int, log: str, seconds: float, batch: int) -> dict:
     after, t1, s1 = _ticks(roles), time.time(), _steps(log)
     host = psutil.cpu_percent() / 100 * (psutil.cpu_count() or 1)
     out = dmon.communicate(timeout=30)[0]
+    if spy is not None:
+        spy.wait(timeout=60)
     busy: dict[str, float] = collections.defaultdict(float)
     threads: dict[str, int] = collections.Counter()
     procs: dict[str, set] = collections.defaultdict(set)

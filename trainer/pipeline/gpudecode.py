@@ -181,8 +181,9 @@ class Decoder:
 
 
 class TorchvisionCodec:
-    """nvJPEG through torchvision.io.decode_jpeg: whole images, decoded on the SMs. The one
-    codec: nvJPEG's hardware decoder called directly, nvImageCodec and a share decoded by the
+    """nvJPEG through torchvision.io.decode_jpeg: whole images, baseline JPEGs on the GPU's JPEG
+    engines where it has them (A100, H100, H200), the others on the SMs. The one codec:
+    nvJPEG's hardware decoder called directly, nvImageCodec and a share decoded by the
     DataLoader workers trained no faster on one H200 or two (docs/input-pipeline.md).
 
     torchvision allocates the images on the caller's current stream but writes them on a
