@@ -54,7 +54,9 @@ class Chart(PlotextPlot):
 
     def _build_newest(self) -> None:
         while True:
-            draw, started = self._draw, time.perf_counter()
+            # The pause weighs the interpreter's time the build took (its thread's CPU), not the
+            # wall time: on a loaded host, waiting for the GIL and the cores would swell it.
+            draw, started = self._draw, time.thread_time()
             assert draw is not None
             size = self.size
             draw(self.plt, size.width)
@@ -64,7 +66,7 @@ class Chart(PlotextPlot):
                 self.app.call_from_thread(self._show, size, text)
             except RuntimeError:  # the app closed meanwhile
                 return
-            time.sleep(BUILD_PAUSE * (time.perf_counter() - started))
+            time.sleep(BUILD_PAUSE * (time.thread_time() - started))
             with self._lock:  # with the flag: a redraw asked now starts a worker of its own
                 if self._draw is draw and self.size == size:
                     self._building = False
