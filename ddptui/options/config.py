@@ -78,6 +78,12 @@ class DataOptions:
         return self.spec.split(":", 1)[1] if ":" in self.spec and self.kind != "custom" else None
 
     @property
+    def jpeg_files(self) -> bool:
+        """Image files a rank decodes (what --decode gpu takes): the built-in shapes and JPEG
+        ImageFolders."""
+        return self.kind in ("imagefolder", "shapes")
+
+    @property
     def resolved_image_size(self) -> int:
         return self.image_size or DEFAULT_IMAGE_SIZE.get(self.kind, 224)
 

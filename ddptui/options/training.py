@@ -59,7 +59,7 @@ def validate(config: RunConfig) -> None:
     """Checks that need no torch and start no process: names, paths, directories."""
     check_model_name(config.model.name)
     check_data(config.data.spec)
-    if config.data.decode == "gpu" and config.data.kind not in ("imagefolder", "shapes"):
+    if config.data.decode == "gpu" and not config.data.jpeg_files:
         raise UsageError("--decode gpu works on JPEG image folders: --data imagefolder:PATH "
                          "or shapes")
     ckpt, tele = config.checkpoint, config.telemetry

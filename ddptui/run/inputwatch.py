@@ -5,12 +5,13 @@ of their step, and the knob most likely to help (p, W, w, --decode gpu), said on
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
+
+from ddptui.run.health import SLOW_WINDOW, Stragglers
 
 INPUT_BOUND = 0.10  # of a step spent waiting for input: the input holds the rank back
 KEEPS_UP = 0.05  # below this again, on every rank, it keeps up (apart: no flapping at 10%)
-WINDOW = 20  # steps each rank's share is taken over
+WINDOW = SLOW_WINDOW  # steps each rank's share is taken over, as the stragglers' figures
 HOLD = 6  # checks (3 s) a change must hold before it is said: small steps swing
 
 
@@ -61,8 +62,8 @@ class InputWatch:
     second: a line to say (text, fields) when the world becomes input-bound, or keeps up again."""
 
     def __init__(self, window: int = WINDOW, hold: int = HOLD):
-        self.window, self.hold = window, hold
-        self.recent: dict[int, deque] = {}  # slot -> (steps, step_ms, data_wait)
+        self.hold = hold
+        self.recent = Stragglers(window)  # the same per-rank step window, minus pipeline starts
         self.skip: set[int] = set()  # slots whose next figures include a pipeline's start
         self.said: tuple | None = None  # input-bound, as said: (ranks, the pipeline then)
         self._streak: tuple[str | None, int] = (None, 0)  # (what is wanted, checks in a row)
@@ -73,25 +74,21 @@ class InputWatch:
         if slot in self.skip or ev.get("step", 0) <= steps or ev.get("data_wait") is None:
             self.skip.discard(slot)
             return
-        q = self.recent.setdefault(slot, deque())
-        q.append((steps, ev.get("step_ms") or 0.0, ev["data_wait"]))
-        while len(q) > 1 and sum(s for s, _, _ in q) - q[0][0] >= self.window:
-            q.popleft()
+        self.recent.add(slot, steps, ev.get("step_ms") or 0.0, ev["data_wait"])
 
     def fresh(self, slots) -> None:
         """Their pipelines start again (settings applied, the world changed, a resume)."""
         for slot in slots:
-            self.recent.pop(slot, None)
+            self.recent.forget(slot)
             self.skip.add(slot)
 
     def shares(self, members: list[int]) -> dict[int, float]:
         """slot -> share of its step spent waiting for input, for members with a full window."""
         out = {}
         for slot in members:
-            q = self.recent.get(slot)
-            if q and sum(s for s, _, _ in q) >= self.window:
-                total = sum(s * ms for s, ms, _ in q)
-                out[slot] = sum(s * ms * w for s, ms, w in q) / total if total else 0.0
+            if (figures := self.recent.figures(slot)) is not None:
+                step_ms, input_ms = figures
+                out[slot] = input_ms / step_ms if step_ms else 0.0
         return out
 
     def check(self, members: list[int], pipeline: Pipeline) -> tuple[str, str, dict] | None:

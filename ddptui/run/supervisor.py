@@ -55,7 +55,8 @@ class Supervisor(OwnedRun):
         self._stop_deadline: float | None = None
         self.watchdog = Watchdog(self.policy.stall_after, self.policy.on_stall == "recover",
                                  config.telemetry.hz > 0, self._emit_health, self.say,
-                                 self._kill, lambda pid: self.sampler.process(pid))
+                                 self._kill, lambda pid: self.sampler.process(pid),
+                                 self._pipeline)
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
         # The supervisor's own commands; the rest go to the world's rank 0.
         self._own = {"stop": self._stop, "stop_rank": self._change_world,
@@ -215,8 +216,7 @@ class Supervisor(OwnedRun):
             running = [s for s in self.members if self.slots[s].state == RankState.RUNNING
                        and s not in self.world.leaving]
             self.watchdog.check(time.time(), [_member(self.slots[s]) for s in running
-                                              if self.slots[s].alive], self.state.paused,
-                                self._pipeline())
+                                              if self.slots[s].alive], self.state.paused)
             if self._running():
                 self._act(self.world.tick(time.time()))
             if self._autotuner is not None:
@@ -233,7 +233,7 @@ class Supervisor(OwnedRun):
             return None
         settings = {**self.config.settings(self.config.devices.world_size), **self.state.settings}
         return Pipeline(cuda=self.config.devices.kind == "cuda", decode=self.config.data.decode,
-                        files=self.config.data.kind in ("imagefolder", "shapes"),
+                        files=self.config.data.jpeg_files,
                         workers=int(settings["workers"]), prefetch=bool(settings["prefetch"]),
                         ranks=len(self.members), cores=os.cpu_count() or 1)
 

@@ -35,9 +35,13 @@ class Watchdog:
 
     def __init__(self, stall_after: float | None, recover: bool, enabled: bool,
                  emit_rank: Callable[..., None], say: Callable[..., None],
-                 kill: Callable[[int, str], None], process: Callable[[int | None], tuple]):
+                 kill: Callable[[int, str], None], process: Callable[[int | None], tuple],
+                 pipeline: Callable[[], Pipeline | None] = lambda: None):
+        """`pipeline()`: the input settings in force, for the input watch (None: it keeps
+        quiet)."""
         self.stall_after, self.recover, self.enabled = stall_after, recover, enabled
         self.emit_rank, self.say, self.kill, self.process = emit_rank, say, kill, process
+        self.pipeline = pipeline
         self.last_step: dict[int, float] = {}
         self.step_ms: dict[int, deque] = {}
         self.beats: dict[int, tuple[float, dict]] = {}
@@ -91,9 +95,7 @@ class Watchdog:
     def ask_stacks(self, m: Member, now: float) -> None:
         self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
 
-    def check(self, now: float, members: list[Member], paused: bool,
-              pipeline: Pipeline | None = None) -> None:
-        """`pipeline`: the settings in force, for the input watch (None: it keeps quiet)."""
+    def check(self, now: float, members: list[Member], paused: bool) -> None:
         for slot, text in self.stacks.collect(now):
             self._stacks_in(slot, text)
         if now < self._next:
@@ -110,10 +112,10 @@ class Watchdog:
                         for s, cause in self.stragglers.judge(live, self.gpus).items()}
         for m in members:
             self._update(m, verdicts.get(m.slot), now)
-        if pipeline is not None and not verdicts:
-            said = self.inputs.check([m.slot for m in members], pipeline)
-            if said:
-                self.say(said[0], said[1], **said[2])
+        pipeline = None if verdicts else self.pipeline()
+        said = pipeline and self.inputs.check([m.slot for m in members], pipeline)
+        if said:
+            self.say(said[0], said[1], **said[2])
 
     def _seen(self, m: Member, now: float) -> Seen:
         since = max(self.last_step.get(m.slot, 0.0), self.since.get(m.slot, now))

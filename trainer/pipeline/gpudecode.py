@@ -176,7 +176,8 @@ class Decoder:
         resized = roi_align(stack, rows[:, :5], (self.size, self.size), aligned=True,
                             sampling_ratio=-1)
         del stack
-        # Chosen on the device: picking the flipped ones on the host would wait for the GPU.
+        # Chosen on the device from the table: indexing the flipped ones took a copy of their
+        # indices of its own.
         return torch.where(rows[:, 5].view(-1, 1, 1, 1) > 0, resized.flip(-1), resized)
 
 
