@@ -18,6 +18,7 @@ from ddptui.kit.elastic.control import Mailbox
 from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
 from ddptui.kit.telemetry.remote import RemoteLink, node_name
 from ddptui.kit.telemetry.reporter import Reporter
+from ddptui.wrap.spawned import JOINED
 
 CONTROLS = ["pause", "checkpoint", "stop"]  # what the dashboard may ask of a script that steps
 
@@ -27,9 +28,8 @@ class RankSide:
     report to, its link: the reporter, the mailbox of orders and the step figures."""
 
     def __init__(self, report: str | None, interval: float):
-        self.rank = int(os.environ.get("RANK", 0))  # in the current world
+        self.rank, self.world_size = _place()  # in the current world
         self.slot = self.rank  # the rank it was started as: its name on the dashboard
-        self.world_size = int(os.environ.get("WORLD_SIZE", 1))
         self.active = bool(report)
         self.global_step = 0
         self.epoch: int | None = None
@@ -38,7 +38,9 @@ class RankSide:
         self.finished = False
         if not self.active:
             return
-        self.supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid())
+        # Started by ddptui, or by a launcher ddptui started (mp.spawn): ddptui samples it.
+        self.supervised = os.environ.get("DDPTUI_PARENT") == str(os.getppid()) or \
+            JOINED in os.environ
         self.reporter = Reporter(self.slot)
         self.link = RemoteLink(parse_address(report, "DDPTUI_REPORT"), load_key()[0],
                                node_name(), lambda text: print(f"ddptui: rank {self.rank}: "
@@ -107,7 +109,19 @@ class RankSide:
         self.reporter.close()
 
 
+def _place() -> tuple[int, int]:
+    """(rank, world size): the process group's where one is formed (a rank mp.spawn started has
+    its launcher's environment), else torchrun's variables."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
 def physical_gpu() -> int | None:
     if not torch.cuda.is_available():
         return None
+    if JOINED in os.environ and torch.cuda.is_initialized():  # a launcher's rank: its own
+        return physical_index(torch.cuda.current_device())
     return physical_index(int(os.environ.get("LOCAL_RANK", 0)))

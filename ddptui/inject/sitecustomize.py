@@ -67,6 +67,16 @@ def _arm() -> None:
                               file=stacks, all_threads=True)
 
 
+def _ranks() -> None:
+    """A script that starts its own ranks: each process that joins a process group is shown as
+    a rank of its own (ddptui/wrap/spawned.py); the launcher tells how its children end."""
+    if not os.environ.get("DDPTUI_RANKS"):
+        return
+    from ddptui.wrap.spawned import install
+
+    install(launcher=os.environ.get("DDPTUI_PARENT") in (str(os.getppid()), str(os.getpid())))
+
+
 def _chain() -> None:
     """Run the next sitecustomize on the path (a virtualenv's, a distribution's) as well."""
     import importlib.machinery
@@ -85,5 +95,6 @@ def _chain() -> None:
 
 try:
     _arm()
+    _ranks()
 finally:
     _chain()

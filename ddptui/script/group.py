@@ -24,8 +24,10 @@ from ddptui.observe.streams import Route
 from ddptui.run.outcome import EXIT_FAILED
 from ddptui.script.launch import Attempt, command, rank_env
 from ddptui.script.options import ScriptConfig
+from ddptui.script.spawned import Adopted
 
 _FRAME = re.compile(r'\s*File "(.+)", line (\d+)')
+LAUNCHER = -2  # the slot of a script that starts its own ranks: the job's launcher, not a rank
 HUNG_GRACE_S = 3.0  # a stalled rank, or one blocked on it, gets no longer to end on a stop
 
 
@@ -48,6 +50,27 @@ class ScriptRank:
     @property
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    @property
+    def adopted(self) -> bool:
+        """Started by the script's launcher, not by ddptui: not its process group's leader."""
+        return isinstance(self.popen, Adopted)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to the rank and what it started (its group; an adopted rank's own children)."""
+        if not self.adopted:
+            _killpg(self.pid, sig)
+            return
+        try:
+            children = psutil.Process(self.pid).children(True)
+        except psutil.Error:
+            children = []
+        self.popen.send_signal(sig)
+        for c in children:
+            try:
+                c.send_signal(sig)
+            except psutil.Error:
+                pass
 
     def traceback(self) -> list[str]:
         """The last lines of its traceback: the one torch's @record wrote to the error file,
@@ -103,48 +126,91 @@ class RankGroup:
         # (when, signal, the slots it is for: None for all) for what is left
         self._deadlines: list[tuple[float, int, frozenset[int] | None]] = []
         self._grace = 0.0
+        self.signalled = False
         self._log_dir: list[str] = []  # torchrun's --log-dir folder of this run, once made
         self._console = Console()  # every rank's lines go on whole
 
-    def start(self, attempt: Attempt) -> None:
+    def start(self, attempt: Attempt, ranks: str | None = None) -> None:
+        """Every rank; a script that starts its own (config.launch) as its launcher alone.
+        `ranks`: the run's rank socket, for a lone process that may start ranks of its own."""
         self.ranks, self._reported, self._deadlines = [], set(), []
+        self.signalled = False  # ddptui sent the ranks a signal (else a launcher did)
+        if self.config.launch:
+            self.start_one(LAUNCHER, attempt, ranks=ranks)
+            return
         for slot in range(self.config.world_size):
-            self.start_one(slot, attempt)
+            self.start_one(slot, attempt, ranks=ranks if self.config.world_size == 1 else None)
 
-    def start_one(self, slot: int, attempt: Attempt, standby: bool = False) -> ScriptRank:
+    def start_one(self, slot: int, attempt: Attempt, standby: bool = False,
+                  ranks: str | None = None) -> ScriptRank:
         """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
-        the slot's earlier processes stay listed, ended."""
-        gpu = self.config.gpus[slot] if self.config.gpus else None
+        the slot's earlier processes stay listed, ended. `ranks`: the run's rank socket, for a
+        process that may start ranks of its own (a script's launcher: slot LAUNCHER)."""
+        gpu = self.config.gpus[slot] if self.config.gpus and slot >= 0 else None
         routing = self.config.routing
         folder = routing.attempt_dir(attempt.run_id, attempt.restart, self._log_dir)
-        stacks = f"{self.stem}.rank{slot}.stacks"
+        name = "launcher" if slot == LAUNCHER else f"rank{slot}"
+        stacks = f"{self.stem}.{name}.stacks"
         error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
         for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
             if os.path.exists(path):
                 os.remove(path)
-        env = rank_env(self.config, attempt, slot, stacks, trace_prefix=trace_prefix(self.stem),
-                       error_file=error)
+        env = rank_env(self.config, attempt, max(slot, 0), stacks,
+                       trace_prefix=trace_prefix(self.stem), error_file=error,
+                       ranks=(ranks, self.stem) if ranks else None)
         if standby:
             env["DDPTUI_STANDBY"] = "1"
         pipes = [os.pipe(), os.pipe()]
         try:
-            popen = subprocess.Popen(command(self.config), env=env, stdin=subprocess.DEVNULL,
+            popen = subprocess.Popen(command(self.config, max(slot, 0)), env=env,
+                                     stdin=subprocess.DEVNULL,
                                      stdout=pipes[0][1], stderr=pipes[1][1],
                                      start_new_session=True, close_fds=True)
         finally:
             os.close(pipes[0][1])
             os.close(pipes[1][1])
-        routes = routing.routes(slot, self.config.world_size, folder)
-        readers = [StreamReader(read, f"{self.stem}.rank{slot}.out",
-                                routes[i] if self.echo else Route(False, None, routes[i].file),
-                                i + 1, self.echo and os.isatty(i + 1),
-                                lambda text, final, s=slot: self.on_line(s, text, final),
-                                f"rank{slot}-{('stdout', 'stderr')[i]}", self._console)
-                   for i, (read, _write) in enumerate(pipes)]
-        for r in readers:
-            r.start()
-        self.ranks.append(ScriptRank(slot, gpu, popen, stacks, error, readers))
-        return self.ranks[-1]
+        rank = ScriptRank(slot, gpu, popen, stacks, error, [])
+        self._read(rank, [(1, pipes[0][0]), (2, pipes[1][0])], folder)
+        self.ranks.append(rank)
+        return rank
+
+    def _read(self, rank: ScriptRank, streams: list[tuple[int, int]], folder: str | None) -> None:
+        """A reader for each (1 or 2, fd) of the rank's, into its .out file and on, by its slot
+        at each line (a launcher found to be one keeps its readers)."""
+        slot = max(rank.slot, 0)
+        routes = self.config.routing.routes(slot, self.config.world_size, folder)
+        name = "launcher" if rank.slot == LAUNCHER else f"rank{rank.slot}"
+        for stream, fd in streams:
+            i = stream - 1
+            route = routes[min(i, len(routes) - 1)]
+            reader = StreamReader(fd, f"{self.stem}.{name}.out",
+                                  route if self.echo else Route(False, None, route.file),
+                                  stream, self.echo and os.isatty(stream),
+                                  lambda text, final, r=rank: self.on_line(r.slot, text, final),
+                                  f"{name}-{('stdout', 'stderr')[i]}", self._console)
+            reader.start()
+            rank.readers.append(reader)
+
+    def adopt(self, hello: dict, fd: int) -> tuple[ScriptRank, bool]:
+        """A process the launcher started joined a process group as rank hello["rank"]: its
+        stream `fd` (hello["stream"]) is read as a rank's. (The rank, whether it is new.)"""
+        slot = hello["rank"]
+        for r in self.ranks:
+            if r.pid == hello["pid"] and r.slot == slot:
+                self._read(r, [(hello["stream"], fd)], None)
+                return r, False
+        gpu = hello["gpu"]
+        if gpu is None and self.config.gpus:  # not on CUDA yet: the k-th visible, by custom
+            gpu = self.config.gpus[slot % len(self.config.gpus)]
+        r = ScriptRank(slot, gpu, Adopted(hello["pid"]), f"{self.stem}.rank{slot}.stacks",
+                       f"{self.stem}.rank{slot}.error.json", [])
+        self.ranks.append(r)
+        self._read(r, [(hello["stream"], fd)], None)
+        return r, True
+
+    @property
+    def launcher(self) -> ScriptRank | None:
+        return next((r for r in self.ranks if r.slot == LAUNCHER), None)
 
     def alive(self) -> list[ScriptRank]:
         return [r for r in self.ranks if r.alive]
@@ -157,7 +223,7 @@ class RankGroup:
         done = []
         for r in self.ranks:
             if r.pid not in self._reported and not r.alive:
-                if r.popen.returncode != 0:
+                if r.popen.returncode != 0 and not r.adopted:
                     _killpg(r.pid, signal.SIGKILL)
                 until = time.monotonic() + 2.0
                 for reader in r.readers:  # the last lines (a traceback) before the verdict
@@ -167,9 +233,16 @@ class RankGroup:
         return done
 
     def signal(self, sig: int) -> None:
-        """Send `sig` to every live rank's process group (itself and its children)."""
+        """Send `sig` to every live rank's process group (itself and its children); a
+        launcher's ranks are in its group, unless they made sessions of their own."""
+        self.signalled = True
+        launcher = self.launcher
+        group = os.getpgid(launcher.pid) if launcher is not None and launcher.alive else None
         for r in self.alive():
-            _killpg(r.pid, sig)
+            if not r.adopted:
+                _killpg(r.pid, sig)
+            elif _group_of(r.pid) != group:  # a rank of its own session: a torchrun's
+                r.popen.send_signal(sig)
 
     def end_within(self, sig: int | None, grace: float, hung: set[int] = frozenset()) -> None:
         """As torchrun ends them: `sig` to every rank's group now (None: they were asked to stop
@@ -199,7 +272,7 @@ class RankGroup:
                         f" killed after {HUNG_GRACE_S:g} s: a stalled rank cannot end by itself",
                         "warning")
                 for r in left:
-                    _killpg(r.pid, signal.SIGKILL)
+                    r.kill()
             elif sig == signal.SIGKILL:
                 say(f"ranks did not end within --grace {self._grace:g} s: killing them",
                     "warning")
@@ -222,15 +295,17 @@ class RankGroup:
         """`first` (SIGINT or SIGTERM) to every rank's group, SIGKILL after `grace` seconds to
         whatever of each group is left, then to any child that left its group."""
         self.scan_children()
+        self.signalled = True
         if first is not None:
             self.signal(first)
         deadline = time.monotonic() + (grace if first is not None else 0)
         while self.alive() and time.monotonic() < deadline:
             time.sleep(0.05)
         for r in self.ranks:
-            _killpg(r.pid, signal.SIGKILL)  # its group, even once the rank itself is gone
+            if not r.adopted:
+                _killpg(r.pid, signal.SIGKILL)  # its group, even once the rank itself is gone
             if r.alive:
-                r.popen.kill()
+                r.kill()
             r.popen.wait()
         strays = []
         for pid in {c for r in self.ranks for c in r.children}:
@@ -240,6 +315,13 @@ class RankGroup:
             except psutil.Error:
                 pass
         psutil.wait_procs(strays, timeout=3)
+
+
+def _group_of(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except (ProcessLookupError, PermissionError):
+        return None
 
 
 def _killpg(pid: int, sig: int) -> None:

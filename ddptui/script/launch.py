@@ -41,13 +41,15 @@ _EXEC = ("import ctypes, os, sys\n"
          "os.execvp(sys.argv[1], sys.argv[1:])")
 
 
-def command(config: ScriptConfig) -> list[str]:
+def command(config: ScriptConfig, rank: int = 0) -> list[str]:
     """`python -u script.py args` or `python -u -m module args`, with this interpreter; with
-    --no-python, `script args` itself."""
+    --no-python, `script args` itself. A script written for torch.distributed.launch gets its
+    `--local_rank=N` first, as launch passed it."""
     if config.no_python:
         return [sys.executable, "-c", _EXEC, config.target, *config.args]
     target = ["-m", config.target] if config.module else [config.target]
-    return [sys.executable, "-u", *target, *config.args]
+    local = [f"{config.local_rank_flag}={rank}"] if config.local_rank_flag else []
+    return [sys.executable, "-u", *target, *local, *config.args]
 
 
 def described(config: ScriptConfig) -> str:
@@ -57,24 +59,17 @@ def described(config: ScriptConfig) -> str:
 
 def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,
              base: dict | None = None, trace_prefix: str | None = None,
-             error_file: str = "") -> dict[str, str]:
+             error_file: str = "", ranks: tuple[str, str] | None = None) -> dict[str, str]:
     """The environment of rank `rank`: torchrun's variables (`error_file`: where torch's
     @record writes the rank's exception), the GPUs in --gpus order, what ddptui's
     sitecustomize and ddptui.init() read, and on GPUs the NCCL flight recorder with its dump
-    pipe under `trace_prefix` (unless the user points it elsewhere)."""
+    pipe under `trace_prefix` (unless the user points it elsewhere). `ranks`: (the run's rank
+    socket, the stem of the ranks' files) where the process may start ranks of its own; a
+    script that does (config.launch) gets none of torchrun's variables, as when run plainly."""
     env = dict(os.environ if base is None else base)
     n = config.world_size
+    env.update(_torchrun(config, attempt, rank, error_file))
     env.update({
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
-        "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
-        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(n), "ROLE_NAME": "default",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(attempt.master_port),
-        "TORCHELASTIC_RUN_ID": attempt.run_id,
-        "TORCHELASTIC_RESTART_COUNT": str(attempt.restart),
-        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
-        # torchrun's agent hosts the store; here rank 0 does, as with a plain env:// launch.
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "TORCHELASTIC_ERROR_FILE": error_file,
         "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (INJECT, env.get("PYTHONPATH", "")) if p),
         "DDPTUI_PARENT": str(os.getpid()),
@@ -83,6 +78,8 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         "DDPTUI_REPORT": attempt.report,
         "DDPTUI_AUTHKEY": attempt.key,
     })
+    if ranks is not None:
+        env["DDPTUI_RANKS"], env["DDPTUI_RANKS_STEM"] = ranks
     env.pop("DDPTUI_AUTHKEY_FILE", None)
     if n > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes on one host's cores
@@ -97,3 +94,21 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
+
+def _torchrun(config: ScriptConfig, attempt: Attempt, rank: int, error_file: str) -> dict:
+    """torchrun --standalone's variables for rank `rank`; none for a launcher."""
+    if config.launch:
+        return {}
+    n = config.world_size
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n), "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+        "ROLE_RANK": str(rank), "ROLE_WORLD_SIZE": str(n), "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(attempt.master_port),
+        "TORCHELASTIC_RUN_ID": attempt.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(attempt.restart),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        # torchrun's agent hosts the store; here rank 0 does, as with a plain env:// launch.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": error_file,
+    }

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from ddptui.observe.streams import Routing, ranks_filter, std_spec
 from ddptui.observe.target import module_problem
+from ddptui.script.launchers import local_rank_flag, source_of, starts_ranks
 from ddptui.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.options.errors import UsageError
 from ddptui.options.parser import Parser, add_sections, flags, from_args, option, switches
@@ -97,6 +98,8 @@ class ScriptConfig:
         None, "the prefix of a tee'd line: ${role_name} ${rank} ${local_rank} ${hostname} "
         "(default [${role_name}${local_rank}]:, or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)",
         group=TORCHRUN, metavar="TEMPLATE")
+    launch: str = ""  # how the script starts its own ranks, said in one line ("" it does not)
+    local_rank_flag: str = ""  # --local_rank: the script reads torch.distributed.launch's form
     stacks_signal: int = option(
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
         "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG",
@@ -109,6 +112,9 @@ class ScriptConfig:
 
     @property
     def world_size(self) -> int:
+        """The processes ddptui starts: one launcher for a script that starts its own ranks."""
+        if self.launch:
+            return 1
         return len(self.gpus) if self.gpus else (self.cpus or 1)
 
     @property
@@ -159,7 +165,9 @@ def build_script_parser() -> Parser:
                description="Run your own torchrun script, one process per GPU (or CPU rank), "
                "with the environment torchrun --standalone gives it, and watch every rank. "
                "As with torchrun, options go before the script and what follows it is the "
-               "script's; ddptui options right after the script, up to a --, are read too.",
+               "script's (ddptui options right after the script are read only when a -- closes them). "
+               "A script that starts its own ranks (mp.spawn, start_processes, "
+               "multiprocessing.Process, elastic_launch) is run once, each rank it starts shown.",
                epilog=FORMS)
     torchrun = add_sections(p, ScriptConfig)[TORCHRUN]
     torchrun.add_argument("--nproc-per-node", metavar="N|gpu|auto|cpu",
@@ -194,9 +202,25 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
         check_writable_dir(args.log_dir, "--log-dir")
     if args.tensorboard:
         check_tensorboard(args.tensorboard)
+    launch = None if args.no_python else starts_ranks(source_of(target, module))
     gpus, cpus = resolve_devices(*_devices(args))
+    said, flag = "", ""
+    if launch and (args.nproc_per_node in (None, "1", "gpu", "auto")):
+        said = launch.said(target if module else os.path.basename(target))
+        print(f"ddptui: {said}", file=sys.stderr)
+    elif launch:
+        print(f"ddptui: note: {launch.said(target).split(':')[0]}; --nproc-per-node "
+              f"{args.nproc_per_node} starts that many copies of it, which may collide "
+              f"(ddptui run --nproc-per-node 1 {target} runs it once)", file=sys.stderr)
+    else:
+        flag = local_rank_flag(None if args.no_python or module else target) or ""
+        n = len(gpus) if gpus else (cpus or 1)
+        if flag and n > 1:
+            print(f"ddptui: {os.path.basename(target)} takes {flag} (torch.distributed.launch's "
+                  f"form): each rank gets {flag}=N, as launch gave it", file=sys.stderr)
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
+        launch=said, local_rank_flag=flag,
         headless=args.headless or not sys.stdout.isatty(),
         metrics=tuple(_metric(m) for m in args.metric or ()),
         stacks_signal=_signal(args.stacks_signal))
@@ -220,8 +244,10 @@ def _locate(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
 
 
 def _split(after: list[str]) -> tuple[list[str], list[str]]:
-    """What follows the script: ddptui's own options first (the form before torchrun's, with
-    or without --), then the script's arguments, as torchrun passes them."""
+    """What follows the script is the script's, as torchrun has it, except ddptui's own options
+    right after it when a -- closes them (`train.py --gpus 0,1 -- --lr 0.1`): a script or module
+    that takes torchrun's options itself (`-m torch.distributed.run --nproc-per-node 2 ...`)
+    gets them all."""
     ours: list[str] = []
     i = 0
     while i < len(after) and _known(_dashed(after[i])):
@@ -229,7 +255,7 @@ def _split(after: list[str]) -> tuple[list[str], list[str]]:
         n = 1 if "=" in a or _switch(a) else 2
         ours += [a, *after[i + 1:i + n]]
         i += n
-    return ours, after[i + 1:] if after[i:i + 1] == ["--"] else after[i:]
+    return (ours, after[i + 1:]) if ours and after[i:i + 1] == ["--"] else ([], after)
 
 
 def _dashed(arg: str) -> str:

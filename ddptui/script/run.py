@@ -22,13 +22,17 @@ from ddptui.run.owned import OwnedRun
 from ddptui.run.ports import free_port
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.registry import default_log_path
-from ddptui.script.group import HUNG_GRACE_S, RankGroup, ScriptRank
+from ddptui.script.group import HUNG_GRACE_S, LAUNCHER, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.options import ScriptConfig
 from ddptui.script.roster import ScriptWorld
+from ddptui.script.spawned import RankDoor
 from ddptui.script.watch import ScriptWatch
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
+
+
+LAUNCHER_LINES = 10  # a launcher's lines shown a second, at most
 
 
 class ScriptRun(OwnedRun):
@@ -51,6 +55,12 @@ class ScriptRun(OwnedRun):
                                     lambda level, text: self._inbox.put(
                                         event("message", PARENT, level=level, text=text)))
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
+        # A lone process may start ranks of its own (mp.spawn): they come in at this door.
+        self.door = RankDoor(lambda hello, fd: self._inbox.put(("adopt", hello, fd)),
+                             lambda pid, code: self._inbox.put(("ended", pid, code)),
+                             lambda text: self._inbox.put(event("message", PARENT,
+                                                                level="warning", text=text))
+                             ) if config.world_size == 1 else None
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
         self._tensorboard: TensorBoardSink | None = None  # --tensorboard: every rank's scalars
@@ -74,7 +84,9 @@ class ScriptRun(OwnedRun):
         self._commands.put({"op": "restart", "kill": kill})
 
     def restarts_group(self, key: str) -> bool:
-        return not self.world.elastic
+        """s, r and k restart every rank, but under run.elastic(); k kills one rank of a
+        script that starts its own (its launcher then does what it does)."""
+        return not self.world.elastic and not (key == "k" and self.config.launch)
 
     def refuse(self, action: str) -> str | None:
         return self.world.refuse(action)
@@ -106,6 +118,8 @@ class ScriptRun(OwnedRun):
             self.sampler = RunSampler(self.config.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
             self._link.start()
+            if self.door is not None:
+                self.door.start()
             if self.config.tensorboard:
                 self._tensorboard = TensorBoardSink(self.config.tensorboard, ".ddptui")
             self.group = RankGroup(self.config, self.stem, self.config.headless, self._line)
@@ -128,6 +142,8 @@ class ScriptRun(OwnedRun):
                 self.watch.flush_lines(time.time(), force=True)
             finally:
                 self._link.close()
+                if self.door is not None:
+                    self.door.close()
                 if self._tensorboard is not None:
                     self._tensorboard.close()
                 self._closed()
@@ -137,15 +153,26 @@ class ScriptRun(OwnedRun):
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
         self.outcome, self._ended, self._restart = Outcome(), False, False
-        self.world = ScriptWorld(list(range(self.config.world_size)))
+        launching = bool(self.config.launch)
+        self.world = ScriptWorld([] if launching else list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
         n = self.config.world_size
-        self.say(f"starting {count(n, 'rank')}: {described(self.config)}"
+        self.say(self.config.launch if launching else
+                 f"starting {count(n, 'rank')}: {described(self.config)}"
                  + (f" (restart {attempt.restart})" if attempt.restart else ""))
-        self.group.start(attempt)
+        self.group.start(attempt, self.door.path if self.door else None)
+        if self.door is not None:
+            self.door.launcher = self.group.ranks[0].pid
         self._attempt = attempt
+        self._spawned_world = 0  # the world size the launcher's ranks said
+        self._failed_rank: int | None = None
+        self._launcher_second, self._launcher_said = 0, 0
+        if launching:
+            self.say(f"launcher started (pid {self.group.ranks[0].pid}): its ranks are shown "
+                     "as they join a process group")
+            return
         self.watch.attempt([r.slot for r in self.group.ranks], time.time())
         for r in self.group.ranks:
             self._handle(event("rank", r.slot, state=RankState.STARTING, pid=r.pid, gpu=r.gpu,
@@ -161,7 +188,7 @@ class ScriptRun(OwnedRun):
         while True:
             self._drain(0.1)
             self._run_commands()
-            for r in self.group.ended():
+            for r in sorted(self.group.ended(), key=self._blame_first):
                 self._rank_ended(r)
             now = time.time()
             if now >= next_sample:
@@ -175,7 +202,7 @@ class ScriptRun(OwnedRun):
                 for r in alive:  # nothing is left for them to join: ended with the run, quietly
                     self._unneeded.add(r.pid)
                     self._link.ending(r.pid)
-                    os.killpg(r.pid, signal.SIGKILL)
+                    r.kill()
                 continue
             if alive:
                 continue
@@ -201,9 +228,17 @@ class ScriptRun(OwnedRun):
 
     def _take(self, item) -> None:
         now = time.time()
-        if isinstance(item, tuple):  # a line of a rank's output
-            _, slot, text, final = item
-            self.watch.line(slot, text, final, now)
+        if isinstance(item, tuple):  # a line of a rank's output, or the launcher's ranks
+            match item:
+                case ("line", slot, text, final):
+                    self._launcher_line(text, final) if slot == LAUNCHER else \
+                        self.watch.line(slot, text, final, now)
+                case ("adopt", hello, fd):
+                    self._adopt(hello, fd, now)
+                case ("ended", pid, code):
+                    for r in self.group.ranks:
+                        if r.adopted and r.pid == pid:
+                            r.popen.told = code
             return
         self.watch.reported(item, now)
         actions = self.world.reported(item)
@@ -217,12 +252,13 @@ class ScriptRun(OwnedRun):
     def _sample(self, now: float) -> None:
         self.group.scan_children()
         alive = self.group.alive()
-        self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive}, self.group.pids())
+        self.sampler.sample({r.slot: (r.pid, r.gpu) for r in alive if r.slot != LAUNCHER},
+                            self.group.pids())
         self.sampler.forget()
         self.state.set_host(self.sampler.host())
         # A standby waits for its join order on purpose, a joiner prepares as long as its
         # script takes: no stall verdict, no readings.
-        members = [r for r in alive if not self._outside(r)]
+        members = [r for r in alive if not self._outside(r) and r.slot != LAUNCHER]
         self.watch.sample(members, self.sampler.util, self.sampler.gpu_memory, now,
                           judge=not self._ending, settings=self.state.settings)
 
@@ -233,6 +269,9 @@ class ScriptRun(OwnedRun):
     # -- ranks ending, the outcome -------------------------------------------------------------
     def _rank_ended(self, r: ScriptRank) -> None:
         code = r.popen.returncode
+        if r.slot == LAUNCHER:
+            self._launcher_ended(r)
+            return
         self.watch.finished(r.slot, code == 0, r.pid)
         if r.pid in self._unneeded:  # a standby or a joiner the run's end made pointless
             if self.world.standing_by.pop(r.slot, None) != r.pid:  # a joiner, shown coming:
@@ -247,12 +286,20 @@ class ScriptRun(OwnedRun):
             self._rank_state(r, RankState.STOPPED, "left the world on request")
         elif code == 0:
             self._rank_state(r, RankState.DONE, "")
+        elif self._ending and r.adopted and not self.group.signalled:
+            self._rank_state(r, RankState.STOPPED, f"ended by the script's launcher "
+                                                   f"({r.death()}) after rank "
+                                                   f"{self._failed_rank} failed"
+                             if self._failed_rank is not None else
+                             f"ended by the script's launcher ({r.death()})")
         elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
             self._rank_state(r, RankState.STOPPED, f"ended by ddptui ({r.death()})")
         else:
             lines = r.traceback()
             text = crash_cause(code, lines)
             self._rank_state(r, RankState.CRASHED, text)
+            if self._failed_rank is None:
+                self._failed_rank = r.slot
             if r.pid in self.world.killed:  # killed by ddptui: k, or a world that broke
                 text = self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,
@@ -260,6 +307,63 @@ class ScriptRun(OwnedRun):
             if self.outcome.failure is None:
                 alive = {a.slot for a in self.group.alive()}
                 self._act(self.world.died(r.slot, alive, _with_death(r, text), r.exit_code))
+
+    # -- a script that starts its own ranks ----------------------------------------------------
+    def _adopt(self, hello: dict, fd: int, now: float) -> None:
+        """A process under the launcher joined a process group: a rank of its own from now."""
+        if not self.group.alive() or self.group.ranks[0].pid != self.door.launcher:
+            os.close(fd)  # an attempt that is over
+            return
+        launcher = self.group.ranks[0]
+        if launcher.slot != LAUNCHER:  # a lone rank (--nproc-per-node 1) that launches
+            launcher.slot = LAUNCHER
+            self.watch.finished(0, True, launcher.pid)
+            self.say(f"{described(self.config)} started ranks of its own: pid {launcher.pid} "
+                     "is their launcher, each rank is shown as it joins a process group")
+        r, new = self.group.adopt(hello, fd)
+        if not new:
+            return
+        self.world.slots.append(r.slot)
+        self.watch.attempt([r.slot], now)
+        self._handle(event("rank", r.slot, state=RankState.RUNNING, pid=r.pid, gpu=r.gpu,
+                           device=f"GPU {r.gpu}" if r.gpu is not None else "cpu",
+                           reason=f"joined a process group of {hello['world']} "
+                                  f"(started by pid {launcher.pid})"))
+        if hello["world"] != self._spawned_world:
+            self._spawned_world = hello["world"]
+            self._handle(event("world", PARENT, size=hello["world"],
+                               ranks=list(range(hello["world"])), generation=0))
+
+    def _blame_first(self, r: ScriptRank) -> tuple[bool, bool]:
+        """Ranks that ended together, the one that caused it first: killed with k, else one
+        that exited by itself, before those a signal ended (a launcher's SIGTERM to the rest)."""
+        code = r.popen.returncode
+        return r.pid not in self.world.killed, code is not None and code < 0
+
+    def _launcher_line(self, text: str, final: bool) -> None:
+        """The launcher's own output: in its .out file and on (headless); on screen as
+        messages, LAUNCHER_LINES a second at most (the rest is in the file)."""
+        if not final or not text.strip():
+            return
+        second = int(time.monotonic())
+        if second != self._launcher_second:
+            self._launcher_second, self._launcher_said = second, 0
+        self._launcher_said += 1
+        if self._launcher_said <= LAUNCHER_LINES:
+            self.say(f"launcher: {text}")
+
+    def _launcher_ended(self, r: ScriptRank) -> None:
+        """The launcher's end is the job's: its failure counts when no rank failed first."""
+        self.watch.flush_lines(time.time(), force=True)
+        ranks = [x for x in self.group.ranks if x.slot != LAUNCHER]
+        if r.popen.returncode == 0:
+            self.say(f"the launcher (pid {r.pid}) exited with code 0"
+                     + ("" if ranks else ": no process of it joined a process group"))
+            return
+        text = crash_cause(r.popen.returncode, r.traceback())
+        self.say(f"the launcher (pid {r.pid}) {r.death()}: {text}", "error")
+        if self.outcome.failure is None and not self._ending:
+            self._fail(r.exit_code, f"the script's launcher {_with_death(r, text)}")
 
     def _tell(self, slot: int, order: dict) -> None:
         self._link.send(slot, order)
@@ -282,7 +386,7 @@ class ScriptRun(OwnedRun):
         for r in self.group.alive():
             if r.slot == slot:
                 self.world.killed[r.pid] = why
-                os.killpg(r.pid, signal.SIGKILL)
+                r.kill()
 
     @property
     def _ending(self) -> bool:
@@ -299,6 +403,12 @@ class ScriptRun(OwnedRun):
             self._restart = True
             self.say(f"{reason}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
+        launcher = self.group.launcher
+        if launcher is not None and launcher.alive:
+            # Its launcher ends the others as it does (mp.spawn: SIGTERM); ddptui only after
+            # half the grace period, if it has not.
+            self.group.end_within(None, self.config.grace, set(self.watch.flags))
+            return
         self._end_within(signal.SIGTERM)
 
     def _end_within(self, sig: int | None) -> None:
@@ -343,7 +453,7 @@ class ScriptRun(OwnedRun):
         self.say("restarting every rank" + ("" if self.group.alive() else " now"))
         for r in self.group.alive():
             if r.slot == cmd.get("kill"):
-                os.killpg(r.pid, signal.SIGKILL)
+                r.kill()
         self._end_within(signal.SIGTERM)
 
     def _restart_rank(self, cmd: dict) -> None:
@@ -355,7 +465,9 @@ class ScriptRun(OwnedRun):
             self._act(self.world.stop(cmd["slot"]))
 
     def _kill_rank(self, cmd: dict) -> None:
-        if self.world.elastic and self.outcome.stop is None and self.world.is_member(cmd["slot"]):
+        if self.outcome.stop is not None:
+            return
+        if self.world.elastic and self.world.is_member(cmd["slot"]) or self.config.launch:
             self._kill(cmd["slot"], "killed with k")
 
     def _wind_down(self, code: int) -> None:
