@@ -94,7 +94,8 @@ class FacesUpdate(RunUpdate):
     """What the keys may do changed (a script's ranks opted in to a control)."""
 
     faces: Annotated[dict, "can_steer, refuse (why pause, settings or checkpoint cannot act, "
-                           "by action), restarts_group (whether s, r, k act on every rank)"]
+                           "by action), restarts_group (whether s, r, k act on every rank), "
+                           "after_kill (what follows k on one rank, in words)"]
 
 
 class EndUpdate(RunUpdate):

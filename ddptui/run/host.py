@@ -128,7 +128,8 @@ class RunHost:
     def _read_faces(self) -> dict:
         s = self.source
         return {"can_steer": s.can_steer, "refuse": {a: s.refuse(a) for a in ACTIONS},
-                "restarts_group": {k: s.restarts_group(k) for k in "srk"}}
+                "restarts_group": {k: s.restarts_group(k) for k in "srk"},
+                "after_kill": s.after_kill}
 
     # -- orders --------------------------------------------------------------------------------
     def _order(self, order: dict | None) -> None:

@@ -66,12 +66,14 @@ def starts_ranks(path: str | None) -> Launch | None:
     for node in ast.walk(tree):
         name = _called(node.func) if isinstance(node, ast.Call) else None
         head, _, last = (name or "").rpartition(".")
+        if not head and name in imported:  # from ... import spawn (as sp)
+            last = imported[name].rpartition(".")[2]
         if last not in STARTERS:
             continue
         if head in imported:  # mp.spawn, torch.multiprocessing.spawn, multiprocessing.Process
             call = f"{imported[head]}.{last}"
-        elif not head and imported.get(last, "").endswith(last):  # from ... import spawn
-            call = imported[last]
+        elif not head and name in imported:
+            call = imported[name]
         elif last == "Process" and head:  # ctx.Process: a context of multiprocessing's
             call = "multiprocessing.Process"
         else:

@@ -92,6 +92,13 @@ class ScriptRun(OwnedRun):
         return self.world.refuse(action)
 
     @property
+    def after_kill(self) -> str:
+        if self.config.launch:
+            return ("the script's launcher then does what it does (mp.spawn ends the other "
+                    "ranks and fails)")
+        return super().after_kill
+
+    @property
     def controls(self) -> set[str]:
         """What the ranks opted into (ddptui.init, run.loader, run.elastic)."""
         return self.world.opted
@@ -343,8 +350,8 @@ class ScriptRun(OwnedRun):
     def _launcher_line(self, text: str, final: bool) -> None:
         """The launcher's own output: in its .out file and on (headless); on screen as
         messages, LAUNCHER_LINES a second at most (the rest is in the file)."""
-        if not final or not text.strip():
-            return
+        if not final or not text.strip() or self._failed_rank is not None:
+            return  # after a rank's failure: mp.spawn's copy of its traceback, in the file
         second = int(time.monotonic())
         if second != self._launcher_second:
             self._launcher_second, self._launcher_said = second, 0

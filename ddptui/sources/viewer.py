@@ -110,6 +110,11 @@ class Viewer(RunSource):
     def restarts_group(self, key: str) -> bool:
         return bool(self.faces.get("restarts_group", {}).get(key))
 
+    @property
+    def after_kill(self) -> str:
+        said = self.faces.get("after_kill")
+        return said if isinstance(said, str) else RunSource.after_kill.fget(self)
+
     def pause(self) -> None:
         self._order("pause", event("run", PARENT, status="pausing"))
 

@@ -56,6 +56,11 @@ class RunSource(ABC):
         """Why `action` (pause, settings, checkpoint) cannot be done now; None when it can."""
         return None
 
+    @property
+    def after_kill(self) -> str:
+        """What follows k on one rank, as the dashboard says it."""
+        return "the others go on through crash recovery"
+
     # -- steering: each queues or sends a command and returns at once ------------------------
     def pause(self) -> None:
         self._cannot("pause")

@@ -77,7 +77,7 @@ class RankKeys:
             self.notify(f"rank {self.selected_rank} is not in the world", severity="warning")
             return
         self.source.kill_rank(rank.rank)
-        self.notify(f"killing rank {rank.rank}: the others go on through crash recovery")
+        self.notify(f"killing rank {rank.rank}: {self.source.after_kill}")
 
     def action_end_job(self) -> None:
         def confirmed(yes: bool | None) -> None:
