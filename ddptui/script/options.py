@@ -165,7 +165,8 @@ def build_script_parser() -> Parser:
                description="Run your own torchrun script, one process per GPU (or CPU rank), "
                "with the environment torchrun --standalone gives it, and watch every rank. "
                "As with torchrun, options go before the script and what follows it is the "
-               "script's (ddptui options right after the script are read only when a -- closes them). "
+               "script's (ddptui options right after the script are read only when a -- closes them "
+               "or nothing else follows). "
                "A script that starts its own ranks (mp.spawn, start_processes, "
                "multiprocessing.Process, elastic_launch) is run once, each rank it starts shown.",
                epilog=FORMS)
@@ -245,9 +246,9 @@ def _locate(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:
 
 def _split(after: list[str]) -> tuple[list[str], list[str]]:
     """What follows the script is the script's, as torchrun has it, except ddptui's own options
-    right after it when a -- closes them (`train.py --gpus 0,1 -- --lr 0.1`): a script or module
-    that takes torchrun's options itself (`-m torch.distributed.run --nproc-per-node 2 ...`)
-    gets them all."""
+    right after it when a -- closes them (`train.py --gpus 0,1 -- --lr 0.1`) or nothing else
+    follows (`train.py --cpus 2`): a script or module that takes torchrun's options itself
+    (`-m torch.distributed.run --nproc-per-node 2 train.py`) gets them all."""
     ours: list[str] = []
     i = 0
     while i < len(after) and _known(_dashed(after[i])):
@@ -255,7 +256,9 @@ def _split(after: list[str]) -> tuple[list[str], list[str]]:
         n = 1 if "=" in a or _switch(a) else 2
         ours += [a, *after[i + 1:i + n]]
         i += n
-    return (ours, after[i + 1:]) if ours and after[i:i + 1] == ["--"] else ([], after)
+    if ours and (i == len(after) or after[i] == "--"):
+        return ours, after[i + 1:]
+    return [], after
 
 
 def _dashed(arg: str) -> str:

@@ -21,7 +21,6 @@ from tests.helpers.runs import (
     ddptui,
     events,
     local_port,
-    rank_pids,
     run_pids,
     start_ddptui,
     wait_for_event,
@@ -204,7 +203,8 @@ async def test_the_dashboard_shows_spawned_ranks_t_on_one_and_k_kills_one(script
         ends = _ends(log)
         assert ends[1][0] == "crashed" and "SIGKILL" in ends[1][1]
         assert ends[0][1].startswith("ended by the script's launcher")
-        pids = rank_pids(log) | set(joined.values())  # the run is this process: not its own
+        pids = run.pids() | set(joined.values())  # the launcher, its ranks, their children
+        assert len(pids) >= 3
         await pilot.press("q")  # a failed run stays on screen until q
         await _until(pilot, run.done.is_set, log, 60)
         await pilot.pause(0.3)
@@ -215,9 +215,11 @@ async def test_the_dashboard_shows_spawned_ranks_t_on_one_and_k_kills_one(script
 
 def test_options_after_the_script_are_its_own_unless_a_double_dash_closes_ddptuis(tmp_path):
     """torchrun's rule: what follows the script is the script's; ddptui's own options may stand
-    right after it only when a -- ends them."""
+    right after it only when a -- ends them, or nothing else follows."""
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
+    config = parse_script_args([str(script), "--cpus", "3"], resolve_devices)
+    assert config.args == () and config.cpus == 3
     config = parse_script_args([str(script), "--cpus", "2", "--lr", "0.1"], resolve_devices)
     assert config.args == ("--cpus", "2", "--lr", "0.1")
     config = parse_script_args([str(script), "--cpus", "3", "--", "--lr", "0.1"], resolve_devices)
