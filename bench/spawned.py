@@ -1,0 +1,86 @@
+"""A script that starts its own ranks (bench/spawn_train.py: mp.spawn, NCCL) under `ddptui run`
+against the same script run plainly (`python bench/spawn_train.py`), alternating, on every GPU.
+
+python bench/spawned.py --rounds 3 --out results.json
+Prints the img/s rank 0 measured per round and the ratio to the plain run; then one run under
+ddptui whose rank 0 sleeps in its own code (--stall): what its log says of the ranks (their
+pids, GPU memory) and of the stall (the stacks and the NCCL collective it is in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "spawn_train.py")
+
+
+def one(ddptui: bool, script_args: list[str], env: dict, tmp: str, extra=()) -> tuple[float, str]:
+    log = os.path.join(tmp, f"run{len(os.listdir(tmp))}.jsonl")
+    cmd = [sys.executable, *(["-m", "ddptui", "run", "--headless", "--log", log, *extra]
+                             if ddptui else []), SCRIPT, *script_args]
+    r = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{'ddptui' if ddptui else 'plain'} failed:\n{r.stderr[-3000:]}")
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]
+    return json.loads(line)["img_s"], log
+
+
+def what_the_log_says(log: str) -> None:
+    events = [json.loads(line) for line in open(log)]
+    for e in events:
+        if e["kind"] == "rank" and e.get("state") in ("running", "stalled", "waiting", "done") \
+                and e.get("reason"):
+            print(f"  rank {e['rank']} {e['state']} pid {e.get('pid')} gpu {e.get('gpu')}: "
+                  f"{e['reason'][:160]}")
+        if e["kind"] == "message" and e.get("stacks_of") is not None:
+            print(f"  {e['text'][:200]}")
+    mem = [e.get("gpu_mem") for e in events if e["kind"] == "process" and e.get("gpu_mem")]
+    print(f"  GPU memory of rank 0's processes, most: {max(mem or [0]) / 2**20:,.0f} MiB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="resnet18")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--stall", action="store_true", help="then one run whose rank 0 hangs")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    script_args = ["--model", args.model, "--steps", str(args.steps), "--warmup",
+                   str(args.warmup)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    rates: dict[str, list[float]] = {"plain": [], "ddptui": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for v in (("plain", "ddptui") if r % 2 == 0 else ("ddptui", "plain")):
+                rate, log = one(v == "ddptui", script_args, env, tmp)
+                rates[v].append(rate)
+                print(f"round {r} {v}: {rate:,.0f} img/s", flush=True)
+        print("\nthe last ddptui run's log:")
+        what_the_log_says(log)
+        if args.stall:
+            _, log = one(True, [*script_args, "--hang-at", "100", "--hang-s", "25"], env, tmp,
+                         ["--stall-after", "5"])
+            print("\na run whose rank 0 sleeps 25 s at step 100 (--stall-after 5):")
+            what_the_log_says(log)
+    base = statistics.mean(rates["plain"])
+    print("\n| variant | img/s (each round) | mean | ratio to plain |\n|---|---|---|---|")
+    for v, xs in rates.items():
+        print(f"| {v} | {', '.join(f'{x:,.0f}' for x in xs)} | {statistics.mean(xs):,.0f} | "
+              f"{statistics.mean(xs) / base:.4f} |")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"rates": rates, "ratio": statistics.mean(rates["ddptui"]) / base}, f)
+
+
+if __name__ == "__main__":
+    main()
