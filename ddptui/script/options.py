@@ -256,7 +256,7 @@ def _split(after: list[str]) -> tuple[list[str], list[str]]:
         n = 1 if "=" in a or _switch(a) else 2
         ours += [a, *after[i + 1:i + n]]
         i += n
-    if ours and (i == len(after) or after[i] == "--"):
+    if after[i:i + 1] == ["--"] or ours and i == len(after):
         return ours, after[i + 1:]
     return [], after
 
