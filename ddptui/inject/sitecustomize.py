@@ -25,14 +25,19 @@ def _settle() -> None:
     time.sleep(0.05)  # one still held by the script's globals: its threads get the GIL
 
 
+def _is_rank() -> bool:
+    """The rank ddptui started itself, not a subprocess of it (a DataLoader worker, a
+    compiler): those have the rank as their parent, and the rank ends them its own way. Under
+    --no-python the rank's program is the parent named (a shell script's python), or it became
+    python itself (exec)."""
+    return os.environ.get("DDPTUI_PARENT") in (str(os.getppid()), str(os.getpid()))
+
+
 def _arm() -> None:
     parent = os.environ.get("DDPTUI_PARENT", "")
-    # The rank itself, not a subprocess of it (a DataLoader worker, a compiler): those have the
-    # rank as their parent, and the rank ends them its own way. Under --no-python the rank's
-    # program is the parent named (a shell script's python), or it became python itself (exec).
     if not parent.isdigit():
         return
-    if int(parent) not in (os.getppid(), os.getpid()):
+    if not _is_rank():
         try:
             os.kill(int(parent), 0)
         except ProcessLookupError:  # ddptui died before this rank could tie itself to it
@@ -74,7 +79,7 @@ def _ranks() -> None:
         return
     from ddptui.wrap.spawned import install
 
-    install(launcher=os.environ.get("DDPTUI_PARENT") in (str(os.getppid()), str(os.getpid())))
+    install(launcher=_is_rank())
 
 
 def _chain() -> None:

@@ -149,40 +149,39 @@ class RankGroup:
         gpu = self.config.gpus[slot] if self.config.gpus and slot >= 0 else None
         routing = self.config.routing
         folder = routing.attempt_dir(attempt.run_id, attempt.restart, self._log_dir)
-        name = "launcher" if slot == LAUNCHER else f"rank{slot}"
-        stacks = f"{self.stem}.{name}.stacks"
+        stacks = f"{self.stem}.{_name(slot)}.stacks"
         error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
         for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
             if os.path.exists(path):
                 os.remove(path)
-        env = rank_env(self.config, attempt, max(slot, 0), stacks,
+        rank = max(slot, 0)  # a launcher is started as a lone rank 0 would be
+        env = rank_env(self.config, attempt, rank, stacks,
                        trace_prefix=trace_prefix(self.stem), error_file=error,
                        ranks=(ranks, self.stem) if ranks else None)
         if standby:
             env["DDPTUI_STANDBY"] = "1"
         pipes = [os.pipe(), os.pipe()]
         try:
-            popen = subprocess.Popen(command(self.config, max(slot, 0)), env=env,
+            popen = subprocess.Popen(command(self.config, rank), env=env,
                                      stdin=subprocess.DEVNULL,
                                      stdout=pipes[0][1], stderr=pipes[1][1],
                                      start_new_session=True, close_fds=True)
         finally:
             os.close(pipes[0][1])
             os.close(pipes[1][1])
-        rank = ScriptRank(slot, gpu, popen, stacks, error, [])
-        self._read(rank, [(1, pipes[0][0]), (2, pipes[1][0])], folder)
-        self.ranks.append(rank)
-        return rank
+        started = ScriptRank(slot, gpu, popen, stacks, error, [])
+        self._read(started, [(1, pipes[0][0]), (2, pipes[1][0])], folder)
+        self.ranks.append(started)
+        return started
 
     def _read(self, rank: ScriptRank, streams: list[tuple[int, int]], folder: str | None) -> None:
         """A reader for each (1 or 2, fd) of the rank's, into its .out file and on, by its slot
         at each line (a launcher found to be one keeps its readers)."""
-        slot = max(rank.slot, 0)
-        routes = self.config.routing.routes(slot, self.config.world_size, folder)
-        name = "launcher" if rank.slot == LAUNCHER else f"rank{rank.slot}"
+        routes = self.config.routing.routes(max(rank.slot, 0), self.config.world_size, folder)
+        name = _name(rank.slot)
         for stream, fd in streams:
             i = stream - 1
-            route = routes[min(i, len(routes) - 1)]
+            route = routes[i]
             reader = StreamReader(fd, f"{self.stem}.{name}.out",
                                   route if self.echo else Route(False, None, route.file),
                                   stream, self.echo and os.isatty(stream),
@@ -195,18 +194,17 @@ class RankGroup:
         """A process the launcher started joined a process group as rank hello["rank"]: its
         stream `fd` (hello["stream"]) is read as a rank's. (The rank, whether it is new.)"""
         slot = hello["rank"]
-        for r in self.ranks:
-            if r.pid == hello["pid"] and r.slot == slot:
-                self._read(r, [(hello["stream"], fd)], None)
-                return r, False
-        gpu = hello["gpu"]
-        if gpu is None and self.config.gpus:  # not on CUDA yet: the k-th visible, by custom
-            gpu = self.config.gpus[slot % len(self.config.gpus)]
-        r = ScriptRank(slot, gpu, Adopted(hello["pid"]), f"{self.stem}.rank{slot}.stacks",
-                       f"{self.stem}.rank{slot}.error.json", [])
-        self.ranks.append(r)
+        r = next((r for r in self.ranks if r.pid == hello["pid"] and r.slot == slot), None)
+        new = r is None
+        if new:
+            gpu = hello["gpu"]
+            if gpu is None and self.config.gpus:  # not on CUDA yet: the k-th visible, by custom
+                gpu = self.config.gpus[slot % len(self.config.gpus)]
+            r = ScriptRank(slot, gpu, Adopted(hello["pid"]), f"{self.stem}.rank{slot}.stacks",
+                           f"{self.stem}.rank{slot}.error.json", [])
+            self.ranks.append(r)
         self._read(r, [(hello["stream"], fd)], None)
-        return r, True
+        return r, new
 
     @property
     def launcher(self) -> ScriptRank | None:
@@ -237,11 +235,12 @@ class RankGroup:
         launcher's ranks are in its group, unless they made sessions of their own."""
         self.signalled = True
         launcher = self.launcher
-        group = os.getpgid(launcher.pid) if launcher is not None and launcher.alive else None
         for r in self.alive():
             if not r.adopted:
                 _killpg(r.pid, sig)
-            elif _group_of(r.pid) != group:  # a rank of its own session: a torchrun's
+            # setsid made the launcher its group's leader: a rank in another group has a session
+            # of its own (a torchrun's), and gets the signal itself
+            elif launcher is None or _group_of(r.pid) != launcher.pid:
                 r.popen.send_signal(sig)
 
     def end_within(self, sig: int | None, grace: float, hung: set[int] = frozenset()) -> None:
@@ -315,6 +314,11 @@ class RankGroup:
             except psutil.Error:
                 pass
         psutil.wait_procs(strays, timeout=3)
+
+
+def _name(slot: int) -> str:
+    """The slot's name in its files (<stem>.rank0.out, <stem>.launcher.out)."""
+    return "launcher" if slot == LAUNCHER else f"rank{slot}"
 
 
 def _group_of(pid: int) -> int | None:

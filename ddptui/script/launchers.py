@@ -10,11 +10,9 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-# The calls that start ranks, by the name they are reached by: the module's last part and the
-# function (torch.multiprocessing.spawn, mp.spawn, multiprocessing.Process, ctx.Process, ...).
-STARTERS = {"spawn": "torch.multiprocessing.spawn",
-            "start_processes": "torch.multiprocessing.start_processes",
-            "Process": "multiprocessing.Process", "elastic_launch": "elastic_launch"}
+# The calls that start ranks (torch.multiprocessing.spawn, mp.spawn, multiprocessing.Process,
+# a context's Process, elastic_launch), by their last name, from the modules that have them.
+STARTERS = frozenset({"spawn", "start_processes", "Process", "elastic_launch"})
 MODULES = ("torch.multiprocessing", "multiprocessing", "torch.distributed.launcher",
            "torch.distributed.launcher.api")
 LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
@@ -26,11 +24,12 @@ class Launch:
 
     call: str  # torch.multiprocessing.spawn
     line: int
-    path: str
+
+    def found(self, name: str) -> str:
+        return f"{name} starts its own ranks ({self.call}, line {self.line})"
 
     def said(self, name: str) -> str:
-        return (f"{name} starts its own ranks ({self.call}, line {self.line}): ddptui runs it "
-                "once and shows each rank it starts")
+        return f"{self.found(name)}: ddptui runs it once and shows each rank it starts"
 
 
 def source_of(target: str, module: bool) -> str | None:
@@ -45,7 +44,9 @@ def source_of(target: str, module: bool) -> str | None:
     return origin if origin and origin.endswith(".py") else None
 
 
-def _tree(path: str | None) -> ast.Module | None:
+def parse(path: str | None) -> ast.Module | None:
+    """The file's syntax tree, read once for both questions below (None: no file, or not
+    Python ddptui can read)."""
     if path is None:
         return None
     try:
@@ -55,30 +56,28 @@ def _tree(path: str | None) -> ast.Module | None:
         return None
 
 
-def starts_ranks(path: str | None) -> Launch | None:
-    """The first call in the file that starts ranks, where the file imports what it calls."""
-    tree = _tree(path)
+def starts_ranks(tree: ast.Module | None) -> Launch | None:
+    """The first call in the file that starts ranks, through a module it imports for that."""
     if tree is None:
         return None
     imported = _imports(tree)
-    if not imported:
-        return None
+    contexts = _contexts(tree, imported)
     for node in ast.walk(tree):
-        name = _called(node.func) if isinstance(node, ast.Call) else None
-        head, _, last = (name or "").rpartition(".")
-        if not head and name in imported:  # from ... import spawn (as sp)
-            last = imported[name].rpartition(".")[2]
-        if last not in STARTERS:
+        if not isinstance(node, ast.Call):
             continue
-        if head in imported:  # mp.spawn, torch.multiprocessing.spawn, multiprocessing.Process
-            call = f"{imported[head]}.{last}"
-        elif not head and name in imported:
+        func, name = node.func, _dotted(node.func)
+        head, _, last = (name or "").rpartition(".")
+        if isinstance(func, ast.Attribute) and (_is_context(func.value, imported) or
+                                                _dotted(func.value) in contexts):
+            call = f"multiprocessing.{func.attr}"  # ctx.Process, mp.get_context(...).Process
+        elif not head and name in imported:  # from ... import spawn (as sp)
             call = imported[name]
-        elif last == "Process" and head:  # ctx.Process: a context of multiprocessing's
-            call = "multiprocessing.Process"
+        elif head in imported:  # mp.spawn, torch.multiprocessing.spawn, multiprocessing.Process
+            call = f"{imported[head]}.{last}"
         else:
             continue
-        return Launch(call, node.lineno, path)
+        if call.rpartition(".")[2] in STARTERS:
+            return Launch(call, node.lineno)
     return None
 
 
@@ -96,29 +95,36 @@ def _imports(tree: ast.Module) -> dict[str, str]:
                 if full in MODULES or node.module in MODULES and a.name in STARTERS:
                     names[a.asname or a.name] = full
     if "torch" in names:  # torch.multiprocessing.spawn(...) through `import torch`
-        names.update({"torch.multiprocessing": "torch.multiprocessing"})
+        names["torch.multiprocessing"] = "torch.multiprocessing"
     return names
 
 
-def _called(func: ast.expr) -> str | None:
-    """`a.b.c` for a call of a.b.c, `ctx.Process` for get_context(...).Process."""
+def _is_context(node: ast.expr, imported: dict[str, str]) -> bool:
+    """`mp.get_context(...)` of an imported multiprocessing module."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+        node.func.attr == "get_context" and _dotted(node.func.value) in imported
+
+
+def _contexts(tree: ast.Module, imported: dict[str, str]) -> set[str]:
+    """Names the file binds to a multiprocessing context (ctx = mp.get_context("spawn"))."""
+    return {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+            and _is_context(node.value, imported)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _dotted(node: ast.expr) -> str | None:
     parts = []
-    while isinstance(func, ast.Attribute):
-        parts.append(func.attr)
-        func = func.value
-    if isinstance(func, ast.Name):
-        parts.append(func.id)
-    elif isinstance(func, ast.Call) and parts:  # mp.get_context("spawn").Process(...)
-        parts.append("ctx")
-    else:
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
         return None
-    return ".".join(reversed(parts))
+    return ".".join([node.id, *reversed(parts)])
 
 
-def local_rank_flag(path: str | None) -> str | None:
+def local_rank_flag(tree: ast.Module | None) -> str | None:
     """The spelling of --local-rank the script's argparse declares (torch.distributed.launch's
     argument), or None."""
-    tree = _tree(path)
     if tree is None:
         return None
     for node in ast.walk(tree):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ddptui.observe.streams import Routing, ranks_filter, std_spec
 from ddptui.observe.target import module_problem
-from ddptui.script.launchers import local_rank_flag, source_of, starts_ranks
+from ddptui.script.launchers import local_rank_flag, parse, source_of, starts_ranks
 from ddptui.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.options.errors import UsageError
 from ddptui.options.parser import Parser, add_sections, flags, from_args, option, switches
@@ -203,28 +203,38 @@ def parse_script_args(argv: list[str], resolve_devices) -> ScriptConfig:
         check_writable_dir(args.log_dir, "--log-dir")
     if args.tensorboard:
         check_tensorboard(args.tensorboard)
-    launch = None if args.no_python else starts_ranks(source_of(target, module))
     gpus, cpus = resolve_devices(*_devices(args))
     said, flag = "", ""
-    if launch and (args.nproc_per_node in (None, "1", "gpu", "auto")):
-        said = launch.said(target if module else os.path.basename(target))
-        print(f"ddptui: {said}", file=sys.stderr)
-    elif launch:
-        print(f"ddptui: note: {launch.said(target).split(':')[0]}; --nproc-per-node "
-              f"{args.nproc_per_node} starts that many copies of it, which may collide "
-              f"(ddptui run --nproc-per-node 1 {target} runs it once)", file=sys.stderr)
-    else:
-        flag = local_rank_flag(None if args.no_python or module else target) or ""
-        n = len(gpus) if gpus else (cpus or 1)
-        if flag and n > 1:
-            print(f"ddptui: {os.path.basename(target)} takes {flag} (torch.distributed.launch's "
-                  f"form): each rank gets {flag}=N, as launch gave it", file=sys.stderr)
+    if not args.no_python:
+        said, flag = _launch_form(target, module, args.nproc_per_node,
+                                  len(gpus) if gpus else cpus or 1)
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
         launch=said, local_rank_flag=flag,
         headless=args.headless or not sys.stdout.isatty(),
         metrics=tuple(_metric(m) for m in args.metric or ()),
         stacks_signal=_signal(args.stacks_signal))
+
+
+def _launch_form(target: str, module: bool, nproc: str | None, n: int) -> tuple[str, str]:
+    """(the line that says the script starts its own ranks, when ddptui runs it once; the
+    --local_rank spelling to give each rank), each said on stderr, from the script's source."""
+    name = target if module else os.path.basename(target)
+    tree = parse(source_of(target, module))
+    launch = starts_ranks(tree)
+    if launch and nproc in (None, "1", "gpu", "auto"):
+        print(f"ddptui: {launch.said(name)}", file=sys.stderr)
+        return launch.said(name), ""
+    if launch:
+        print(f"ddptui: note: {launch.found(name)}; --nproc-per-node {nproc} starts that many "
+              f"copies of it, which may collide (ddptui run --nproc-per-node 1 {target} runs it "
+              "once)", file=sys.stderr)
+        return "", ""
+    flag = "" if module else local_rank_flag(tree) or ""
+    if flag and n > 1:
+        print(f"ddptui: {name} takes {flag} (torch.distributed.launch's form): each rank gets "
+              f"{flag}=N, as launch gave it", file=sys.stderr)
+    return "", flag
 
 
 def _locate(argv: list[str]) -> tuple[list[str], str, bool, list[str]]:

@@ -173,7 +173,6 @@ class ScriptRun(OwnedRun):
         if self.door is not None:
             self.door.launcher = self.group.ranks[0].pid
         self._attempt = attempt
-        self._spawned_world = 0  # the world size the launcher's ranks said
         self._failed_rank: int | None = None
         self._launcher_second, self._launcher_said = 0, 0
         if launching:
@@ -294,11 +293,9 @@ class ScriptRun(OwnedRun):
         elif code == 0:
             self._rank_state(r, RankState.DONE, "")
         elif self._ending and r.adopted and not self.group.signalled:
-            self._rank_state(r, RankState.STOPPED, f"ended by the script's launcher "
-                                                   f"({r.death()}) after rank "
-                                                   f"{self._failed_rank} failed"
-                             if self._failed_rank is not None else
-                             f"ended by the script's launcher ({r.death()})")
+            after = "" if self._failed_rank is None else f" after rank {self._failed_rank} failed"
+            self._rank_state(r, RankState.STOPPED,
+                             f"ended by the script's launcher ({r.death()}){after}")
         elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
             self._rank_state(r, RankState.STOPPED, f"ended by ddptui ({r.death()})")
         else:
@@ -318,10 +315,10 @@ class ScriptRun(OwnedRun):
     # -- a script that starts its own ranks ----------------------------------------------------
     def _adopt(self, hello: dict, fd: int, now: float) -> None:
         """A process under the launcher joined a process group: a rank of its own from now."""
-        if not self.group.alive() or self.group.ranks[0].pid != self.door.launcher:
-            os.close(fd)  # an attempt that is over
-            return
         launcher = self.group.ranks[0]
+        if hello["launcher"] != launcher.pid or not launcher.alive:
+            os.close(fd)  # a rank of an attempt that is over
+            return
         if launcher.slot != LAUNCHER:  # a lone rank (--nproc-per-node 1) that launches
             launcher.slot = LAUNCHER
             self.watch.finished(0, True, launcher.pid)
@@ -336,8 +333,7 @@ class ScriptRun(OwnedRun):
                            device=f"GPU {r.gpu}" if r.gpu is not None else "cpu",
                            reason=f"joined a process group of {hello['world']} "
                                   f"(started by pid {launcher.pid})"))
-        if hello["world"] != self._spawned_world:
-            self._spawned_world = hello["world"]
+        if hello["world"] != self.state.meta.get("world_size"):
             self._handle(event("world", PARENT, size=hello["world"],
                                ranks=list(range(hello["world"])), generation=0))
 
@@ -410,13 +406,10 @@ class ScriptRun(OwnedRun):
             self._restart = True
             self.say(f"{reason}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
+        # A launcher ends its other ranks as it does (mp.spawn: SIGTERM); ddptui only after
+        # half the grace period, if it has not.
         launcher = self.group.launcher
-        if launcher is not None and launcher.alive:
-            # Its launcher ends the others as it does (mp.spawn: SIGTERM); ddptui only after
-            # half the grace period, if it has not.
-            self.group.end_within(None, self.config.grace, set(self.watch.flags))
-            return
-        self._end_within(signal.SIGTERM)
+        self._end_within(None if launcher is not None and launcher.alive else signal.SIGTERM)
 
     def _end_within(self, sig: int | None) -> None:
         """End the group as torchrun does (`sig` now, SIGKILL after --grace), but the ranks

@@ -21,6 +21,7 @@ import psutil
 HELLO_BYTES = 4096  # a hello is one short JSON line
 MAX_RANKS = 1 << 16
 GONE_GRACE_S = 2.0  # a rank's process gone, its exit code not told by the launcher: unknown then
+UNKNOWN = 255  # the exit code of a rank whose end nobody told
 
 
 class RankDoor:
@@ -79,16 +80,18 @@ class RankDoor:
         if rank >= world or stream not in (1, 2) or \
                 not (gpu is None or type(gpu) is int and 0 <= gpu < 1024):
             raise ValueError(f"bad rank {rank} of {world}, stream {stream!r} or gpu {gpu!r}")
-        if not self._descendant(pid):
+        launcher = self.launcher  # read once: a restart sets another
+        if not self._descendant(pid, launcher):
             raise ValueError(f"pid {pid} is not a process of this run's launcher")
-        return {"pid": pid, "rank": rank, "world": world, "stream": stream, "gpu": gpu}
+        return {"pid": pid, "rank": rank, "world": world, "stream": stream, "gpu": gpu,
+                "launcher": launcher}
 
-    def _descendant(self, pid: int) -> bool:
-        if self.launcher is None:
+    @staticmethod
+    def _descendant(pid: int, launcher: int | None) -> bool:
+        if launcher is None:
             return False
         try:
-            p = psutil.Process(pid)
-            return any(a.pid == self.launcher for a in p.parents())
+            return any(a.pid == launcher for a in psutil.Process(pid).parents())
         except psutil.Error:
             return False
 
@@ -173,5 +176,3 @@ class Adopted:
             time.sleep(0.05)
         return self.returncode
 
-
-UNKNOWN = 255  # a rank whose end nobody told: shown as exit code 255

@@ -2,7 +2,8 @@
 a torchrun of its own): each process under the launcher that joins a process group becomes a rank.
 
 Loaded by ddptui's sitecustomize in every process of such a run (DDPTUI_RANKS names the run's
-socket); imports only the standard library, since every process (DataLoader workers too) loads it.
+socket); it starts on the standard library alone, since every process (DataLoader workers too)
+loads it, and only a process that joins a process group imports more.
 """
 
 from __future__ import annotations
@@ -196,13 +197,9 @@ def _joined(c10d) -> None:
 
 def _gpu() -> int | None:
     """The physical GPU the rank has made current, if it has touched CUDA yet."""
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
     if cuda is None or not cuda.is_initialized():
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    index = cuda.current_device()
-    order = [x for x in visible.split(",") if x.strip()]
-    if index < len(order) and order[index].strip().isdigit():
-        return int(order[index])
-    return index
+    from ddptui.kit.telemetry.gpu import physical_index  # a rank's: torch is loaded already
+
+    return physical_index(cuda.current_device())

@@ -239,11 +239,11 @@ def test_options_after_the_script_are_its_own_unless_a_double_dash_closes_ddptui
     ("def spawn(): pass\nspawn()\n", None),
 ])
 def test_a_script_that_starts_its_own_ranks_is_known_by_its_call(tmp_path, source, call):
-    from ddptui.script.launchers import starts_ranks
+    from ddptui.script.launchers import parse, starts_ranks
 
     path = tmp_path / "train.py"
     path.write_text(source)
-    found = starts_ranks(str(path))
+    found = starts_ranks(parse(str(path)))
     assert (found.call if found else None) == call
 
 
