@@ -189,6 +189,9 @@ class RankGroup:
                                   f"{name}-{('stdout', 'stderr')[i]}", self._console)
             reader.start()
             rank.readers.append(reader)
+        # stdout first, whichever of an adopted rank's streams came in first: its traceback is
+        # looked for in stderr before stdout
+        rank.readers.sort(key=lambda reader: reader.echo)
 
     def adopt(self, hello: dict, fd: int) -> tuple[ScriptRank, bool]:
         """A process the launcher started joined a process group as rank hello["rank"]: its
