@@ -113,7 +113,7 @@ class Viewer(RunSource):
     @property
     def after_kill(self) -> str:
         said = self.faces.get("after_kill")
-        return said if isinstance(said, str) else RunSource.after_kill.fget(self)
+        return said if isinstance(said, str) else super().after_kill
 
     def pause(self) -> None:
         self._order("pause", event("run", PARENT, status="pausing"))

@@ -237,6 +237,9 @@ def test_options_after_the_script_are_its_own_unless_a_double_dash_closes_ddptui
      "torch.distributed.launcher.api.elastic_launch"),
     ("import torch\nimport torch.distributed as dist\ndist.init_process_group('gloo')\n", None),
     ("def spawn(): pass\nspawn()\n", None),
+    ("import torch, psutil\nimport multiprocessing\npsutil.Process(1).children()\n", None),
+    ("import multiprocessing as m\nm.get_context('fork').Process(target=f).start()\n",
+     "multiprocessing.Process"),
 ])
 def test_a_script_that_starts_its_own_ranks_is_known_by_its_call(tmp_path, source, call):
     from ddptui.script.launchers import parse, starts_ranks
