@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 
 # The calls that start ranks (torch.multiprocessing.spawn, mp.spawn, multiprocessing.Process,
@@ -16,6 +17,8 @@ STARTERS = frozenset({"spawn", "start_processes", "Process", "elastic_launch"})
 MODULES = ("torch.multiprocessing", "multiprocessing", "torch.distributed.launcher",
            "torch.distributed.launcher.api")
 LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
+_IN_USE = re.compile(r"EADDRINUSE|address already in use", re.I)
+_PORT = re.compile(r"\bport:? (\d+)")
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,17 @@ def _dotted(node: ast.expr) -> str | None:
     if not isinstance(node, ast.Name):
         return None
     return ".".join([node.id, *reversed(parts)])
+
+
+def collided(error: str, copies: int, command: str) -> str | None:
+    """What to say when one of `copies` copies of a script failed on a port in use: they may
+    each start the same ranks on one fixed port (mp.spawn's tcp://127.0.0.1:23456)."""
+    if copies < 2 or not _IN_USE.search(error):
+        return None
+    port = _PORT.search(error)
+    return (f"{copies} copies of the script collided on port {port[1] if port else 'a port'}: "
+            "a script that starts its own ranks (mp.spawn) runs once: ddptui run "
+            f"--nproc-per-node 1 {command}")
 
 
 def local_rank_flag(tree: ast.Module | None) -> str | None:

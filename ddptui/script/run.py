@@ -24,6 +24,7 @@ from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.registry import default_log_path
 from ddptui.script.group import HUNG_GRACE_S, LAUNCHER, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
+from ddptui.script.launchers import collided
 from ddptui.script.options import ScriptConfig
 from ddptui.script.roster import ScriptWorld
 from ddptui.script.spawned import RankDoor
@@ -309,6 +310,9 @@ class ScriptRun(OwnedRun):
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
             if self.outcome.failure is None:
+                said = collided(text, self.config.world_size, described(self.config))
+                if said:
+                    self.say(said, "warning")
                 alive = {a.slot for a in self.group.alive()}
                 self._act(self.world.died(r.slot, alive, _with_death(r, text), r.exit_code))
 

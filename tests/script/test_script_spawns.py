@@ -121,6 +121,18 @@ def test_a_hung_rank_is_flagged_and_the_one_waiting_for_it_named(env, tmp_path):
     assert_gone(run_pids(log) | set(_joined(log).values()))
 
 
+def test_copies_of_a_launcher_that_collide_on_its_port_are_told_the_form_to_use(env, tmp_path):
+    """--nproc-per-node 2 on an mp.spawn script with a fixed port: two copies, one fails with
+    EADDRINUSE (only that, before); a line says why and how to run it once."""
+    port = str(local_port())
+    r = ddptui(["run", "--nproc-per-node", "2", "--grace", "3", SPAWNS, "--port", port],
+               _env(env), tmp_path)
+    assert r.returncode == 1
+    assert f"2 copies of the script collided on port {port}: a script that starts its own " \
+        f"ranks (mp.spawn) runs once: ddptui run --nproc-per-node 1 {SPAWNS} --port {port}" \
+        in r.stderr
+
+
 def test_ddptui_init_inside_spawned_ranks_reports_each_rank(env, tmp_path):
     """Three lines in mp.spawn's workers: each reports as the rank its process group gave it
     (they all had the launcher's environment: two rank 0s before), and the run ends once."""
