@@ -42,7 +42,7 @@ def what_the_log_says(log: str) -> None:
         if e["kind"] == "message" and e.get("stacks_of") is not None:
             print(f"  {e['text'][:200]}")
     mem = [e.get("gpu_mem") for e in events if e["kind"] == "process" and e.get("gpu_mem")]
-    print(f"  GPU memory of rank 0's processes, most: {max(mem or [0]) / 2**20:,.0f} MiB")
+    print(f"  GPU memory of rank 0's processes, most: {max(mem or [0]):,} MiB")
 
 
 def main() -> None:

@@ -34,6 +34,7 @@ class RunSampler:
         self._traffic: dict[int, tuple[float, dict]] = {}  # GPU -> (time, byte counters)
         self._owners: dict[int, tuple[str, str]] = {}  # pid -> (user, name)
         self.gpu_memory: dict[int, int] = {}  # pid -> MiB it holds on the run's GPUs
+        self.gpus_of: dict[int, set[int]] = {}  # pid -> the run's GPUs it holds memory on
 
     def sample(self, slots: dict[int, tuple[int | None, int | None]], run_pids: set[int]) -> None:
         """`slots`: rank slot -> (pid, GPU) of its current process; `run_pids`: every process of
@@ -49,6 +50,7 @@ class RunSampler:
     def _sample_gpus(self, slots, run_pids: set[int]) -> None:
         owner = {gpu: slot for slot, (_pid, gpu) in slots.items() if gpu is not None}
         memory: dict[int, int] = {}
+        held: dict[int, set[int]] = {}
         for gpu in self.gpus:
             try:
                 info = self.nvml.read(gpu)
@@ -60,11 +62,12 @@ class RunSampler:
             self.util[gpu] = info.util
             for pid, _name, mib in info.processes:
                 memory[pid] = memory.get(pid, 0) + mib
+                held.setdefault(pid, set()).add(gpu)
             others = [[pid, mib, *self._owner(pid)] for pid, _name, mib in info.processes
                       if pid not in run_pids]
             self.emit(event("gpu", owner.get(gpu, min(owner.values(), default=0)),
                             others=others, **info.event_fields(), **self._rates(gpu, info)))
-        self.gpu_memory = memory
+        self.gpu_memory, self.gpus_of = memory, held
 
     def _rates(self, gpu: int, info) -> dict:
         """MB/s over PCIe and NVLink since the last reading, from NVML's byte counters."""

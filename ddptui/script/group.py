@@ -87,6 +87,15 @@ class ScriptRank:
     def death(self) -> str:
         return ended_how(self.popen.returncode)
 
+    def ended_with(self, text: str) -> str:
+        """How it ended, then why (once: a signal's cause already starts with it). An exit
+        code is the script's own (its argparse's 2 is not ddptui's usage error): said so."""
+        death = self.death()
+        if text.startswith(death):
+            return text
+        return f"{death} (the script's own, passed on): {text}" if self.exit_code < 128 else \
+            f"{death}: {text}"
+
     @property
     def exit_code(self) -> int:
         """Its exit code as a shell reports it (a signal n is 128 + n)."""

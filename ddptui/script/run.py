@@ -27,16 +27,13 @@ from ddptui.script.launch import Attempt, described, new_run_id
 from ddptui.script.launchers import collided
 from ddptui.script.options import ScriptConfig
 from ddptui.script.roster import ScriptWorld
-from ddptui.script.spawned import RankDoor
+from ddptui.script.launched import LaunchedRanks
 from ddptui.script.watch import ScriptWatch
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
 
 
-LAUNCHER_LINES = 10  # a launcher's lines shown a second, at most
-
-
-class ScriptRun(OwnedRun):
+class ScriptRun(LaunchedRanks, OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
@@ -56,12 +53,7 @@ class ScriptRun(OwnedRun):
                                     lambda level, text: self._inbox.put(
                                         event("message", PARENT, level=level, text=text)))
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
-        # A lone process may start ranks of its own (mp.spawn): they come in at this door.
-        self.door = RankDoor(lambda hello, fd: self._inbox.put(("adopt", hello, fd)),
-                             lambda pid, code: self._inbox.put(("ended", pid, code)),
-                             lambda text: self._inbox.put(event("message", PARENT,
-                                                                level="warning", text=text))
-                             ) if config.world_size == 1 else None
+        self.door = self._door(self._inbox.put) if config.world_size == 1 else None
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
         self._tensorboard: TensorBoardSink | None = None  # --tensorboard: every rank's scalars
@@ -93,13 +85,6 @@ class ScriptRun(OwnedRun):
         return self.world.refuse(action)
 
     @property
-    def after_kill(self) -> str:
-        if self.config.launch:
-            return ("the script's launcher then does what it does (mp.spawn ends the other "
-                    "ranks and fails)")
-        return super().after_kill
-
-    @property
     def controls(self) -> set[str]:
         """What the ranks opted into (ddptui.init, run.loader, run.elastic)."""
         return self.world.opted
@@ -126,8 +111,6 @@ class ScriptRun(OwnedRun):
             self.sampler = RunSampler(self.config.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
             self._link.start()
-            if self.door is not None:
-                self.door.start()
             if self.config.tensorboard:
                 self._tensorboard = TensorBoardSink(self.config.tensorboard, ".ddptui")
             self.group = RankGroup(self.config, self.stem, self.config.headless, self._line)
@@ -161,24 +144,16 @@ class ScriptRun(OwnedRun):
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
         self.outcome, self._ended, self._restart = Outcome(), False, False
-        launching = bool(self.config.launch)
-        self.world = ScriptWorld([] if launching else list(range(self.config.world_size)))
+        self.world = ScriptWorld([] if self.config.launch else list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(event("run", PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
         n = self.config.world_size
-        self.say(self.config.launch if launching else
-                 f"starting {count(n, 'rank')}: {described(self.config)}"
+        self.say(self.config.launch or f"starting {count(n, 'rank')}: {described(self.config)}"
                  + (f" (restart {attempt.restart})" if attempt.restart else ""))
         self.group.start(attempt, self.door.path if self.door else None)
-        if self.door is not None:
-            self.door.launcher = self.group.ranks[0].pid
         self._attempt = attempt
-        self._failed_rank: int | None = None
-        self._launcher_second, self._launcher_said = 0, 0
-        if launching:
-            self.say(f"launcher started (pid {self.group.ranks[0].pid}): its ranks are shown "
-                     "as they join a process group")
+        if self._launched():  # its ranks are shown as they join a process group
             return
         self.watch.attempt([r.slot for r in self.group.ranks], time.time())
         for r in self.group.ranks:
@@ -235,17 +210,12 @@ class ScriptRun(OwnedRun):
 
     def _take(self, item) -> None:
         now = time.time()
-        if isinstance(item, tuple):  # a line of a rank's output, or the launcher's ranks
+        if isinstance(item, tuple):  # a line of a rank's output, or of a launcher or its door
             match item:
-                case ("line", slot, text, final):
-                    self._launcher_line(text, final) if slot == LAUNCHER else \
-                        self.watch.line(slot, text, final, now)
-                case ("adopt", hello, fd):
-                    self._adopt(hello, fd, now)
-                case ("ended", pid, code):
-                    for r in self.group.ranks:
-                        if r.adopted and r.pid == pid:
-                            r.popen.told = code
+                case ("line", slot, text, final) if slot != LAUNCHER:
+                    self.watch.line(slot, text, final, now)
+                case _:
+                    self._from_launcher(item, now)
             return
         self.watch.reported(item, now)
         actions = self.world.reported(item)
@@ -267,7 +237,8 @@ class ScriptRun(OwnedRun):
         # script takes: no stall verdict, no readings.
         members = [r for r in alive if not self._outside(r) and r.slot != LAUNCHER]
         self.watch.sample(members, self.sampler.util, self.sampler.gpu_memory, now,
-                          judge=not self._ending, settings=self.state.settings)
+                          judge=not self._ending, settings=self.state.settings,
+                          gpus_of=self.sampler.gpus_of)
 
     def _outside(self, r: ScriptRank) -> bool:
         """A standby, or a joiner that the members are not forming a world with yet."""
@@ -293,12 +264,8 @@ class ScriptRun(OwnedRun):
             self._rank_state(r, RankState.STOPPED, "left the world on request")
         elif code == 0:
             self._rank_state(r, RankState.DONE, "")
-        elif self._ending and r.adopted and not self.group.signalled:
-            after = "" if self._failed_rank is None else f" after rank {self._failed_rank} failed"
-            self._rank_state(r, RankState.STOPPED,
-                             f"ended by the script's launcher ({r.death()}){after}")
-        elif self._ending:  # ddptui ended it (a stop, a restart, another rank's failure)
-            self._rank_state(r, RankState.STOPPED, f"ended by ddptui ({r.death()})")
+        elif self._ending:  # a stop, a restart, another rank's failure
+            self._rank_state(r, RankState.STOPPED, self._ended_by(r))
         else:
             lines = r.traceback()
             text = crash_cause(code, lines)
@@ -314,63 +281,7 @@ class ScriptRun(OwnedRun):
                 if said:
                     self.say(said, "warning")
                 alive = {a.slot for a in self.group.alive()}
-                self._act(self.world.died(r.slot, alive, _with_death(r, text), r.exit_code))
-
-    # -- a script that starts its own ranks ----------------------------------------------------
-    def _adopt(self, hello: dict, fd: int, now: float) -> None:
-        """A process under the launcher joined a process group: a rank of its own from now."""
-        launcher = self.group.ranks[0]
-        if hello["launcher"] != launcher.pid or not launcher.alive:
-            os.close(fd)  # a rank of an attempt that is over
-            return
-        if launcher.slot != LAUNCHER:  # a lone rank (--nproc-per-node 1) that launches
-            launcher.slot = LAUNCHER
-            self.watch.finished(0, True, launcher.pid)
-            self.say(f"{described(self.config)} started ranks of its own: pid {launcher.pid} "
-                     "is their launcher, each rank is shown as it joins a process group")
-        r, new = self.group.adopt(hello, fd)
-        if not new:
-            return
-        self.world.slots.append(r.slot)
-        self.watch.attempt([r.slot], now)
-        self._handle(event("rank", r.slot, state=RankState.RUNNING, pid=r.pid, gpu=r.gpu,
-                           device=f"GPU {r.gpu}" if r.gpu is not None else "cpu",
-                           reason=f"joined a process group of {hello['world']} "
-                                  f"(started by pid {launcher.pid})"))
-        if hello["world"] != self.state.meta.get("world_size"):
-            self._handle(event("world", PARENT, size=hello["world"],
-                               ranks=list(range(hello["world"])), generation=0))
-
-    def _blame_first(self, r: ScriptRank) -> tuple[bool, bool]:
-        """Ranks that ended together, the one that caused it first: killed with k, else one
-        that exited by itself, before those a signal ended (a launcher's SIGTERM to the rest)."""
-        code = r.popen.returncode
-        return r.pid not in self.world.killed, code is not None and code < 0
-
-    def _launcher_line(self, text: str, final: bool) -> None:
-        """The launcher's own output: in its .out file and on (headless); on screen as
-        messages, LAUNCHER_LINES a second at most (the rest is in the file)."""
-        if not final or not text.strip() or self._failed_rank is not None:
-            return  # after a rank's failure: mp.spawn's copy of its traceback, in the file
-        second = int(time.monotonic())
-        if second != self._launcher_second:
-            self._launcher_second, self._launcher_said = second, 0
-        self._launcher_said += 1
-        if self._launcher_said <= LAUNCHER_LINES:
-            self.say(f"launcher: {text}")
-
-    def _launcher_ended(self, r: ScriptRank) -> None:
-        """The launcher's end is the job's: its failure counts when no rank failed first."""
-        self.watch.flush_lines(time.time(), force=True)
-        ranks = [x for x in self.group.ranks if x.slot != LAUNCHER]
-        if r.popen.returncode == 0:
-            self.say(f"the launcher (pid {r.pid}) exited with code 0"
-                     + ("" if ranks else ": no process of it joined a process group"))
-            return
-        text = crash_cause(r.popen.returncode, r.traceback())
-        self.say(f"the launcher (pid {r.pid}) {r.death()}: {text}", "error")
-        if self.outcome.failure is None and not self._ending:
-            self._fail(r.exit_code, f"the script's launcher {_with_death(r, text)}")
+                self._act(self.world.died(r.slot, alive, r.ended_with(text), r.exit_code))
 
     def _tell(self, slot: int, order: dict) -> None:
         self._link.send(slot, order)
@@ -410,10 +321,7 @@ class ScriptRun(OwnedRun):
             self._restart = True
             self.say(f"{reason}: restarting every rank ({self.failures} of "
                      f"--max-restarts {self.config.max_restarts})", "warning")
-        # A launcher ends its other ranks as it does (mp.spawn: SIGTERM); ddptui only after
-        # half the grace period, if it has not.
-        launcher = self.group.launcher
-        self._end_within(None if launcher is not None and launcher.alive else signal.SIGTERM)
+        self._end_within(self._failure_signal())
 
     def _end_within(self, sig: int | None) -> None:
         """End the group as torchrun does (`sig` now, SIGKILL after --grace), but the ranks
@@ -469,9 +377,8 @@ class ScriptRun(OwnedRun):
             self._act(self.world.stop(cmd["slot"]))
 
     def _kill_rank(self, cmd: dict) -> None:
-        if self.outcome.stop is not None:
-            return
-        if self.world.elastic and self.world.is_member(cmd["slot"]) or self.config.launch:
+        one = self.world.elastic and self.world.is_member(cmd["slot"]) or self.config.launch
+        if one and self.outcome.stop is None:
             self._kill(cmd["slot"], "killed with k")
 
     def _wind_down(self, code: int) -> None:
@@ -490,12 +397,3 @@ class ScriptRun(OwnedRun):
         self.say(f"stopping: {signal.Signals(sig).name} to every rank, {then}")
         self._end_within(sig)
 
-
-def _with_death(r: ScriptRank, text: str) -> str:
-    """How the rank ended, then why (once: a signal's cause already starts with it). An exit
-    code is the script's own (its argparse's 2 is not ddptui's usage error): said so."""
-    death = r.death()
-    if text.startswith(death):
-        return text
-    return f"{death} (the script's own, passed on): {text}" if r.exit_code < 128 else \
-        f"{death}: {text}"

@@ -41,8 +41,6 @@ class RankDoor:
         self._server.listen(64)
         self.launcher: int | None = None  # whose descendants may come in
         self._closed = False
-
-    def start(self) -> None:
         threading.Thread(target=self._accept, name="rank-door", daemon=True).start()
 
     def _accept(self) -> None:

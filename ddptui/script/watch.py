@@ -56,6 +56,8 @@ class ScriptWatch:
         self._lines = 0  # the script's own lines read (not torch's logging)
         self._started = 0.0
         self._told_no_loss = False
+        self._told_one_gpu = False
+        self._one_gpu_seen: int | None = None  # the last sample's verdict: said when it holds
 
     def attempt(self, slots: list[int], now: float, standby: bool = False) -> None:
         """A new start of the group (or of a slot's standby): nothing of the last one's output
@@ -69,6 +71,7 @@ class ScriptWatch:
         self.inputs.fresh(slots)
         if not standby:
             self._started = now
+            self._told_one_gpu = False
 
     def _emitter(self, slot: int) -> Callable[..., None]:
         return lambda kind, **fields: self.handle(event(kind, slot, **fields))
@@ -141,10 +144,11 @@ class ScriptWatch:
     # -- what the parent sees ------------------------------------------------------------
     def sample(self, ranks: list[ScriptRank], gpu_util: dict[int, float],
                gpu_memory: dict[int, int], now: float, judge: bool = True,
-               settings: dict | None = None) -> None:
+               settings: dict | None = None, gpus_of: dict[int, set[int]] | None = None) -> None:
         """Process figures of every live rank, and (`judge`: not while the group is being
         ended) a stall verdict where one is due, or else whether run.loader's input (its
-        `settings` in force) holds the ranks back."""
+        `settings` in force) holds the ranks back; whether ranks given GPUs of their own all
+        run on one (`gpus_of`: pid -> the GPUs it holds memory on)."""
         self._ranks = ranks
         for r in ranks:
             cpu, rss = self.tree.read(r.pid)
@@ -164,8 +168,24 @@ class ScriptWatch:
                                                 s.longest), now)
             self._update(r, verdict, now)
         self.tree.forget()
+        if judge and gpus_of and not self._told_one_gpu:
+            self._one_gpu(ranks, gpus_of)
         if judge and ranks and not self.flags and settings and "workers" in settings:
             self._input(ranks, settings)
+
+    def _one_gpu(self, ranks: list[ScriptRank], gpus_of: dict[int, set[int]]) -> None:
+        """Said once an attempt, when two samples in a row agree (not a context a rank made on
+        the first GPU as it started): every rank on one GPU though each was given its own."""
+        gpu = one_gpu({r.slot: set().union(*(gpus_of.get(p, set()) for p in {r.pid} | r.children))
+                       for r in ranks if r.gpu is not None})
+        seen, self._one_gpu_seen = self._one_gpu_seen, gpu
+        if gpu is None or gpu != seen:
+            return
+        self._told_one_gpu = True
+        self.say(f"ranks {', '.join(str(r.slot) for r in ranks)} all run on GPU {gpu}, though "
+                 "each was given its own (LOCAL_RANK k is the k-th of --gpus): the script "
+                 "picks its device otherwise (a --local_rank default, cuda:0, a fixed "
+                 "torch.cuda.set_device)", "warning")
 
     def _input(self, ranks: list[ScriptRank], settings: dict) -> None:
         pipeline = Pipeline(cuda=bool(self.config.gpus), decode="cpu", files=False,
@@ -242,3 +262,12 @@ class ScriptWatch:
                 names = ", ".join(map(str, culprits))
                 self._rank(ranks[slot], RankState.WAITING, f"in {where}: waiting for rank {names}",
                            phase=where, waiting_for=culprits)
+
+
+def one_gpu(held: dict[int, set[int]]) -> int | None:
+    """The one GPU that every rank (slot -> the GPUs its processes hold memory on) runs on,
+    where there are several ranks and each holds memory on that GPU alone; else None."""
+    gpus = set().union(*held.values()) if held else set()
+    if len(held) < 2 or len(gpus) != 1 or not all(held.values()):
+        return None
+    return next(iter(gpus))

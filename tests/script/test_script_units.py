@@ -599,3 +599,15 @@ def test_a_rollback_point_gives_back_every_kind_of_state_a_script_returns():
     assert state["extra"]["hist"][1] is None and state["extra"]["lr"] == 0.1
     assert float(state["best"].loss) == 0.5 and model.running_mean.tolist() == [0.0, 0.0]
     rollback.close()
+
+
+def test_ranks_given_a_gpu_each_that_all_run_on_one_are_found():
+    """torch.distributed.launch's scripts under torchrun: every rank took its --local_rank
+    default and so GPU 0; a rank that holds memory nowhere yet, or one rank alone, says nothing."""
+    from ddptui.script.watch import one_gpu
+
+    assert one_gpu({0: {0}, 1: {0}, 2: {0}}) == 0
+    assert one_gpu({0: {0}, 1: {1}}) is None
+    assert one_gpu({0: {0}, 1: {0, 1}}) is None
+    assert one_gpu({0: {0}, 1: set()}) is None
+    assert one_gpu({0: {0}}) is None
