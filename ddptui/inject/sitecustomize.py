@@ -75,7 +75,7 @@ def _arm() -> None:
 def _ranks() -> None:
     """A script that starts its own ranks: each process that joins a process group is shown as
     a rank of its own (ddptui/wrap/spawned.py); the launcher tells how its children end."""
-    if not os.environ.get("DDPTUI_RANKS"):
+    if not os.environ.get("DDPTUI_RANKS") and not os.environ.get("DDPTUI_WRAP_RANKS"):
         return
     from ddptui.wrap.spawned import install
 

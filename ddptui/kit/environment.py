@@ -6,6 +6,15 @@ from __future__ import annotations
 
 import os
 
+# ddptui's sitecustomize: put first on a rank's PYTHONPATH (its stacks on a signal, its end with
+# ddptui's, a launcher's ranks shown as they join)
+INJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject")
+
+
+def with_inject(pythonpath: str | None) -> str:
+    """PYTHONPATH with ddptui's sitecustomize first."""
+    return os.pathsep.join(p for p in (INJECT, pythonpath or "") if p)
+
 
 def cuda_defaults() -> None:
     """Before CUDA starts, unless the user chose otherwise: one hardware queue per stream (CUDA

@@ -9,11 +9,10 @@ import sys
 import uuid
 from dataclasses import dataclass
 
-from ddptui.kit.environment import nccl_defaults
+from ddptui.kit.environment import nccl_defaults, with_inject
 from ddptui.observe.flight import trace_env
 from ddptui.script.options import ScriptConfig
 
-INJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "inject")
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
     env.update(_torchrun(config, attempt, rank, error_file))
     env.update({
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (INJECT, env.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": with_inject(env.get("PYTHONPATH")),
         "DDPTUI_PARENT": str(os.getpid()),
         "DDPTUI_STACKS": stacks_path,
         "DDPTUI_STACKS_SIGNAL": str(config.stacks_signal),

@@ -24,7 +24,7 @@ from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.registry import default_log_path
 from ddptui.script.group import HUNG_GRACE_S, LAUNCHER, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
-from ddptui.script.launchers import collided
+from ddptui.observe.launchers import collided
 from ddptui.script.options import ScriptConfig
 from ddptui.script.roster import ScriptWorld
 from ddptui.script.launched import LaunchedRanks

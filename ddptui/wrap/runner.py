@@ -12,6 +12,7 @@ import runpy
 import sys
 import traceback
 
+from ddptui.observe.launchers import parse, source_of, starts_ranks
 from ddptui.observe.target import module_problem
 
 USAGE = "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
     if missing:
         print(f"ddptui.wrap: {missing}", file=sys.stderr)
         return 2
-    watch = _watch(target)
+    watch = _watch(target, module)
     if not module:  # as `python train.py`: its folder first on the path
         sys.path[0] = os.path.dirname(os.path.abspath(target))
     try:
@@ -96,10 +97,20 @@ def _free_process_groups() -> None:
         time.sleep(0.05)
 
 
-def _watch(target: str):
-    """The rank's watch when attach is listening (DDPTUI_REPORT), else None."""
+def _watch(target: str, module: bool):
+    """The rank's watch when attach is listening (DDPTUI_REPORT), else None; none for a script
+    that starts its own ranks, each of which reports as the rank it joins as."""
     report = os.environ.get("DDPTUI_REPORT")
     if not report:
+        return None
+    name = target if module else os.path.basename(target)
+    launch = starts_ranks(parse(source_of(target, module)))
+    if launch:
+        from ddptui.wrap.spawned import report_ranks
+
+        print(f"ddptui.wrap: {launch.found(name)}: each rank it starts reports to attach",
+              file=sys.stderr)
+        report_ranks(name)
         return None
     from ddptui.wrap.rankwatch import RankWatch
 

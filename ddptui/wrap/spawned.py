@@ -1,9 +1,10 @@
 """Inside a script that starts its own ranks (mp.spawn, start_processes, multiprocessing.Process,
 a torchrun of its own): each process under the launcher that joins a process group becomes a rank.
 
-Loaded by ddptui's sitecustomize in every process of such a run (DDPTUI_RANKS names the run's
-socket); it starts on the standard library alone, since every process (DataLoader workers too)
-loads it, and only a process that joins a process group imports more.
+Loaded by ddptui's sitecustomize in every process of such a run (DDPTUI_RANKS names the socket
+of `ddptui run`'s run; under `ddptui.wrap`, DDPTUI_WRAP_RANKS: each rank reports to attach). It
+starts on the standard library alone, since every process (DataLoader workers too) loads it,
+and only a process that joins a process group imports more.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import traceback
 SOCKET = "DDPTUI_RANKS"  # the run's Unix socket, where a rank's streams and the ends go
 STEM = "DDPTUI_RANKS_STEM"  # runs/<time>: a rank's stacks file is <stem>.rank<N>.stacks
 JOINED = "DDPTUI_JOINED"  # set in a rank once it joined: the rank ddptui.init() then reports as
+WRAPPED = "DDPTUI_WRAP_RANKS"  # under ddptui.wrap, the job's name: each rank reports to attach
 
 
 class _Patcher(importlib.abc.MetaPathFinder):
@@ -95,13 +97,15 @@ def _connect(path: str, hello: dict) -> socket.socket:
 
 def install(launcher: bool) -> None:
     """In every process of the run: ranks are announced as they join; in the launcher,
-    its children's ends are told too."""
+    its children's ends are told too (to ddptui run's socket; under attach each rank tells its
+    own)."""
     path = os.environ.get(SOCKET)
-    if not path:
+    if not path and not os.environ.get(WRAPPED):
         return
     global _LAUNCHER
     if launcher:
         _LAUNCHER = os.getpid()
+    if launcher and path:
         tell = _Launcher(path)
         waitpid = os.waitpid
 
@@ -113,11 +117,27 @@ def install(launcher: bool) -> None:
             return got, status
 
         os.waitpid = told_waitpid  # subprocess binds it at import: this runs before
-    sys.meta_path.insert(0, _Patcher({"torch.distributed.distributed_c10d": _patch_c10d,
-                                      "torch.multiprocessing.spawn": _patch_spawn}))
+    patches = {"torch.distributed.distributed_c10d": _patch_c10d,
+               "torch.multiprocessing.spawn": _patch_spawn,
+               "multiprocessing.process": _patch_process}
+    for name in [n for n in patches if n in sys.modules]:  # imported before (the wrapper's)
+        patches.pop(name)(sys.modules[name])
+    sys.meta_path.insert(0, _Patcher(patches))
+
+
+def report_ranks(label: str) -> None:
+    """Under `python -m ddptui.wrap` (attach): the script is a launcher, no rank; each process
+    it starts reports to attach as the rank it joins as (a spawned one loads the sitecustomize)."""
+    from ddptui.kit.environment import with_inject
+
+    os.environ[WRAPPED] = label
+    os.environ["PYTHONPATH"] = with_inject(os.environ.get("PYTHONPATH"))
+    install(launcher=True)
 
 
 _LAUNCHER: int | None = None  # the launcher's pid, inherited by its forked children
+_WATCH: list = []  # under attach: this process's RankWatch, once it joined
+_RAISED: list = []  # the exception mp.spawn's worker raised, for its watch to tell
 
 
 def _patch_c10d(module) -> None:
@@ -155,17 +175,52 @@ def _printing(fn):
             return fn(*args)
         except KeyboardInterrupt:
             raise
-        except Exception:
+        except Exception as e:
             traceback.print_exc()
             sys.stderr.flush()
+            _RAISED.append((e, traceback.format_exc().rstrip("\n").splitlines()[-8:]))
             raise
 
     return run
 
 
+def _patch_process(module) -> None:
+    """Under attach, a rank's end is its own to tell: when the process's run() returns, raises
+    or exits (mp.spawn's worker exits 1 after its exception), before it ends."""
+    original = module.BaseProcess.run
+
+    @functools.wraps(original)
+    def run(self):
+        try:
+            original(self)
+        except SystemExit as e:
+            _told_end(e.code if isinstance(e.code, int) else (0 if e.code is None else 1))
+            raise
+        except Exception as e:
+            _RAISED.append((e, traceback.format_exc().rstrip("\n").splitlines()[-8:]))
+            _told_end(1)
+            raise
+        _told_end(0)
+
+    module.BaseProcess.run = run
+
+
+def _told_end(code: int) -> None:
+    if not _WATCH:
+        return
+    watch = _WATCH.pop()
+    if code and _RAISED:
+        exc, lines = _RAISED[-1]
+        watch.failed(exc, lines, code)
+    else:
+        watch.finished(code)
+    watch.close()
+
+
 def _joined(c10d) -> None:
     """This process joined a process group: the run is told who it is (its rank and world
-    from the group), gets its stdout and stderr as the rank's own, and its stacks on signal."""
+    from the group), gets its stdout and stderr as the rank's own, and its stacks on signal;
+    under attach, it reports through a watch of its own."""
     import faulthandler
 
     rank, world = c10d.get_rank(), c10d.get_world_size()
@@ -177,6 +232,9 @@ def _joined(c10d) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != ppid:
             os._exit(1)
+    if not os.environ.get(SOCKET):  # under attach: its own watch, as a wrapped rank has
+        _watched(rank, world)
+        return
     stacks = f"{os.environ.get(STEM, '')}.rank{rank}.stacks"
     open(stacks, "w").close()  # a former rank's are not this one's
     # Appending, as sitecustomize's: ddptui empties the file before each request.
@@ -193,6 +251,17 @@ def _joined(c10d) -> None:
         s = _connect(os.environ[SOCKET], {**hello, "stream": fd})
         os.dup2(s.fileno(), fd)
         s.close()
+
+
+def _watched(rank: int, world: int) -> None:
+    """A RankWatch of its own (ddptui/wrap/rankwatch.py), as the rank it joined as."""
+    from ddptui.wrap.rankwatch import RankWatch
+
+    cuda = getattr(sys.modules.get("torch"), "cuda", None)
+    local = cuda.current_device() if cuda is not None and cuda.is_initialized() else 0
+    watch = RankWatch(os.environ["DDPTUI_REPORT"], rank, local, world)
+    watch.start(os.environ[WRAPPED])
+    _WATCH.append(watch)
 
 
 def _gpu() -> int | None:

@@ -254,7 +254,7 @@ def test_options_after_the_script_are_its_own_unless_a_double_dash_closes_ddptui
      "multiprocessing.Process"),
 ])
 def test_a_script_that_starts_its_own_ranks_is_known_by_its_call(tmp_path, source, call):
-    from ddptui.script.launchers import parse, starts_ranks
+    from ddptui.observe.launchers import parse, starts_ranks
 
     path = tmp_path / "train.py"
     path.write_text(source)

@@ -18,6 +18,7 @@ from tests.helpers.runs import REPORT_KEY, ROOT, assert_gone, events, local_port
 from tests.helpers.screens import rank_row
 
 PLAIN = os.path.join(ROOT, "examples", "plain_ddp.py")
+SPAWNS = os.path.join(ROOT, "tests", "helpers", "scripts", "spawns.py")
 SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
 
 
@@ -69,6 +70,39 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
         printed = outs[rank].splitlines()  # its stdout, as its node printed it
         assert f"rank {rank} epoch 1 step 0 loss:" in outs[rank]
         assert [line for line in kept if line in printed] == printed
+    assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
+
+
+@pytest.mark.timeout(180)
+def test_a_launcher_under_the_wrapper_reports_each_rank_it_spawns_on_every_node(keyed_env,
+                                                                            tmp_path):
+    """HRNet's form of a multi-node job: each node runs `python -m ddptui.wrap train.py
+    --dist-url tcp://NODE0:PORT`, whose mp.spawn starts that node's ranks. attach gets every
+    spawned rank of every node, each with its own pid, loss and end, and not the launchers
+    (each was one rank 0 before, its workers' output merged in it)."""
+    listen = f"127.0.0.1:{local_port()}"
+    log = tmp_path / "attach.jsonl"
+    attach = _attach(listen, log, keyed_env)
+    port = str(local_port())
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "ddptui.wrap", SPAWNS, "--nprocs", "1", "--nodes", "2",
+         "--node-rank", str(n), "--port", port],
+        env=dict(keyed_env, DDPTUI_REPORT=listen, GROUP_RANK=str(n)), cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    for node in nodes:
+        _, err = node.communicate(timeout=150)
+        assert node.returncode == 0, err[-2000:]
+        assert "spawns.py starts its own ranks (torch.multiprocessing.spawn" in err
+    out, err = attach.communicate(timeout=30)
+    assert attach.returncode == 0, err
+    evs = events(log)
+    ranks = {e["rank"]: e for e in evs if e["kind"] == "rank" and e.get("api") == "ddptui.wrap"}
+    assert set(ranks) == {0, 1} and ranks[0]["node"] != ranks[1]["node"]
+    assert not {ranks[r]["pid"] for r in (0, 1)} & {node.pid for node in nodes}
+    assert {e["rank"] for e in evs if e["kind"] == "step"} == {0, 1}
+    ends = {e["rank"]: e["state"] for e in evs if e["kind"] == "rank" and e.get("exit_code") == 0}
+    assert ends == {0: "done", 1: "done"}
+    assert [e["status"] for e in evs if e["kind"] == "run"] == ["started", "done"]
     assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
 
 

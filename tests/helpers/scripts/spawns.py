@@ -1,6 +1,7 @@
 """A script that starts its own ranks, in the three shapes of its age: mp.spawn with a tcp://
 init_method (the PyTorch ImageNet example), start_processes(fork) with env:// (Keras's guide),
-multiprocessing.Process. Flags make rank 1 hang, raise, or print a flood of lines."""
+multiprocessing.Process. Flags make rank 1 hang, raise, or print a flood of lines; --nodes and
+--node-rank make it HRNet's multi-node form (each node's launcher spawns its --nprocs ranks)."""
 
 import argparse
 import os
@@ -12,14 +13,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def main_worker(rank: int, args) -> None:
+def main_worker(local: int, args) -> None:
+    rank, world = args.node_rank * args.nprocs + local, args.nodes * args.nprocs
     if args.shape == "fork":  # the Keras guide sets torchrun's variables itself
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port),
-                          RANK=str(rank), WORLD_SIZE=str(args.nprocs))
+                          RANK=str(rank), WORLD_SIZE=str(world))
         dist.init_process_group("gloo", init_method="env://")
     else:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
-                                world_size=args.nprocs, rank=rank)
+                                world_size=world, rank=rank)
     run = None
     if args.init:
         import ddptui
@@ -58,6 +60,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shape", choices=["spawn", "fork", "process"], default="spawn")
     p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--node-rank", type=int, default=0)
     p.add_argument("--port", type=int, default=23456)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
