@@ -1,10 +1,11 @@
 """A script that starts its own ranks (bench/spawn_train.py: mp.spawn, NCCL) under `ddptui run`
 against the same script run plainly (`python bench/spawn_train.py`), alternating, on every GPU.
 
-python bench/spawned.py --rounds 3 --out results.json
-Prints the img/s rank 0 measured per round and the ratio to the plain run; then one run under
-ddptui whose rank 0 sleeps in its own code (--stall): what its log says of the ranks (their
-pids, GPU memory) and of the stall (the stacks and the NCCL collective it is in).
+python bench/spawned.py --rounds 3 [--tmux] --out results.json
+Prints the img/s rank 0 measured per round and the ratio to the plain run (--tmux: ddptui with
+its dashboard drawing in a 160x50 tmux window, the screen kept as $OUT/screen.txt); then one
+run under ddptui whose rank 0 sleeps in its own code (--stall): what its log says of the ranks
+(their pids, GPU memory) and of the stall (the stacks and the NCCL collective it is in).
 """
 
 from __future__ import annotations
@@ -16,20 +17,40 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+
+from compare import in_tmux  # bench/compare.py: the dashboard in tmux, q once the run is done
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "spawn_train.py")
 
 
-def one(ddptui: bool, script_args: list[str], env: dict, tmp: str, extra=()) -> tuple[float, str]:
+def one(ddptui: bool, script_args: list[str], env: dict, tmp: str, extra=(),
+        tmux: bool = False) -> tuple[float, str]:
     log = os.path.join(tmp, f"run{len(os.listdir(tmp))}.jsonl")
-    cmd = [sys.executable, *(["-m", "ddptui", "run", "--headless", "--log", log, *extra]
-                             if ddptui else []), SCRIPT, *script_args]
-    r = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{'ddptui' if ddptui else 'plain'} failed:\n{r.stderr[-3000:]}")
-    line = [ln for ln in r.stdout.splitlines() if ln.startswith("{")][-1]
+    run = ["-m", "ddptui", "run", *([] if tmux else ["--headless"]), "--log", log, *extra]
+    cmd = [sys.executable, *(run if ddptui else []), SCRIPT, *script_args]
+    if tmux:  # the rank's stdout is on the dashboard and in its .out file
+        threading.Timer(14.0, _screen, (f"bench{os.getpid()}",)).start()
+        in_tmux(cmd, log, tmp)
+        with open(log[:-len(".jsonl")] + ".rank0.out") as f:
+            out = f.read()
+    else:
+        r = subprocess.run(cmd, env=env, cwd=tmp, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"{'ddptui' if ddptui else 'plain'} failed:\n{r.stderr[-3000:]}")
+        out = r.stdout
+    line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
     return json.loads(line)["img_s"], log
+
+
+def _screen(session: str) -> None:
+    """The dashboard as it draws mid-run, into $OUT/screen.txt (where OUT is set)."""
+    shown = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True,
+                           text=True).stdout
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "screen.txt"), "w") as f:
+            f.write(shown)
 
 
 def what_the_log_says(log: str) -> None:
@@ -52,6 +73,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--stall", action="store_true", help="then one run whose rank 0 hangs")
+    ap.add_argument("--tmux", action="store_true", help="ddptui with its dashboard in tmux")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     script_args = ["--model", args.model, "--steps", str(args.steps), "--warmup",
@@ -62,7 +84,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for v in (("plain", "ddptui") if r % 2 == 0 else ("ddptui", "plain")):
-                rate, log = one(v == "ddptui", script_args, env, tmp)
+                rate, log = one(v == "ddptui", script_args, env, tmp,
+                                tmux=args.tmux and v == "ddptui")
                 rates[v].append(rate)
                 print(f"round {r} {v}: {rate:,.0f} img/s", flush=True)
         print("\nthe last ddptui run's log:")
