@@ -32,7 +32,10 @@ def one(ddptui: bool, script_args: list[str], env: dict, tmp: str, extra=(),
     cmd = [sys.executable, *(run if ddptui else []), SCRIPT, *script_args]
     if tmux:  # the rank's stdout is on the dashboard and in its .out file
         threading.Timer(14.0, _screen, (f"bench{os.getpid()}",)).start()
+        stuck = threading.Timer(150.0, _stuck, (log,))
+        stuck.start()
         in_tmux(cmd, log, tmp)
+        stuck.cancel()
         with open(log[:-len(".jsonl")] + ".rank0.out") as f:
             out = f.read()
     else:
@@ -42,6 +45,20 @@ def one(ddptui: bool, script_args: list[str], env: dict, tmp: str, extra=(),
         out = r.stdout
     line = [ln for ln in out.splitlines() if ln.startswith("{")][-1]
     return json.loads(line)["img_s"], log
+
+
+def _stuck(log: str) -> None:
+    """A run under the dashboard not done after 150 s: its events but steps, the processes and
+    the screen, into $OUT/stuck.txt (where OUT is set)."""
+    if not os.environ.get("OUT"):
+        return
+    with open(os.path.join(os.environ["OUT"], "stuck.txt"), "w") as f:
+        f.writelines(line for line in open(log) if '"kind":"step"' not in line
+                     and '"kind":"gpu"' not in line and '"kind":"process"' not in line)
+        f.write(subprocess.run(["ps", "-eo", "pid,ppid,pgid,stat,wchan:30,args"],
+                               capture_output=True, text=True).stdout)
+        f.write(subprocess.run(["tmux", "capture-pane", "-p", "-t", f"bench{os.getpid()}"],
+                               capture_output=True, text=True).stdout)
 
 
 def _screen(session: str) -> None:
