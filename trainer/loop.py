@@ -32,6 +32,10 @@ def run_epochs(p: Parts) -> bool:
     while p.sampler.epoch < p.config.train.epochs:
         order = None
         try:
+            if p.snapshots is not None and p.mailbox.has_urgent:
+                # A peer died as this rank entered the world (a joiner settling): no step on
+                # the broken world, whose NCCL collectives nothing would abort now.
+                raise WorldLost("a peer died")
             outcome = run_segment(p)
         except Exception as e:
             p.state.changed_at = time.time()

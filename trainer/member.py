@@ -26,7 +26,8 @@ def reform(p: Parts, order: dict) -> bool:
 
 
 def join(p: Parts) -> bool:
-    """A standby waits for its join order, enters the world and takes a live rank's state."""
+    """A standby waits for its join order, enters the world and takes a live rank's state (a
+    member's death after that is recovered from before the first step: run_epochs)."""
     p.me.pulse.phase = "world"
     order = p.mailbox.wait_urgent(None)
     if order is None or order.get("op") != "join":

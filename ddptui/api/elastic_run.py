@@ -126,7 +126,9 @@ class Elastic:
         could otherwise go back only into the last epoch, which your loop cannot redo."""
         if self.cuda:
             torch.cuda.current_stream().synchronize()
-        if not self.me.mailbox.has_urgent:
+        # With a death pending, a step may have been cut short: only a point that nothing
+        # trained since (a joiner's, its state just received) moves to the epoch's start.
+        if not self.me.mailbox.has_urgent or self.rollback.at(self.me.global_step):
             self.rollback.take(self.me.global_step, self.me.position(), agreed=True)
 
     # -- world changes ---------------------------------------------------------------------------
@@ -161,7 +163,8 @@ class Elastic:
                 world.make_communicator(self.device)
             return group
 
-        change.join(self, joining.order, formed)
+        if change.join(self, joining.order, formed):  # a member died once it had the state
+            self.await_recover(WorldLost("a peer died as this rank joined"))
 
     def recover(self) -> None:
         """After a peer died: re-form from the survivors and go back to the newest rollback
@@ -232,7 +235,10 @@ class Elastic:
                              generation=order.get("gen"), epoch=me.epoch or 0,
                              step=me.global_step - me.figures.epoch_steps0,
                              global_step=me.global_step)
-        self.rollback.take(me.global_step, me.position(), agreed=True)
+        # A joiner not yet in its epochs stands where the member that sent its state stood: a
+        # death before its next point rolls it back there, into the epoch the world is in.
+        joined = me.resume if me.epoch is None and me.resume is not None else None
+        self.rollback.take(me.global_step, joined or me.position(), agreed=True)
 
     def close(self) -> None:
         self.rollback.close()

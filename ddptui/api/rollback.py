@@ -64,6 +64,10 @@ class Rollback:
         self.load(host["yours"], self.points.live)
         return host
 
+    def at(self, step: int) -> bool:
+        """Whether the newest point is after `step`: nothing trained since it."""
+        return self.points is not None and self.points.newest.step == step
+
     def summary(self) -> dict:
         return self.points.summary() if self.points else {"held": [], "confirmed": -1}
 

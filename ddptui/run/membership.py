@@ -169,6 +169,8 @@ class Membership:
             return []
         self.change = None
         self.confirmed = list(self.members)
+        for slot in self.confirmed:  # in the world now, whether or not its own report came in
+            self.out.pop(slot, None)
         return self._next(now)
 
     def left(self, slot: int) -> list:

@@ -108,6 +108,26 @@ def test_a_survivor_dying_during_a_join_drops_the_joiner_too():
     assert m.wanted == {2}  # it joins again once a new standby is warm
 
 
+def test_a_member_killed_once_the_world_formed_with_a_joiner_keeps_the_joiner():
+    """The world of 3 with the joiner in it formed (its `world` event), then rank 2 died before
+    the joiner's own `running` report came in: the joiner is a member, and the world goes on
+    with ranks 0 and 1, for a stopped joiner and for a crashed one alike."""
+    for how_out in ("stopped", "crashed"):
+        m = _world(0, 1, 2)
+        if how_out == "stopped":
+            m.world_confirmed(_tells(m.stop(1, 0))[0]["gen"], 1)
+            m.left(1)
+        else:
+            m.world_confirmed(_tells(m.died(1, {0, 2}, True, "killed by SIGKILL", 0))[0]["gen"], 1)
+        m.restart(1, True, 2)
+        join = _tells(m.standby_ready(1, 3))[0]
+        m.world_confirmed(join["gen"], 4)  # formed; rank 1's `running` report still on its way
+        actions = m.died(2, alive={0, 1}, recoverable=True, why="killed by SIGKILL", now=5)
+        recover = _tells(actions)
+        assert sorted(recover) == [0, 1] and recover[0]["members"] == [0, 1], how_out
+        assert 1 not in m.out and m.out[2][0] == "crashed"
+
+
 def _script_joining(slot: int, *others: int) -> Membership:
     """A script's world of `others` that `slot` (stopped) was told to join: it prepares."""
     ports = itertools.count(1000)

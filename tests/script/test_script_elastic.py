@@ -38,6 +38,7 @@ CHILD = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_child.py")
 FAILS = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_fails.py")
 DIES = os.path.join(ROOT, "tests", "helpers", "scripts", "joiner_dies.py")
 SLOW = os.path.join(ROOT, "tests", "helpers", "scripts", "slow_standby.py")
+HEAVY = os.path.join(ROOT, "tests", "helpers", "scripts", "elastic_heavy.py")
 
 
 @pytest.mark.timeout(120)
@@ -203,7 +204,65 @@ def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env,  # n
     assert_gone(pids)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
+def test_a_member_killed_just_after_a_joiner_entered_leaves_the_joiner_training(script_env,  # noqa: F811
+                                                                               tmp_path):
+    """s on rank 1, r, then kill -9 of the other rank 0 to 1 s after the world of 2 formed with
+    the joiner in it, before or after the joiner's own `running` report came in: the joiner
+    recovers alone and trains on each time (the run failed, "no survivor"), and the killed rank
+    joins next."""
+    log = tmp_path / "heavy.jsonl"
+    config = parse_script_args([HEAVY, "--cpus", "2", "--log", str(log), "--", "--epochs",
+                                "1000", "--samples", "2048", "--image-size", "16"],
+                               resolve_devices)
+    run = ScriptRun(dataclasses.replace(config, headless=True))
+    world = lambda: run.world.membership  # noqa: E731
+    worlds = lambda: [e for e in events(log, "world") if e["rank"] >= 0]  # noqa: E731
+
+    def alone(slot: int, seen: int) -> None:
+        """A world of `slot` alone formed after the first `seen`, and it trains in it."""
+        after = worlds()[seen - 1]["t"] if seen else 0
+        formed = wait_for_event(log, lambda e: e["kind"] == "world" and e["rank"] >= 0 and
+                                e["t"] > after or e["kind"] == "run" and e["status"] != "started",
+                                120)
+        assert formed.get("ranks") == [slot], formed
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == slot
+                       and e["t"] > formed["t"])
+
+    run.start()
+    try:
+        wait_for_event(log, lambda e: e["kind"] == "step" and e["rank"] == 1
+                       and run.world.elastic, 120)
+        pids = rank_pids(log)
+        run.stop_rank(1)
+        alone(0, len(worlds()))
+        for delay, joiner, victim in [(0.0, 1, 0), (0.1, 0, 1), (0.3, 1, 0), (1.0, 0, 1)]:
+            run.restart_rank(joiner)
+            deadline = time.monotonic() + 120
+            while not (world().idle() and sorted(world().confirmed) == [0, 1]):  # formed
+                assert time.monotonic() < deadline, "the world of 2 never formed"
+                time.sleep(0.002)
+            time.sleep(delay)
+            seen = len(worlds())
+            pids |= rank_pids(log)
+            os.kill(rank_pids_of(log, victim), signal.SIGKILL)
+            alone(joiner, seen)
+        pids |= rank_pids(log)
+    finally:
+        run.stop()
+        code = run.wait(60)
+    assert code == 130
+    assert [e["status"] for e in events(log, "run")][-1] == "interrupted"
+    assert [(e["rank"], e["text"]) for e in events(log, "error")] == \
+        [(0, "killed by SIGKILL"), (1, "killed by SIGKILL")] * 2
+    assert_gone(pids)
+
+
+def rank_pids_of(log, slot: int) -> int:
+    """The pid of the slot's newest process (its standby once it joined)."""
+    return [e["pid"] for e in events(log, "rank") if e["rank"] == slot and e.get("pid")][-1]
+
+
 @pytest.mark.timeout(120)
 def test_a_run_that_ends_while_a_joiner_prepares_ends_cleanly(script_env,  # noqa: F811
                                                               monkeypatch, tmp_path):

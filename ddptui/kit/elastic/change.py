@@ -72,13 +72,29 @@ def reform(m: Member, order: dict, leftover: list[dict]) -> bool:
     return True
 
 
-def join(m: Member, order: dict, formed: Callable[[], Any] | None = None) -> None:
+def join(m: Member, order: dict, formed: Callable[[], Any] | None = None) -> bool:
     """A standby takes its place in the order's world and a live member's state. `formed`: the
-    gloo group of a world the rank's script formed itself (a script's joiner)."""
-    with m.mailbox.changing():
-        group = formed() if formed is not None else enter(m, order)
-        share_state(m, order, group)
-        m.settle(group, order, [])
+    gloo group of a world the rank's script formed itself (a script's joiner). True when a
+    member died once this rank held the state and had settled: it is a member of the world
+    that broke (the supervisor counts it so) and recovers with the others, from the recover
+    order waiting in its mailbox; a death before that fails the join (WorldLost)."""
+    settled = False
+    try:
+        with m.mailbox.changing():
+            group = formed() if formed is not None else enter(m, order)
+            try:
+                share_state(m, order, group)
+            except RuntimeError as e:  # the connections cut under its transfer
+                if not m.mailbox.has_urgent:
+                    raise
+                raise WorldLost("a member died while this rank took its state") from e
+            m.settle(group, order, [])
+            settled = True
+    except WorldLost:
+        if not settled:
+            raise
+        return True
+    return False
 
 
 def recover(m: Member, order: dict) -> int:
