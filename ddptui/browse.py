@@ -13,19 +13,22 @@ from ddptui.options.errors import UsageError
 
 
 def cmd_ls(_args: argparse.Namespace) -> int:
-    from ddptui.run.registry import runs
+    from ddptui.run.registry import runs, shown
+
+    def warn(text: str) -> None:
+        print(f"ddptui: warning: {text}", file=sys.stderr)
 
     try:
-        found = runs()
-    except PermissionError as e:
+        found = runs(warn=warn)
+    except OSError as e:  # the folder refused (a link, another user's), or unreadable
         raise UsageError(str(e)) from None
     if not found:
         print("no runs of this user on this machine")
         return 0
     now = time.time()
     rows = [("NAME", "STATE", "PID", "RANKS", "AGE", "WHAT", "LOG")] + [
-        (r.name, r.state, str(r.pid), str(r.ranks), _age(now - r.started), r.what[:40], r.log)
-        for r in found]
+        (r.name, shown(r.state), str(r.pid), str(r.ranks), _age(now - r.started),
+         shown(r.what)[:40], shown(r.log)) for r in found]
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])

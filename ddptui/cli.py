@@ -21,6 +21,7 @@ from ddptui.options.errors import UsageError
 from ddptui.options.parser import Parser, from_args
 from ddptui.options.training import add_training_options, config_from_args
 from ddptui.run import bytecode
+from ddptui.run.outcome import EXIT_PIPE
 from ddptui.run.policy import RunPolicy
 from ddptui.script.options import DETACH_HELP, DETACH_OR_HEADLESS, JOB_GRACE_S, STALL_S
 from ddptui.view.background import HOST_ENV
@@ -55,8 +56,9 @@ keys in the dashboard:
 {chr(10).join(keys_lines())}
 exit codes: 0 done (or d: the run goes on), 1 training failed, 2 bad usage or input (one line
   on stderr), 130 Ctrl-C or q, 143 SIGTERM, 129 SIGHUP with --headless (the dashboard's run
-  has a process of its own: a closed terminal leaves it going); your own script: the failing
-  rank's own exit code, passed on (128+N for a rank killed by signal N)
+  has a process of its own: a closed terminal leaves it going), 141 when whoever reads the
+  output stops (| head); your own script: the failing rank's own exit code, passed on (128+N
+  for a rank killed by signal N)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
   where Python may not write bytecode)"""
 
@@ -211,6 +213,10 @@ def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
     finally:
         if host is not None:
             host.close()
+            if run.log_lost:  # ls reads the end from the record where the log could not say it
+                from ddptui.run.registry import record_end
+
+                record_end(host.record, "failed", run.log_lost)
         end_helpers()
 
 
@@ -263,7 +269,7 @@ def _attach_run(name: str | None, headless: bool) -> int:
     except (LookupError, OSError) as e:
         raise UsageError(str(e)) from None
     try:
-        viewer = background.connect(record.socket)
+        viewer = background.attach(record.pid)
     except (Refused, RunGone) as e:
         raise UsageError(str(e)) from None
     except OSError as e:
@@ -300,6 +306,11 @@ def _guarded(handler: Callable[[], int]) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Whoever read our output stopped (| head): as a command killed by SIGPIPE, quietly.
+        # stdout points at nothing now, so that its flush at exit raises no second error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

@@ -130,14 +130,15 @@ def malformed(order: dict | None) -> str | None:
     """Why a viewer's message is not an order this run takes, or None when it is one."""
     if order is None:
         return "not a JSON object"
-    fields = ORDERS.get(order.get("op"))  # type: ignore[arg-type]
+    op = order.get("op")
+    fields = ORDERS.get(op) if isinstance(op, str) else None
     if fields is None:
-        return f"unknown op {str(order.get('op'))[:40]!r}"
+        return f"unknown op {str(op)[:40]!r}"
     for name, kind in fields.items():
         value = order.get(name)
         if not isinstance(value, kind) or isinstance(value, bool):  # no field is a flag
             return f"{order['op']}: bad {name}"
     settings = order.get("settings", {})
-    if any(k not in SETTINGS or type(v) is not SETTINGS[k] for k, v in settings.items()):
+    if any(type(v) is not SETTINGS.get(k) for k, v in settings.items()):
         return "settings: unknown name or bad value"
     return None

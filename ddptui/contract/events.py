@@ -6,7 +6,9 @@ Every kind's fields and their meaning: schema.py (docs/events.md is made from it
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import json
 import math
 import os
@@ -120,9 +122,27 @@ class JsonlWriter:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.failed: str | None = None  # why a line could not be written, once one could not
 
-    def write(self, ev: dict) -> None:
-        os.write(self._fd, encode(ev).encode())
+    def write(self, ev: dict, last: bool = False) -> bool:
+        """Append `ev` as one whole line; False where it could not be (a full disk): nothing of
+        it is left in the file, and the log takes no more lines after that, but a `last` one
+        (the run's end, where it still fits)."""
+        if self.failed and not last:
+            return False
+        data = encode(ev).encode()
+        size = -1
+        try:
+            size = os.fstat(self._fd).st_size
+            if os.write(self._fd, data) == len(data):
+                return True
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # cut short: the disk filled
+        except OSError as e:
+            self.failed = self.failed or e.strerror or str(e)
+            if size >= 0:  # no torn line: the file ends with the last whole one
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, size)
+            return False
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -15,16 +15,15 @@ from ddptui.contract.events import encode
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
+ORDER_NESTING = 8  # objects and arrays one order may open: the deepest order opens 2
 
 
 class Refused(OSError):
     """The socket is not this user's own (owner or mode): nothing is sent to it."""
 
 
-def socket_path(folder: str, pid: int) -> str:
-    """Each run's socket is named by its process (a run's name may be long; AF_UNIX paths are
-    108 bytes at most)."""
-    return os.path.join(folder, f"{pid}.sock")
+class TooLong(OSError):
+    """A message over the bound: the connection it came on ends."""
 
 
 def listen(path: str) -> socket.socket:
@@ -55,6 +54,9 @@ def connect(path: str, timeout: float = 5.0) -> socket.socket:
     sock.settimeout(timeout)
     try:
         sock.connect(path)
+        _pid, uid = peer(sock)
+        if uid != os.getuid():  # the process that listens, whoever made the file
+            raise Refused(f"{path} is served by user {uid}")
     except OSError:
         sock.close()
         raise
@@ -62,10 +64,11 @@ def connect(path: str, timeout: float = 5.0) -> socket.socket:
     return sock
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The user id of the process at the other end, as the kernel knows it."""
+def peer(sock: socket.socket) -> tuple[int, int]:
+    """The process id and user id at the other end, as the kernel knows them."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+    pid, uid, _gid = struct.unpack("3i", creds)
+    return pid, uid
 
 
 def frame(message: dict) -> bytes:
@@ -74,10 +77,11 @@ def frame(message: dict) -> bytes:
 
 class Lines:
     """A socket's messages, one JSON object a line, in order until the peer closes (iterate); a
-    line over `limit` bytes ends the connection (OSError), one that is not an object is None."""
+    line over `limit` bytes ends the connection (OSError), one that is not an object is None,
+    and so is one that opens more than `nesting` objects and arrays (counted before parsing)."""
 
-    def __init__(self, sock: socket.socket, limit: int):
-        self.sock, self.limit = sock, limit
+    def __init__(self, sock: socket.socket, limit: int, nesting: int | None = None):
+        self.sock, self.limit, self.nesting = sock, limit, nesting
 
     def __iter__(self) -> Iterator[dict | None]:
         buf = b""
@@ -88,15 +92,17 @@ class Lines:
                     return
                 buf += chunk
                 if len(buf) > self.limit and b"\n" not in buf:
-                    raise OSError(f"a message over {self.limit} bytes")
+                    raise TooLong(f"a message over {self.limit} bytes")
             *lines, buf = buf.split(b"\n")
-            yield from (_object(line) for line in lines if line.strip())
+            yield from (_object(line, self.nesting) for line in lines if line.strip())
 
 
-def _object(line: bytes) -> dict | None:
+def _object(line: bytes, nesting: int | None = None) -> dict | None:
+    if nesting is not None and line.count(b"{") + line.count(b"[") > nesting:
+        return None
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

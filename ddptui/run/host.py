@@ -11,15 +11,24 @@ import socket
 import threading
 import time
 
-from ddptui.contract.dashboards import malformed
-from ddptui.contract.viewers import MAX_ORDER, Lines, frame, listen, peer_uid, socket_path
+from ddptui.contract.viewers import (
+    MAX_ORDER,
+    ORDER_NESTING,
+    Lines,
+    TooLong,
+    frame,
+    listen,
+    peer,
+)
+from ddptui.run.order_check import refusal
 from ddptui.run.owned import OwnedRun
-from ddptui.run.registry import folder, register, run_name
+from ddptui.run.registry import register, run_name
+from ddptui.run.runtime_dir import RuntimeDir
 from ddptui.state.snapshot import dump
-from ddptui.state.source import RunSource
 
 FACES_S = 0.25  # how often what the keys may do is looked at again (a script opts in late)
-BACKLOG = 1 << 16  # messages a viewer may lag behind before it is dropped (it can attach again)
+MAX_VIEWERS = 64  # dashboards at once: each costs the run two threads
+MAX_BEHIND = 16 << 20  # bytes a dashboard may lag behind before it is dropped (it can attach again)
 END_GRACE_S = 5.0  # at the run's end: for each viewer to take the last of it
 ACTIONS = ("pause", "settings", "checkpoint")  # what RunSource.refuse may refuse
 
@@ -28,23 +37,32 @@ def serve(run: OwnedRun) -> RunHost | None:
     """Record the run for `ddptui ls` and serve it on its socket, from this process; None (said
     in the run's events) where the user's runtime folder cannot be used."""
     try:
-        host = RunHost(run, socket_path(folder(), os.getpid()), run_name(run.log_path))
+        host = RunHost(run, RuntimeDir(), f"{os.getpid()}.sock", run_name(run.log_path))
     except OSError as e:
         run.state.say(f"no dashboard can attach to this run: {e}", "warning")
         register(run.log_path, run.state.meta)
         return None
-    register(run.log_path, run.state.meta, host.path)
+    host.record = register(run.log_path, run.state.meta,
+                           os.path.join(host.folder.path, host.name_in_folder))
     host.start()
     return host
 
 
 class RunHost:
-    """Listens on `path` (a Unix socket, 0600, in the user's own folder) until close()."""
+    """Listens on `name` in the runtime folder (a Unix socket, 0600) until close(); `record` is
+    the run's record there (register)."""
 
-    def __init__(self, source: RunSource, path: str, name: str):
-        self.source, self.path, self.name = source, path, name
-        self.sock = listen(path)
+    def __init__(self, source: OwnedRun, folder: RuntimeDir, name_in_folder: str, name: str):
+        self.source, self.folder, self.name = source, folder, name
+        self.name_in_folder = name_in_folder
+        self.record: str | None = None
+        try:
+            self.sock = listen(folder.inside(name_in_folder))
+        except OSError:
+            folder.close()
+            raise
         self._viewers: list[_Viewer] = []
+        self._behind: list[int] = []  # pids of the viewers dropped for lagging, to be said
         self._faces = self._read_faces()
         self._closing = threading.Event()
         source.state.listener = self._publish
@@ -74,10 +92,8 @@ class RunHost:
         for v in viewers:
             v.sender.join(max(0.0, deadline - time.monotonic()))
             v.drop()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self.folder.remove(self.name_in_folder)
+        self.folder.close()
         self.sock.close()
 
     # -- viewers come and go ------------------------------------------------------------------
@@ -87,12 +103,17 @@ class RunHost:
                 conn, _ = self.sock.accept()
             except OSError:
                 return  # closed
-            uid = peer_uid(conn)
+            pid, uid = peer(conn)
             if uid != os.getuid():  # the folder's mode keeps others out; this is the second lock
                 conn.close()
-                self.source.state.say(f"refused a dashboard of user {uid}", "warning")
+                self.source.note(f"refused a dashboard of user {uid}")
                 continue
-            viewer = _Viewer(conn, self._order)
+            if sum(not v.gone.is_set() for v in self._viewers) >= MAX_VIEWERS:
+                conn.close()
+                self.source.note(f"refused the dashboard of pid {pid}: {MAX_VIEWERS} dashboards "
+                                 "are attached already")
+                continue
+            viewer = _Viewer(conn, pid, self._order, self.source.note)
             state = self.source.state
             with state.lock:  # no change is lost or sent twice between the snapshot and the stream
                 viewer.send(frame({"type": "hello", "name": self.name, "pid": os.getpid(),
@@ -112,11 +133,16 @@ class RunHost:
         for v in list(self._viewers):
             if not v.send(data):
                 self._viewers.remove(v)
+                if not v.gone.is_set():
+                    self._behind.append(v.pid)  # said by _watch: this runs under the state's lock
                 v.drop()
 
     def _watch(self) -> None:
         """What the keys may do changes as a script's ranks opt in; each change goes out."""
         while not self._closing.wait(FACES_S):
+            while self._behind:
+                self.source.note(f"dropped the dashboard of pid {self._behind.pop(0)}: it fell "
+                                 f"{MAX_BEHIND >> 20} MiB behind (it can attach again)")
             faces = self._read_faces()
             if faces != self._faces:
                 self._faces = faces
@@ -132,16 +158,24 @@ class RunHost:
                 "after_kill": s.after_kill}
 
     # -- orders --------------------------------------------------------------------------------
-    def _order(self, order: dict | None) -> None:
-        why = malformed(order)
-        if why:
-            self.source.state.say(f"a dashboard's message was dropped: {why}", "warning")
-            return
-        assert order is not None
+    def _order(self, viewer: _Viewer, order: dict | None) -> None:
+        """A dashboard's message: carried out when the run can take it, else one line saying
+        why (nothing an order does may end its dashboard's reader, or the run)."""
+        try:
+            why = refusal(order, self.source)
+            if why is None:
+                assert order is not None
+                self._carry_out(order)
+                return
+        except Exception as e:  # a bug of ours: that order is lost, the run goes on
+            why = f"{type(e).__name__}: {e}"
+        self.source.note(f"a dashboard's message was dropped: {why} (dashboard pid {viewer.pid})")
+
+    def _carry_out(self, order: dict) -> None:
         s, op = self.source, order["op"]
         match op:
             case "settings":
-                s.change_settings(request=order.get("request"), **order["settings"])
+                s.change_settings(request=order["request"], **order["settings"])
             case "stop":
                 s.stop(code=order["code"])
             case "restart_group":
@@ -155,12 +189,14 @@ class RunHost:
 
 
 class _Viewer:
-    """One dashboard's connection: a thread sends what is queued for it, another reads its
-    orders."""
+    """One dashboard's connection (`pid`: its process): a thread sends what is queued for it,
+    another reads its orders."""
 
-    def __init__(self, conn: socket.socket, on_order):
-        self.conn, self.on_order = conn, on_order
+    def __init__(self, conn: socket.socket, pid: int, on_order, note):
+        self.conn, self.pid, self.on_order, self.note = conn, pid, on_order, note
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.behind = 0  # bytes queued, not sent yet
+        self._lock = threading.Lock()
         self.gone = threading.Event()
         self.sender = threading.Thread(target=self._send_loop, name="viewer-out", daemon=True)
         self.reader = threading.Thread(target=self._read_loop, name="viewer-in", daemon=True)
@@ -171,8 +207,10 @@ class _Viewer:
 
     def send(self, data: bytes) -> bool:
         """Queue `data`; False when this viewer is gone or too far behind."""
-        if self.gone.is_set() or self.queue.qsize() > BACKLOG:
-            return False
+        with self._lock:
+            if self.gone.is_set() or self.behind + len(data) > MAX_BEHIND:
+                return False
+            self.behind += len(data)
         self.queue.put(data)
         return True
 
@@ -194,6 +232,8 @@ class _Viewer:
                 data = b"".join(b for b in batch if b is not None)
                 if data:
                     self.conn.sendall(data)
+                    with self._lock:
+                        self.behind -= len(data)
                 if None in batch:
                     return
         except OSError:
@@ -205,9 +245,11 @@ class _Viewer:
 
     def _read_loop(self) -> None:
         try:
-            for order in Lines(self.conn, MAX_ORDER):
-                self.on_order(order)
+            for order in Lines(self.conn, MAX_ORDER, ORDER_NESTING):
+                self.on_order(self, order)
+        except TooLong as e:
+            self.note(f"closed the dashboard of pid {self.pid}: {e}")
         except OSError:
-            pass  # gone, or a message over the bound: this viewer is dropped
+            pass  # gone
         self.drop()
         self.conn.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PIPE = 141  # 128 + SIGPIPE: whoever read our output stopped (| head), as for any command
 
 
 class Ending(NamedTuple):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
 from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
-from ddptui.run.outcome import EXIT_INTERRUPTED, Ending
+from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Ending
 from ddptui.state.source import RunSource
 
 
@@ -31,6 +31,7 @@ class OwnedRun(RunSource):
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         # Whether a dashboard shows the run now; the run's own process has its host say.
         self.watched: Callable[[], bool] = lambda: False
+        self.log_lost: str | None = None  # why the log could not be written, once it could not
 
     @property
     def started(self) -> bool:
@@ -95,6 +96,27 @@ class OwnedRun(RunSource):
         """A message of ddptui's own, in the log and the event pane (the run's thread only)."""
         self._handle(event("message", PARENT, level=level, text=text, **fields))
 
+    def _log(self, ev: dict) -> None:
+        """Into the log, whole lines only. A log that cannot be written (a full disk) ends the
+        run in order, said once on screen: its last `run` event still goes in where it fits,
+        and `log_lost` says why for the run's record (ls)."""
+        if self._writer is None:
+            return
+        last = ev["kind"] == "run" and ev.get("exit_code") is not None
+        if self._writer.write(ev, last=last) or self.log_lost:
+            return
+        self.log_lost = f"its log {self.log_path} cannot be written: {self._writer.failed}"
+        self.state.say(f"the run ends: {self.log_lost}", "error")
+        self.stop("failed", EXIT_FAILED, self.log_lost)
+
+    def note(self, text: str, level: str = "warning") -> None:
+        """say() from another thread (the dashboards' host): the run's thread logs it; once the
+        run is over, only the screens get it."""
+        if self.done.is_set():
+            self.state.say(text, level)
+        else:
+            self._commands.put({"op": "say", "text": text, "level": level})
+
     # -- the membership's decisions (ddptui/run/membership.py), carried out by the thread --------
     def _act(self, actions: list[Action]) -> None:
         for a in actions:
@@ -115,7 +137,10 @@ class OwnedRun(RunSource):
     # -- the commands queued for the thread: the run's own, and a stop's one sequence ----------
     def _run_commands(self) -> None:
         for cmd in self._queued():
-            self._own.get(cmd["op"], self._send)(cmd)
+            if cmd["op"] == "say":
+                self.say(cmd["text"], cmd["level"])
+            else:
+                self._own.get(cmd["op"], self._send)(cmd)
 
     def _stop(self, cmd: dict) -> None:
         """q, Ctrl-C, SIGTERM: the first says how the run ends and winds it down; the second

@@ -13,6 +13,7 @@ import psutil
 
 from ddptui.observe.endings import tail_lines
 from ddptui.options.errors import UsageError
+from ddptui.run.runtime_dir import RuntimeDir, safe_name
 
 KEPT_S = 7 * 24 * 3600  # an ended run's record is dropped after a week
 
@@ -27,6 +28,7 @@ class RunRecord:
     started: float
     state: str = "running"  # or the run's end status from its log: done, failed, interrupted
     socket: str = ""  # where its dashboards connect (ddptui attach NAME)
+    reason: str = ""  # why it ended, where its log could not say (record_end)
 
 
 def default_log_path() -> str:
@@ -51,62 +53,98 @@ def run_name(log: str) -> str:
     return os.path.splitext(os.path.basename(log))[0]
 
 
-def folder() -> str:
-    """$XDG_RUNTIME_DIR/ddptui, else /tmp/ddptui-UID: made 0700, and refused if another user
-    owns it or others may write to it (a record there names logs that ls would read)."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    path = os.path.join(base, "ddptui") if base else f"/tmp/ddptui-{os.getuid()}"
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.stat(path)
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise PermissionError(f"{path} is not this user's own folder (owner {info.st_uid}, "
-                              f"mode {oct(info.st_mode & 0o777)})")
-    return path
-
-
 def register(log: str, meta: dict, socket: str = "") -> str | None:
-    """Record the run ddptui is starting in this process; the record's path, or None where the
-    folder cannot be used (the run goes on: ls will not list it)."""
+    """Record the run ddptui is starting in this process; the record's name in the runtime
+    folder, or None where the folder cannot be used (the run goes on: ls will not list it)."""
     name = run_name(log)
     record = RunRecord(name, os.getpid(), meta.get("script") or meta.get("model") or "?",
                        int(meta.get("world_size") or 0), os.path.abspath(log), time.time(),
                        socket=socket)
+    file = f"{name}.{os.getpid()}.json"
+    if not safe_name(file):
+        return None
     try:
-        path = os.path.join(folder(), f"{name}.{os.getpid()}.json")
-        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-            json.dump(record.__dict__, f)
+        with RuntimeDir() as folder:
+            folder.write(file, json.dumps(record.__dict__).encode())
     except OSError:
         return None
-    return path
+    return file
 
 
-def runs(now: float | None = None) -> list[RunRecord]:
-    """This user's runs, newest first: a live one `running`, an ended one as its log says."""
+def record_end(file: str | None, status: str, reason: str) -> None:
+    """Say in the run's record how it ended, where its log could not (a full disk): ls reads
+    it there."""
+    if file is None:
+        return
+    try:
+        with RuntimeDir() as folder:
+            record = json.loads(folder.read(file))
+            record.update(state=status, reason=reason)
+            folder.write(file, json.dumps(record).encode())
+    except (OSError, ValueError):
+        pass
+
+
+def runs(now: float | None = None, warn=lambda text: None) -> list[RunRecord]:
+    """This user's runs, newest first: a live one `running`, an ended one as its record or its
+    log says. A record that cannot be read, or whose fields are not what a run writes, is
+    skipped and `warn`ed of; an ended run's record and output are removed after a week."""
     now = time.time() if now is None else now
     found = []
-    for entry in os.scandir(folder()):
-        if not entry.name.endswith(".json"):
-            continue
-        try:
-            with open(entry.path) as f:
-                record = RunRecord(**json.load(f))
-        except (OSError, ValueError, TypeError):
-            continue
-        if not _alive(record):
-            record.state = _end_status(record.log)
-            if now - record.started > KEPT_S:
-                for path in (entry.path, os.path.join(os.path.dirname(entry.path),
-                                                      f"{record.name}.out")):
-                    if os.path.exists(path):
-                        os.unlink(path)
+    with RuntimeDir() as folder:
+        for file in folder.names():
+            if not file.endswith(".json"):
                 continue
-        found.append(record)
+            try:
+                record = parse_record(folder.read(file))
+            except (OSError, ValueError) as e:
+                warn(f"skipped the run record {shown(file)}: {shown(str(e))}")
+                continue
+            if not _alive(record):
+                record.state = record.state if record.state != "running" else \
+                    _end_status(record.log)
+                if now - record.started > KEPT_S:
+                    folder.remove(file)
+                    if safe_name(f"{record.name}.out"):
+                        folder.remove(f"{record.name}.out")
+                    continue
+            found.append(record)
     return sorted(found, key=lambda r: r.started, reverse=True)
+
+
+def parse_record(data: bytes) -> RunRecord:
+    """A record's fields, each of the type a run writes (ValueError says which is not)."""
+    fields = json.loads(data)
+    if not isinstance(fields, dict):
+        raise ValueError("not a JSON object")
+    for name, kind in _FIELDS.items():
+        if name in fields and not (isinstance(fields[name], kind)
+                                   and not isinstance(fields[name], bool)):
+            raise ValueError(f"its {name} is not a {kind[0].__name__}")
+    missing = [n for n in ("name", "pid", "what", "ranks", "log", "started") if n not in fields]
+    if missing:
+        raise ValueError(f"it has no {', '.join(missing)}")
+    if not safe_name(fields["name"]):
+        raise ValueError("its name is not a name")
+    if fields["pid"] <= 0:
+        raise ValueError("its pid is not a process id")
+    return RunRecord(**{n: fields[n] for n in _FIELDS if n in fields})
+
+
+_FIELDS = {"name": (str,), "pid": (int,), "what": (str,), "ranks": (int,), "log": (str,),
+           "started": (float, int), "state": (str,), "socket": (str,), "reason": (str,)}
+
+
+def shown(text: str) -> str:
+    """Text from a record, for a terminal: control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def find(name: str | None) -> RunRecord:
     """The live run named `name` (or by a prefix of its name that no other live run shares), or
     the newest live run; LookupError says why there is none."""
+    if name is not None and not name:
+        raise LookupError("an empty run name names no run (ddptui ls lists them)")
     live = [r for r in runs() if r.state == "running" and r.socket]
     if not live:
         raise LookupError("no run of yours is running on this machine (ddptui ls lists them)")
@@ -118,9 +156,10 @@ def find(name: str | None) -> RunRecord:
         return matches[0]
     if not matches:
         ended = [r for r in runs() if r.name == name]
-        raise LookupError(f"run {name} has ended ({ended[0].state})" if ended else
-                          f"no running run of yours is named {name} (ddptui ls lists them)")
-    raise LookupError(f"{name} names {len(matches)} running runs: "
+        raise LookupError(f"run {shown(name)} has ended ({ended[0].state})" if ended else
+                          f"no running run of yours is named {shown(name)} (ddptui ls lists "
+                          "them)")
+    raise LookupError(f"{shown(name)} names {len(matches)} running runs: "
                       + ", ".join(r.name for r in matches))
 
 

@@ -93,8 +93,7 @@ class Supervisor(OwnedRun):
             if ev["kind"] == "beat":  # for the watchdog only: the log keeps what it concluded
                 return
         self.state.apply(ev)
-        if self._writer:
-            self._writer.write(ev)
+        self._log(ev)
         match ev:
             case {"kind": "message"}:
                 self._on_message(ev)

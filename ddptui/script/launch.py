@@ -14,7 +14,6 @@ from ddptui.observe.flight import trace_env
 from ddptui.script.options import ScriptConfig
 
 
-
 @dataclass(frozen=True)
 class Attempt:
     """One start of the whole group (torchrun restarts every rank together)."""

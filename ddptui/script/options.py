@@ -12,9 +12,9 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from ddptui.observe.launchers import local_rank_flag, parse, source_of, starts_ranks
 from ddptui.observe.streams import Routing, ranks_filter, std_spec
 from ddptui.observe.target import module_problem
-from ddptui.observe.launchers import local_rank_flag, parse, source_of, starts_ranks
 from ddptui.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.options.errors import UsageError
 from ddptui.options.parser import Parser, add_sections, flags, from_args, option, switches

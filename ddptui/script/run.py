@@ -17,6 +17,7 @@ from ddptui.contract.events import PARENT, RankState, count, event
 from ddptui.kit.telemetry.tensorboard import TensorBoardSink
 from ddptui.observe.endings import crash_cause
 from ddptui.observe.flight import trace_prefix
+from ddptui.observe.launchers import collided
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Outcome
 from ddptui.run.owned import OwnedRun
 from ddptui.run.ports import free_port
@@ -24,10 +25,9 @@ from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.registry import default_log_path
 from ddptui.script.group import HUNG_GRACE_S, LAUNCHER, RankGroup, ScriptRank
 from ddptui.script.launch import Attempt, described, new_run_id
-from ddptui.observe.launchers import collided
+from ddptui.script.launched import LaunchedRanks
 from ddptui.script.options import ScriptConfig
 from ddptui.script.roster import ScriptWorld
-from ddptui.script.launched import LaunchedRanks
 from ddptui.script.watch import ScriptWatch
 from ddptui.sources.listener import ReportListener
 from ddptui.state.runstate import RunState
@@ -35,6 +35,8 @@ from ddptui.state.runstate import RunState
 
 class ScriptRun(LaunchedRanks, OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
+
+    can_restart_group = True  # s, r, k without run.elastic(), and r on a failed run
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
         self.config = config
@@ -101,8 +103,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     # -- the thread ----------------------------------------------------------------------------
     def _handle(self, ev: dict) -> None:
         self.state.apply(ev)
-        if self._writer:
-            self._writer.write(ev)
+        self._log(ev)
         if self._tensorboard is not None:
             self._tensorboard.put(ev)
 

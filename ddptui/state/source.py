@@ -20,6 +20,7 @@ class RunSource(ABC):
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
     can_end_job: ClassVar[bool] = False  # K ends a job it does not own (an Attach)
     can_detach: ClassVar[bool] = False  # d leaves the run going (a Viewer of a run's process)
+    can_restart_group: ClassVar[bool] = False  # every rank ends and starts again (a script's)
 
     state: RunState
     done: threading.Event

@@ -10,9 +10,10 @@ import subprocess
 import sys
 import time
 
-from ddptui.contract.viewers import socket_path
+from ddptui.contract.viewers import Refused
 from ddptui.options.errors import UsageError
-from ddptui.run.registry import folder, run_name
+from ddptui.run.registry import run_name
+from ddptui.run.runtime_dir import FolderRefused, RuntimeDir, safe_name
 from ddptui.sources.viewer import Viewer
 from ddptui.view.headless import HeadlessConsole, summary
 
@@ -33,34 +34,41 @@ def launch(argv: list[str], log: str) -> tuple[subprocess.Popen, Viewer]:
     """Start `ddptui ARGV` as the run's own process, in a session of its own (no controlling
     terminal), its output in the user's runtime folder; returns once a viewer is connected to
     it. Ctrl-C meanwhile ends it: the run is not wanted."""
+    out = f"{run_name(log)}.out"
+    if not safe_name(out):
+        raise UsageError(f"the log's name cannot name the run: {log!r} (--log FILE.jsonl)")
     try:
-        where = folder()
-    except PermissionError as e:
+        folder = RuntimeDir()
+    except FolderRefused as e:
         raise UsageError(str(e)) from None
-    out = os.path.join(where, f"{run_name(log)}.out")
-    with open(out, "wb") as f:
+    with folder, os.fdopen(folder.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
         proc = subprocess.Popen([sys.executable, "-m", "ddptui", *argv],
                                 env={**os.environ, HOST_ENV: log}, stdin=subprocess.DEVNULL,
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    path, deadline = socket_path(where, proc.pid), time.monotonic() + READY_S
-    try:
-        _until_listening(proc, path, out, deadline)
-        return proc, connect(path)
-    except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait()
-        raise
+        try:
+            _until_listening(proc, folder, out, time.monotonic() + READY_S)
+            return proc, connect(folder.inside(f"{proc.pid}.sock"))
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
 
 
-def _until_listening(proc: subprocess.Popen, path: str, out: str, deadline: float) -> None:
-    while not os.path.exists(path):
+def _until_listening(proc: subprocess.Popen, folder: RuntimeDir, out: str,
+                     deadline: float) -> None:
+    while True:
+        try:
+            folder.stat(f"{proc.pid}.sock")
+            return
+        except FileNotFoundError:
+            pass
         if proc.poll() is not None:
-            with open(out, errors="replace") as f:
-                raise NotStarted(proc.returncode, f.read().splitlines())
+            said = folder.read(out, 1 << 20).decode(errors="replace")
+            raise NotStarted(proc.returncode, said.splitlines())
         if time.monotonic() > deadline:
             proc.kill()
             raise UsageError(f"the run's process did not start within {READY_S:.0f} s "
-                             f"(its output: {out})")
+                             f"(its output: {os.path.join(folder.path, out)})")
         time.sleep(0.05)
 
 
@@ -72,6 +80,20 @@ def connect(path: str) -> Viewer:
         except ConnectionRefusedError:
             time.sleep(0.05)
     return Viewer(path)
+
+
+def attach(pid: int) -> Viewer:
+    """A viewer of the run whose process is `pid`, through the user's runtime folder."""
+    name = f"{pid}.sock"
+    try:
+        with RuntimeDir() as folder:
+            try:
+                return connect(folder.inside(name))
+            except Refused as e:  # said with the path the user knows
+                raise Refused(str(e).replace(folder.inside(name),
+                                             os.path.join(folder.path, name))) from None
+    except FolderRefused as e:
+        raise UsageError(str(e)) from None
 
 
 def watch(viewer: Viewer, started: subprocess.Popen | None = None) -> int:

@@ -283,8 +283,8 @@ def test_a_rank_killed_at_any_moment_of_a_world_change_is_survived(tmp_path, mon
         seen = len(_worlds(log))
         os.kill(sup.slots[victim].process.pid, signal.SIGKILL)
         assert joiner in world_without(victim, seen)["ranks"], (delay, joiner, victim)
-        _wait(lambda: any(e["rank"] == joiner and e["t"] > _worlds(log)[-1]["t"]
-                          for e in events(log, "step")), f"rank {joiner} training on")
+        _wait(lambda joiner=joiner: any(e["rank"] == joiner and e["t"] > _worlds(log)[-1]["t"]
+                                        for e in events(log, "step")), f"rank {joiner} training on")
     worlds = [(w["size"], w["ranks"]) for w in _worlds(log)]
     assert worlds == [(2, [0, 2]), (3, [0, 1, 2]), (2, [0, 1]), (3, [0, 1, 2]), (2, [1, 2]),
                       (3, [0, 1, 2]), (2, [0, 2]), (3, [0, 1, 2]), (2, [0, 1])]

@@ -160,7 +160,7 @@ def test_a_socket_others_could_use_is_refused_and_messages_are_checked(env, tmp_
         os.chmod(folder, 0o755)
         os.chmod(path, 0o666)
         assert _as_nobody(path) == "closed"
-        _said(watcher, "refused a dashboard of user 65534")
+        _said(watcher, "warning: refused a dashboard of user 65534")
         # A socket others may use is not trusted either: attach refuses it, in one line.
         os.chmod(folder, 0o700)
         r = ddptui(["attach", log.stem], env, tmp_path)
@@ -177,7 +177,8 @@ def test_a_socket_others_could_use_is_refused_and_messages_are_checked(env, tmp_
             s.sendall(b"not json\n" + frame({"op": "rm -rf"}) + frame({"op": "kill_rank",
                                                                         "rank": "1"}))
             for why in ("not a JSON object", "unknown op 'rm -rf'", "kill_rank: bad rank"):
-                _said(watcher, f"a dashboard's message was dropped: {why}")
+                _said(watcher, f"warning: a dashboard's message was dropped: {why} "
+                               f"(dashboard pid {os.getpid()})")
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(path)
             s.sendall(b"{" + b" " * (1 << 17))
