@@ -4,6 +4,7 @@ crashed itself, the error it printed (a CUDA error, a device assert, its excepti
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -58,6 +59,19 @@ def crashed_in(lines: list[str]) -> str:
     text = "\n".join(lines)
     at = text.rfind("Current thread ")
     return innermost(text[at:].split("\n\n")[0], frames=2) if at >= 0 else ""
+
+
+def last_run_event(log: str) -> dict | None:
+    """The run's last `run` event that ended it, from its log's tail; None if there is none."""
+    for line in reversed(tail_lines(log)):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(ev, dict) and ev.get("kind") == "run" and \
+                ev.get("status") in ("done", "failed", "interrupted"):
+            return ev
+    return None
 
 
 def tail_lines(path: str, size: int = 1 << 16) -> list[str]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from ddptui.observe.endings import tail_lines
+from ddptui.observe.endings import last_run_event
 from ddptui.options.errors import UsageError
 from ddptui.run.runtime_dir import RuntimeDir, safe_name
 
@@ -175,11 +175,5 @@ def _alive(record: RunRecord) -> bool:
 
 def _end_status(log: str) -> str:
     """The last `run` event's status in the log's tail (an hour's log is tens of MB)."""
-    for line in reversed(tail_lines(log)):
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if ev.get("kind") == "run" and ev.get("status") not in (None, "started"):
-            return ev["status"]
-    return "ended"
+    end = last_run_event(log)
+    return str(end["status"]) if end is not None else "ended"

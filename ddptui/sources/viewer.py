@@ -9,10 +9,17 @@ import queue
 import socket
 import threading
 
+import psutil
+
 from ddptui.contract.events import PARENT, event, settings_request
 from ddptui.contract.viewers import MAX_UPDATE, Lines, connect, frame
+from ddptui.observe.endings import last_run_event
 from ddptui.state.snapshot import load
 from ddptui.state.source import RunSource
+
+
+GONE_POLL_S = 1.0  # how often the run's process is looked for
+GONE_GRACE_S = 2.0  # once it is gone: for its last messages to arrive
 
 
 class RunGone(OSError):
@@ -36,8 +43,11 @@ class Viewer(RunSource):
         self.exit_code: int | None = None
         self.lost = False  # the connection ended without the run's end
         self._orders: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
+        self._process = _process(self.pid)
         self._threads = [threading.Thread(target=self._follow, name="viewer", daemon=True),
-                         threading.Thread(target=self._send, name="orders", daemon=True)]
+                         threading.Thread(target=self._send, name="orders", daemon=True),
+                         threading.Thread(target=self._watch_process, name="run-process",
+                                          daemon=True)]
 
     def _hello(self) -> dict:
         first = next(self._messages, None)
@@ -72,6 +82,24 @@ class Viewer(RunSource):
                 self.state.say("lost the run's process: it ended without a word, or dropped "
                                "this dashboard (ddptui ls says which)", "error")
                 self.done.set()
+
+    def _watch_process(self) -> None:
+        """The run's process gone, and its socket still open (a process that outlived it holds
+        its end: no end and no EOF would ever come): the run's end is read from its log."""
+        while not self.done.wait(GONE_POLL_S):
+            if self._process is None or self._process.is_running():
+                continue
+            if self.done.wait(GONE_GRACE_S):  # its own `end` was on its way
+                return
+            end = last_run_event(self.log_path)
+            if end is None:
+                return  # its log says nothing of an end: lost, as on EOF
+            self.exit_code = end.get("exit_code")
+            self.state.say("the run's process ended; its log says how", "warning")
+            self.done.set()
+            with contextlib.suppress(OSError):  # the reader sees the end of it
+                self.sock.shutdown(socket.SHUT_RDWR)
+            return
 
     def _take(self, m: dict) -> None:
         match m.get("type"):
@@ -145,3 +173,11 @@ class Viewer(RunSource):
 
     def stacks(self, rank: int) -> None:
         self._order("stacks", rank=rank)
+
+
+def _process(pid: int) -> psutil.Process | None:
+    """The run's process, as it is now (its start time tells it from a later one of its pid)."""
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None

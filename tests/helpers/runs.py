@@ -149,7 +149,9 @@ def assert_stops_cleanly(run, log) -> None:
 
 
 def assert_gone(pids: set[int], timeout: float = 30) -> None:
-    """Every process ends; the timeout only keeps a leak from hanging the suite."""
+    """Every process ends; the timeout only keeps a leak from hanging the suite. An empty set
+    proves nothing: the test saw no process to check."""
+    assert pids, "no process to check: the test never saw the run's processes"
     deadline = time.monotonic() + timeout
     alive = set(pids)
     while alive and time.monotonic() < deadline:

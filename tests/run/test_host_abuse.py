@@ -196,11 +196,15 @@ def test_a_dashboard_that_falls_behind_is_dropped_with_a_line(tmp_path):
             while not host.watched():
                 assert time.monotonic() < deadline, "never served"
                 time.sleep(0.01)
-            line = "x" * 1000
-            for _ in range(2 * MAX_BEHIND // len(line)):
+            line, said = "x" * 1000, 0
+            while host.watched():  # until it is dropped: the screens keep the last lines only
+                assert said < 2 * MAX_BEHIND // len(line), "never dropped"
                 sup.state.say(line)
+                said += 1
+            assert said > MAX_BEHIND // (2 * len(line))  # it was served until far behind
             dropped = lambda: [text for _seq, _t, _level, text, _kind  # noqa: E731
                                in sup.state.lines_after(0) if text.startswith("dropped")]
+            deadline = time.monotonic() + 30
             while not dropped():
                 assert time.monotonic() < deadline, "never dropped"
                 time.sleep(0.05)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.helpers.runs import ROOT, TINY, ddptui, events, run_env
+from tests.helpers.runs import ROOT, TINY, ddptui, events, run_config, run_env
 
 
 def test_the_built_in_loop_runs_from_a_folder_that_holds_a_trainer_py(env, tmp_path):
@@ -64,15 +64,23 @@ def _write_mnist(root, n_train=64, n_test=32):
             struct.pack(">II", 2049, n) + labels.numpy().tobytes())
 
 
-def test_mnist_format_trains_resnet18_with_one_channel(env, tmp_path):
+def test_mnist_format_is_read_and_resnet18_takes_its_one_channel(tmp_path):
+    """--data mnist:PATH (torchvision's files, never downloaded) gives one-channel samples of
+    the ten classes, and resnet18 is built for one channel: a batch of them goes through (the
+    2-rank loop itself is the other tests' subject)."""
+    from ddptui_trainer.models import build_model
+    from ddptui_trainer.pipeline.datasets import build_datasets
+
     _write_mnist(tmp_path / "mnist")
-    log = tmp_path / "run.jsonl"
-    r = ddptui(["run", "resnet18", "--cpus", "2", "--data", f"mnist:{tmp_path / 'mnist'}",
-                "--epochs", "1", "--batch-size", "8", "--workers", "0", "--log", str(log)],
-               env, tmp_path)
-    assert r.returncode == 0, r.stderr
-    (ep,) = [e for e in events(log, "epoch") if e["rank"] == 0]
-    assert ep["steps"] == 4 and ep["val_acc"] is not None
+    config = run_config("resnet18", "--data", f"mnist:{tmp_path / 'mnist'}", "--batch-size", "8")
+    bundle = build_datasets(config, progress=lambda text: None)
+    assert (bundle.num_train, bundle.num_classes, bundle.in_channels) == (64, 10, 1)
+    image, label = bundle.train[(0, 0)]
+    assert image.shape[0] == 1 and 0 <= int(label) < 10
+    model = build_model("resnet18", bundle.num_classes, bundle.in_channels,
+                        config.data.resolved_image_size)
+    batch = torch.stack([bundle.val[(0, i)][0] for i in range(4)]).float()
+    assert model.eval()(batch).shape == (4, 10)
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,12 @@ at once, and a socket no one else may use."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -258,3 +261,31 @@ def test_the_changes_that_come_with_the_hello_are_taken(tmp_path):
     assert viewer.done.wait(10) and viewer.exit_code == 0 and not viewer.lost
     assert viewer.state.started_t == started["t"] and viewer.state.meta["model"] == "m"
     server.close()
+
+
+def test_a_run_process_gone_while_its_socket_stays_open_ends_the_dashboard(tmp_path):
+    """Another process holds the run's end of the socket (it outlived the run's process): no
+    `end` and no EOF ever come. The dashboard sees the run's process gone and takes the run's
+    end from its log (seen once on a GPU: DONE on screen, and q asked to end a finished run)."""
+    path, log = str(tmp_path / "run.sock"), tmp_path / "run.jsonl"
+    log.write_text(json.dumps({"t": time.time(), "kind": "run", "rank": -1, "status": "done",
+                               "exit_code": 0}) + "\n")
+    server = listen(path)
+    run_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    held = []
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        held.append(conn)  # never closed while the viewer waits: as if another process held it
+        conn.sendall(frame({"type": "hello", "name": "x", "pid": run_process.pid,
+                            "log": str(log), "faces": {}, "snapshot": dump(RunState())}))
+
+    threading.Thread(target=serve, daemon=True).start()
+    viewer = Viewer(path)
+    viewer.start()
+    assert not viewer.done.wait(0.5)
+    run_process.wait()
+    assert viewer.done.wait(30) and viewer.exit_code == 0 and not viewer.lost
+    assert "the run's process ended; its log says how" in _lines(viewer)
+    server.close()
+    held[0].close()

@@ -5,6 +5,7 @@ rolls back to the newest point they all hold. Each kind of rank brings its own s
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -138,18 +139,33 @@ def share_state(m: Member, order: dict, group) -> None:
         host, tensors = m.state_for_joiner()
         meta = {"host": host, "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
                 "cpu": {i: t for i, t in enumerate(tensors) if not t.is_cuda}}
-        dist.send_object_list([meta], dst=dst, group=group)
+        _send_object(meta, dst, group)
         _exchange([dist.P2POp(dist.isend, t, dst) for t in tensors if t.is_cuda])
     elif m.rank == dst:
-        box: list = [None]
-        dist.recv_object_list(box, src=src, group=group)
-        meta = box[0]
+        meta = _recv_object(src, group)
         tensors = m.tensors_to_receive(meta["specs"])
         for i, t in meta["cpu"].items():
             tensors[i].copy_(t)
         _exchange([dist.P2POp(dist.irecv, t, src) for t in tensors if t.is_cuda])
         m.load_from_member(meta["host"], tensors)
     m.mark("state")
+
+
+# gloo's point-to-point calls keep the timeout their group was made with (world.CONNECT, 1 s)
+# whatever it is set to later: a joiner's state (a model's worth on CPUs) took longer than that
+# on a loaded machine. Waited for with the default timeout instead, as a collective would be.
+def _send_object(obj: Any, dst: int, group) -> None:
+    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    for t in (torch.tensor([data.numel()]), data):
+        dist.isend(t, dst, group=group).wait(timeout=dist.default_pg_timeout)
+
+
+def _recv_object(src: int, group) -> Any:
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.irecv(size, src, group=group).wait(timeout=dist.default_pg_timeout)
+    data = torch.empty(int(size), dtype=torch.uint8)
+    dist.irecv(data, src, group=group).wait(timeout=dist.default_pg_timeout)
+    return pickle.loads(data.numpy().tobytes())  # a member's own state, over the world's links
 
 
 def _exchange(ops: list) -> None:
