@@ -17,7 +17,6 @@ from ddptui.observe.endings import last_run_event
 from ddptui.state.snapshot import load
 from ddptui.state.source import RunSource
 
-
 GONE_POLL_S = 1.0  # how often the run's process is looked for
 GONE_GRACE_S = 2.0  # once it is gone: for its last messages to arrive
 
