@@ -26,6 +26,7 @@ from ddptui.run.policy import RunPolicy
 from ddptui.script.options import DETACH_HELP, DETACH_OR_HEADLESS, JOB_GRACE_S, STALL_S
 from ddptui.view.background import HOST_ENV
 from ddptui.view.keys import keys_lines
+from ddptui.web.command import add_web_parser, cmd_web
 
 if TYPE_CHECKING:
     from ddptui.run.owned import OwnedRun
@@ -43,6 +44,7 @@ EXAMPLES = f"""examples:
   ddptui run resnet18 --headless --epochs 1 --log runs/quick.jsonl
   ddptui run resnet50 --gpus all --detach     # in the background: prints its name and log
   ddptui ls                                   # your runs: running, and how the others ended
+  ddptui web --control                        # the newest run's dashboard in browser tabs
   ddptui attach                               # the newest run's dashboard again (or: attach NAME)
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
   torchrun ... -m ddptui.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
@@ -86,6 +88,9 @@ def build_parser() -> Parser:
                         "0.0.0.0:PORT for other machines)")
     attach.add_argument("--headless", action="store_true",
                         help=HEADLESS_HELP)
+    attach.add_argument("--read-only", action="store_true",
+                        help="watch only: the run refuses this dashboard's keys, with a line "
+                        "each (ddptui web's tabs without --control)")
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
     attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
@@ -95,6 +100,7 @@ def build_parser() -> Parser:
     attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",
                         help="K ends the whole job: each wrapped rank gets SIGTERM, and SIGKILL "
                         f"if it is still there S seconds later (default {JOB_GRACE_S:.0f})")
+    add_web_parser(sub)
     sub.add_parser("ls", help="this user's runs on this machine: running, and how the others "
                    "ended")
     sub.add_parser("gpus", help="list the GPUs NVML sees")
@@ -220,9 +226,16 @@ def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
         end_helpers()
 
 
+def has_screen() -> bool:
+    """Whether a dashboard can draw: a terminal, or a browser tab (textual-serve's driver)."""
+    return sys.stdout.isatty() or "web_driver" in os.environ.get("TEXTUAL_DRIVER", "")
+
+
 def cmd_attach(args: argparse.Namespace) -> int:
     if args.listen is None:
-        return _attach_run(args.run, args.headless or not sys.stdout.isatty())
+        return _attach_run(args.run, args.headless or not has_screen(), args.read_only)
+    if args.read_only:
+        raise UsageError("--read-only is for a run of yours, not --listen")
     if args.run is not None:
         raise UsageError(f"attach {args.run} --listen: a run of yours, or ranks of torchrun or "
                          "srun on --listen, not both")
@@ -257,7 +270,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     return 0
 
 
-def _attach_run(name: str | None, headless: bool) -> int:
+def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> int:
     """The dashboard (or its lines) on a run of this user's, from its own process."""
     from ddptui.contract.viewers import Refused
     from ddptui.run.registry import find
@@ -269,7 +282,7 @@ def _attach_run(name: str | None, headless: bool) -> int:
     except (LookupError, OSError) as e:
         raise UsageError(str(e)) from None
     try:
-        viewer = background.attach(record.pid)
+        viewer = background.attach(record.pid, read_only)
     except (Refused, RunGone) as e:
         raise UsageError(str(e)) from None
     except OSError as e:
@@ -291,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the run's own process is started with the same command line
     args.hosted = hosted
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": browse.cmd_gpus,
-                "replay": browse.cmd_replay, "ls": browse.cmd_ls}
+                "replay": browse.cmd_replay, "ls": browse.cmd_ls, "web": cmd_web}
     if args.command not in handlers:
         parser.print_help()
         return 2

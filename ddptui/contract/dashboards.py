@@ -13,7 +13,9 @@ class ViewerOrder(TypedDict):
     """A dashboard's order to a run's own process, one JSON object a line on the run's Unix
     socket (docs/dashboard.md), at most 64 KiB. A key becomes one order, and the run carries it
     out as its own key would; a message that is not one of these, with these fields, is dropped
-    with a line in the events. `pause`, `resume`, `checkpoint` and `apply` carry nothing more."""
+    with a line in the events. `pause`, `resume`, `checkpoint` and `apply` carry nothing more;
+    nor does `read_only`, a dashboard's first order where it may only watch (a browser tab of
+    `ddptui web` without --control): the run refuses every order after it, with a line each."""
 
     op: Annotated[str, "one of the ops below"]
 
@@ -47,6 +49,7 @@ class ViewerStopOrder(ViewerOrder):
 
 VIEWER_ORDERS: dict[str, type] = {
     "pause": ViewerOrder, "resume": ViewerOrder, "checkpoint": ViewerOrder, "apply": ViewerOrder,
+    "read_only": ViewerOrder,
     "settings": ViewerSettingsOrder, "stop_rank": ViewerRankOrder,
     "restart_rank": ViewerRankOrder, "kill_rank": ViewerRankOrder, "stacks": ViewerRankOrder,
     "restart_group": ViewerRestartOrder, "stop": ViewerStopOrder,

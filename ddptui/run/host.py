@@ -163,8 +163,12 @@ class RunHost:
         why (nothing an order does may end its dashboard's reader, or the run)."""
         try:
             why = refusal(order, self.source)
-            if why is None:
-                assert order is not None
+            if why is None and viewer.read_only:
+                why = f"{order['op']}: this dashboard may only watch (read-only)"
+            elif why is None and order["op"] == "read_only":
+                viewer.read_only = True
+                return
+            elif why is None:
                 self._carry_out(order)
                 return
         except Exception as e:  # a bug of ours: that order is lost, the run goes on
@@ -196,6 +200,7 @@ class _Viewer:
         self.conn, self.pid, self.on_order, self.note = conn, pid, on_order, note
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.behind = 0  # bytes queued, not sent yet
+        self.read_only = False  # it said so: every order of its after that is refused
         self._lock = threading.Lock()
         self.gone = threading.Event()
         self.sender = threading.Thread(target=self._send_loop, name="viewer-out", daemon=True)

@@ -100,9 +100,9 @@ def runs(now: float | None = None, warn=lambda text: None) -> list[RunRecord]:
             except (OSError, ValueError) as e:
                 warn(f"skipped the run record {shown(file)}: {shown(str(e))}")
                 continue
-            if not _alive(record):
+            if not is_running(record):
                 record.state = record.state if record.state != "running" else \
-                    _end_status(record.log)
+                    end_status(record.log)
                 if now - record.started > KEPT_S:
                     folder.remove(file)
                     if safe_name(f"{record.name}.out"):
@@ -163,7 +163,7 @@ def find(name: str | None) -> RunRecord:
                       + ", ".join(r.name for r in matches))
 
 
-def _alive(record: RunRecord) -> bool:
+def is_running(record: RunRecord) -> bool:
     """Its process still runs (and is the one that started: a pid may be used again)."""
     try:
         process = psutil.Process(record.pid)
@@ -173,7 +173,7 @@ def _alive(record: RunRecord) -> bool:
         return False
 
 
-def _end_status(log: str) -> str:
+def end_status(log: str) -> str:
     """The last `run` event's status in the log's tail (an hour's log is tens of MB)."""
     end = last_run_event(log)
     return str(end["status"]) if end is not None else "ended"

@@ -31,7 +31,8 @@ class Viewer(RunSource):
 
     can_detach = True
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, read_only: bool = False):
+        self.read_only = read_only  # it may only watch: the run refuses its orders (ddptui web)
         self.sock = connect(path)
         self._messages = iter(Lines(self.sock, MAX_UPDATE))  # hello first, then the changes
         hello = self._hello()
@@ -42,6 +43,8 @@ class Viewer(RunSource):
         self.exit_code: int | None = None
         self.lost = False  # the connection ended without the run's end
         self._orders: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
+        if read_only:  # the first thing the run hears of it
+            self._orders.put({"op": "read_only"})
         self._process = _process(self.pid)
         self._threads = [threading.Thread(target=self._follow, name="viewer", daemon=True),
                          threading.Thread(target=self._send, name="orders", daemon=True),
@@ -122,7 +125,7 @@ class Viewer(RunSource):
                 return
 
     def _order(self, op: str, note: dict | None = None, **fields) -> None:
-        if note is not None:  # on screen at once, as in the run's own process
+        if note is not None and not self.read_only:  # on screen at once, as in the run's
             self.state.apply(note)
         self._orders.put({"op": op, **fields})
 

@@ -109,6 +109,7 @@ class DashboardApp(RankKeys, App[int]):
 
     def on_mount(self) -> None:
         self.on_resize()
+        self.header.read_only = bool(getattr(self.source, "read_only", False))
         self.source.start()
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view)

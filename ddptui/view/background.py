@@ -72,23 +72,23 @@ def _until_listening(proc: subprocess.Popen, folder: RuntimeDir, out: str,
         time.sleep(0.05)
 
 
-def connect(path: str) -> Viewer:
+def connect(path: str, read_only: bool = False) -> Viewer:
     """A viewer of the run at `path` (its socket may be bound and not yet listening)."""
     for _ in range(100):
         try:
-            return Viewer(path)
+            return Viewer(path, read_only)
         except ConnectionRefusedError:
             time.sleep(0.05)
-    return Viewer(path)
+    return Viewer(path, read_only)
 
 
-def attach(pid: int) -> Viewer:
+def attach(pid: int, read_only: bool = False) -> Viewer:
     """A viewer of the run whose process is `pid`, through the user's runtime folder."""
     name = f"{pid}.sock"
     try:
         with RuntimeDir() as folder:
             try:
-                return connect(folder.inside(name))
+                return connect(folder.inside(name), read_only)
             except Refused as e:  # said with the path the user knows
                 raise Refused(str(e).replace(folder.inside(name),
                                              os.path.join(folder.path, name))) from None
@@ -114,7 +114,7 @@ def watch(viewer: Viewer, started: subprocess.Popen | None = None) -> int:
     app.run()
     if app.detached or not viewer.done.is_set():
         viewer.close()
-        if not app.detached:  # an exception ended the app (Textual printed it)
+        if app.crashed:  # an exception ended the app (Textual printed it)
             print(f"ddptui: the dashboard failed (its traceback is above); the run goes on: "
                   f"{comeback(viewer)}", file=sys.stderr)
             return 1

@@ -14,6 +14,7 @@ class RunHeader(Static):
     """Two lines: the job, then progress, time, throughput and best accuracy."""
 
     view: reactive[RunView | None] = reactive(None, layout=False)
+    read_only: reactive[bool] = reactive(False)  # a dashboard that may only watch (ddptui web)
 
     def render(self) -> Text:
         v = self.view
@@ -28,8 +29,11 @@ class RunHeader(Static):
             status = "PAUSING" if asked else "RESUMING"  # asked for, not yet agreed by the ranks
         elif status == "RUNNING" and v.paused:
             status = "PAUSED"
+        badge = Text.assemble("  ", (" read-only ", "bold black on yellow")) \
+            if self.read_only else Text()
         if meta.get("script"):
-            return Text("\n").join(self._script(v, meta, world, kind, status))
+            line1, *rest = self._script(v, meta, world, kind, status)
+            return Text("\n").join([line1 + badge, *rest])
         line1 = Text.assemble(
             ("ddptui ", "bold"), (f"{meta.get('model', '?')}", "bold cyan"),
             f" · {meta.get('data', '?')} · {world} × {kind} · bs {meta.get('batch_size', '?')}/rank  ",
@@ -43,7 +47,7 @@ class RunHeader(Static):
             f" {100 * done:3.0f}%  ETA {duration(eta)}  {'elapsed ' if wide else ''}"
             f"{duration(v.elapsed)}  ", (f"{v.throughput:,.0f} img/s", "bold"),
             f"  best {'val_acc ' if wide else ''}{'-' if best is None else f'{100 * best:.1f}%'}")
-        return Text("\n").join([line1, line2])
+        return Text("\n").join([line1 + badge, line2])
 
 
     def _script(self, v: RunView, meta: dict, world: int, kind: str, status: str) -> list[Text]:
