@@ -13,7 +13,8 @@ from ddptui.options.errors import UsageError
 
 
 def cmd_ls(_args: argparse.Namespace) -> int:
-    from ddptui.run.registry import runs, shown
+    from ddptui.contract.safe_text import escaped
+    from ddptui.run.registry import runs
 
     def warn(text: str) -> None:
         print(f"ddptui: warning: {text}", file=sys.stderr)
@@ -27,8 +28,8 @@ def cmd_ls(_args: argparse.Namespace) -> int:
         return 0
     now = time.time()
     rows = [("NAME", "STATE", "PID", "RANKS", "AGE", "WHAT", "LOG")] + [
-        (r.name, shown(r.state), str(r.pid), str(r.ranks), _age(now - r.started),
-         shown(r.what)[:40], shown(r.log)) for r in found]
+        (r.name, escaped(r.state), str(r.pid), str(r.ranks), _age(now - r.started),
+         escaped(r.what)[:40], escaped(r.log)) for r in found]
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])

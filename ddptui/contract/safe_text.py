@@ -20,6 +20,12 @@ def plain(text: str) -> str:
     return _CONTROLS.sub("", _ESCAPES.sub("", text.replace("\t", "    ")))
 
 
+def escaped(text: str) -> str:
+    """Every control character shown as its escape (\\x1b[2J, not a cleared screen): text that
+    names something, a file or a run, kept whole."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def keep_colours(text: str) -> str:
     """Colours (SGR) kept, every other escape and control character removed; \\r and \\n too
     are kept, so progress bars still redraw in place on a terminal."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from ddptui.contract.safe_text import escaped
 from ddptui.observe.endings import last_run_event
 from ddptui.options.errors import UsageError
 from ddptui.run.runtime_dir import RuntimeDir, safe_name
@@ -98,7 +99,7 @@ def runs(now: float | None = None, warn=lambda text: None) -> list[RunRecord]:
             try:
                 record = parse_record(folder.read(file))
             except (OSError, ValueError) as e:
-                warn(f"skipped the run record {shown(file)}: {shown(str(e))}")
+                warn(f"skipped the run record {escaped(file)}: {escaped(str(e))}")
                 continue
             if not is_running(record):
                 record.state = record.state if record.state != "running" else \
@@ -135,11 +136,6 @@ _FIELDS = {"name": (str,), "pid": (int,), "what": (str,), "ranks": (int,), "log"
            "started": (float, int), "state": (str,), "socket": (str,), "reason": (str,)}
 
 
-def shown(text: str) -> str:
-    """Text from a record, for a terminal: control characters escaped."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def find(name: str | None) -> RunRecord:
     """The live run named `name` (or by a prefix of its name that no other live run shares), or
     the newest live run; LookupError says why there is none."""
@@ -156,10 +152,10 @@ def find(name: str | None) -> RunRecord:
         return matches[0]
     if not matches:
         ended = [r for r in runs() if r.name == name]
-        raise LookupError(f"run {shown(name)} has ended ({ended[0].state})" if ended else
-                          f"no running run of yours is named {shown(name)} (ddptui ls lists "
+        raise LookupError(f"run {escaped(name)} has ended ({ended[0].state})" if ended else
+                          f"no running run of yours is named {escaped(name)} (ddptui ls lists "
                           "them)")
-    raise LookupError(f"{shown(name)} names {len(matches)} running runs: "
+    raise LookupError(f"{escaped(name)} names {len(matches)} running runs: "
                       + ", ".join(r.name for r in matches))
 
 
