@@ -94,6 +94,7 @@ def test_a_runtime_folder_swapped_by_a_link_is_never_followed(env, tmp_path, mon
                 os.symlink(target, tmp)
                 os.replace(tmp, link)
 
+    os.symlink(victim, link)  # there before the first look (a missing folder is made)
     swapper = threading.Thread(target=swap, daemon=True)
     swapper.start()
     try:
