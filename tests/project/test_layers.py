@@ -23,6 +23,7 @@ def test_the_dashboard_and_supervisor_start_without_torch():
     loaded = _imported_after("import ddptui.cli, ddptui.view.app, ddptui.run.supervisor, "
                              "ddptui.view.headless")
     assert "torch" not in loaded
+    assert not {"aiohttp", "textual_serve"} & loaded  # ddptui web's, loaded by it alone
 
 
 def test_import_ddptui_in_a_users_script_is_light():

@@ -99,6 +99,14 @@ def test_without_control_there_is_one_token_and_bad_input_is_one_line(cli_main):
         assert code == 2 and len(err) == 1 and said in err[0], err
 
 
+def test_without_its_extra_ddptui_web_says_what_to_install(cli_main, monkeypatch):
+    monkeypatch.setitem(sys.modules, "textual_serve.server", None)  # as if not installed
+    monkeypatch.delitem(sys.modules, "ddptui.web.server")
+    code, err = cli_main(["web"])
+    assert code == 2 and err == ["ddptui: error: ddptui web needs its extra: pip install "
+                                 "'ddptui[web]'"]
+
+
 def _web(env, name: str, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
     """`ddptui web NAME --port 0 ARGS` started, and the URLs it printed, by role."""
     proc = subprocess.Popen([sys.executable, "-m", "ddptui", "web", name, "--port", "0", *args],
