@@ -51,26 +51,36 @@ def _attached(env: dict, project: str, args: list[str]) -> list[dict]:
     return events(log)
 
 
-@pytest.mark.timeout(240)
-def test_every_way_in_runs_beside_a_trainer_of_the_projects_own(env, project):
-    env = dict(env, DDPTUI_AUTHKEY=REPORT_KEY, OMP_NUM_THREADS="1")
-    # ddptui run, with ddptui.init(), run.loader() and run.elastic() in every rank.
+@pytest.fixture
+def keyed(env) -> dict:
+    return dict(env, DDPTUI_AUTHKEY=REPORT_KEY, OMP_NUM_THREADS="1")
+
+
+@pytest.mark.timeout(120)
+def test_ddptui_run_with_the_whole_api_runs_beside_a_trainer_of_the_projects_own(keyed,
+                                                                                 project):
+    """ddptui run, with ddptui.init(), run.loader() and run.elastic() in every rank."""
     log = os.path.join(project, "own.jsonl")
     r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ddptui"), "run",
                         "elastic_ddp.py", "--cpus", "2", "--headless", "--log", log, "--",
-                        *SMALL], env=env, cwd=project, capture_output=True, text=True,
+                        *SMALL], env=keyed, cwd=project, capture_output=True, text=True,
                        timeout=100)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.count("trainer: the project's own") == 2
     opted = {e["rank"]: set(e["control"]) for e in events(log, "rank") if e.get("control")}
     assert opted.keys() == {0, 1} and all({"elastic", "settings"} <= c for c in opted.values())
     assert {e["rank"] for e in events(log, "epoch")} == {0, 1}
-    # An unmodified script under torchrun through the wrapper, and the three lines under plain
-    # torchrun: each rank reports to attach.
-    for args, api in ((["-m", "ddptui.wrap", "plain_ddp.py"], "ddptui.wrap"),
-                      (["with_ddptui.py"], "ddptui.init")):
-        evs = _attached(env, project, args)
-        ranks = {e["rank"] for e in evs if e["kind"] == "rank" and e.get("api") == api}
-        assert ranks == {0, 1}, args
-        assert {e["rank"] for e in evs if e["kind"] == "epoch"} == {0, 1}, args
-        assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("args, api", [(["-m", "ddptui.wrap", "plain_ddp.py"], "ddptui.wrap"),
+                                       (["with_ddptui.py"], "ddptui.init")])
+def test_torchrun_ranks_report_to_attach_beside_a_trainer_of_the_projects_own(keyed, project,
+                                                                              args, api):
+    """An unmodified script under torchrun through the wrapper, and the three lines under plain
+    torchrun: each rank reports to attach."""
+    evs = _attached(keyed, project, args)
+    ranks = {e["rank"] for e in evs if e["kind"] == "rank" and e.get("api") == api}
+    assert ranks == {0, 1}, args
+    assert {e["rank"] for e in evs if e["kind"] == "epoch"} == {0, 1}, args
+    assert_gone({e["pid"] for e in evs if e["kind"] == "rank" and e.get("pid")})
