@@ -122,16 +122,29 @@ def _web(env, name: str, *args: str) -> tuple[subprocess.Popen, dict[str, str]]:
     raise AssertionError(f"ddptui web said: {proc.stderr.read()}")
 
 
-def _pressed_until(page, key: str, log, predicate, timeout: float = 60) -> dict:
-    """Press `key` in the tab every 2 s until an event of the run's matches."""
-    deadline = time.monotonic() + timeout
+# Every WebSocket message the page gets, as text: the terminal is a canvas, so whether the tab's
+# dashboard has drawn is read from the bytes it was sent.
+FRAMES = """
+window.__frames = [];
+const Real = window.WebSocket;
+window.WebSocket = function (...args) {
+  const ws = new Real(...args);
+  ws.addEventListener("message", (m) => window.__frames.push(typeof m.data === "string"
+    ? m.data : new TextDecoder("latin1").decode(new Uint8Array(m.data))));
+  return ws;
+};
+"""
+
+
+def _tab(browser, url: str):
+    """A tab on `url` once its dashboard has drawn its first whole screen (its events pane)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.add_init_script(FRAMES)
+    page.goto(url)
+    page.wait_for_selector("body.-first-byte", timeout=120_000)  # textual-serve's first byte
+    page.wait_for_function("window.__frames.some(f => f.includes('events'))", timeout=120_000)
     page.click(".xterm-screen")  # the terminal takes the keys
-    while True:
-        page.keyboard.press(key)
-        try:
-            return wait_for_event(log, predicate, 2)
-        except AssertionError:
-            assert time.monotonic() < deadline, f"{key} never acted"
+    return page
 
 
 def _attaches(web: subprocess.Popen) -> list[psutil.Process]:
@@ -152,23 +165,18 @@ def test_the_dashboard_in_a_real_browser_watches_or_steers_by_its_token(env, tmp
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
                                          args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(urls["view"])
-            page.wait_for_selector("body.-first-byte", timeout=60_000)  # textual-serve's first byte
-            # A read-only tab: its key reaches the run, which refuses it with a line (pressed
-            # until the tab's dashboard, drawn on a canvas, has mounted and sends it).
-            refused = _pressed_until(page, "Space", log, lambda e: e["kind"] == "message" and
-                                     "may only watch (read-only)" in e["text"])
+            page = _tab(browser, urls["view"])
+            # A read-only tab: its key reaches the run, which refuses it with a line.
+            page.keyboard.press("Space")
+            refused = wait_for_event(log, lambda e: e["kind"] == "message" and
+                                     "may only watch (read-only)" in e["text"], 60)
             assert refused["text"].startswith("a dashboard's message was dropped: pause: ")
             page.screenshot(path=str(tmp_path / "web.png"))  # kept with the test's files
             assert not [e for e in events(log, "run") if e["status"] in ("pausing", "paused")]
             # A --control tab steers: the same key pauses the run.
-            steer = browser.new_page(viewport={"width": 1400, "height": 900})
-            steer.goto(urls["control"])
-            steer.wait_for_selector("body.-first-byte", timeout=60_000)
+            steer = _tab(browser, urls["control"])
             assert len(_attaches(web)) == 2  # a process a tab
-            _pressed_until(steer, "Space", log, lambda e: e["kind"] == "run" and
-                           e["status"] in ("pausing", "paused"))
+            steer.keyboard.press("Space")
             wait_for_event(log, lambda e: e["kind"] == "run" and e["status"] == "paused", 60)
             steer.close()
             deadline = time.monotonic() + 30
