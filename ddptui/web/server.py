@@ -124,15 +124,12 @@ class WebServer(Server):
         print(f"ddptui: {self.name} ended ({self.ended()}): ddptui web stops", flush=True)
         asyncio.get_running_loop().call_soon(self.request_exit)
 
-    def initialize_logging(self) -> None:
-        pass  # textual-serve's rich log of each request is not ours to print
-
     def stop_with(self, code: int) -> None:
         """Ctrl-C (130) or SIGTERM (143): the tabs' processes end as the server closes."""
         self.exit_code = code
         self.request_exit()
 
-    def serve(self, debug: bool = False) -> None:
+    def serve(self) -> None:  # type: ignore[override]
         """On the socket ddptui bound (--port 0 is known before anything is served)."""
         import signal
 
