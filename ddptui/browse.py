@@ -16,11 +16,8 @@ def cmd_ls(_args: argparse.Namespace) -> int:
     from ddptui.contract.safe_text import escaped
     from ddptui.run.registry import runs
 
-    def warn(text: str) -> None:
-        print(f"ddptui: warning: {text}", file=sys.stderr)
-
     try:
-        found = runs(warn=warn)
+        found = runs(warn=_warn)
     except OSError as e:  # the folder refused (a link, another user's), or unreadable
         raise UsageError(str(e)) from None
     if not found:
@@ -78,16 +75,17 @@ def _epochs_csv(log: str, target: str) -> int:
     from ddptui.contract.events import count
     from ddptui.sources.export import write_epochs_csv
 
-    def warn(text: str) -> None:
-        print(f"ddptui: warning: {text}", file=sys.stderr)
-
     if target == "-":
-        write_epochs_csv(log, sys.stdout, warn)
+        write_epochs_csv(log, sys.stdout, _warn)
         return 0
     try:
         with open(target, "w", newline="") as out:
-            rows = write_epochs_csv(log, out, warn)
+            rows = write_epochs_csv(log, out, _warn)
     except OSError as e:
         raise UsageError(f"cannot write {target}: {e.strerror or e}") from None
     print(f"ddptui: {count(rows, 'epoch row')} written to {target}", file=sys.stderr)
     return 0
+
+
+def _warn(text: str) -> None:
+    print(f"ddptui: warning: {text}", file=sys.stderr)

@@ -29,8 +29,9 @@ def refusal(order: dict | None, run: RunSource) -> str | None:
         return why
     assert order is not None
     op = order["op"]
-    if op in NEEDS and run.refuse(NEEDS[op]):
-        return f"{op}: {run.refuse(NEEDS[op])}"
+    refused = run.refuse(NEEDS[op]) if op in NEEDS else None
+    if refused:
+        return f"{op}: {refused}"
     match op:
         case "settings":
             return _settings(order)
