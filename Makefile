@@ -29,9 +29,10 @@ run: $(VENV)/.run-installed
 
 # Three tests at a time on CI's two cores: a test spends about a third of its time waiting on
 # ranks that import torch or on a timer; two at a time is slower, four no faster
-# (docs/benchmarks.md, the CPU machine).
+# (docs/benchmarks.md, the suite and the CPU machine).
 test: $(VENV)/.test-installed
 	$(BIN)/lint-imports --no-cache  # the layers: pyproject's [tool.importlinter]
+	$(BIN)/vulture  # dead code: pyproject's [tool.vulture]
 	PYTHONHASHSEED=0 $(BIN)/python -m pytest -q -n 3 --dist worksteal
 
 clean:

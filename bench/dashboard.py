@@ -24,8 +24,8 @@ import time
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ddptui.sources.replay import Replay  # noqa: E402
-from ddptui.view.app import DashboardApp  # noqa: E402
+from ddptui.dashboard.sources.replay import Replay  # noqa: E402
+from ddptui.dashboard.view.app import DashboardApp  # noqa: E402
 
 RANKS, STEP_HZ, GPU_HZ = 8, 20, 2
 

@@ -23,8 +23,8 @@ sys.path.insert(0, ROOT)
 
 import psutil  # noqa: E402
 
-from ddptui.contract.events import read_events  # noqa: E402
-from ddptui.view.background import connect  # noqa: E402
+from ddptui.contract.jsonl import read_events  # noqa: E402
+from ddptui.dashboard.background import connect  # noqa: E402
 
 
 def until(check, timeout: float, what: str) -> float:

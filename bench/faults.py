@@ -35,9 +35,9 @@ MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join
 def start(kind: str, gpus: str, log: str, extra: list[str]):
     where = ["--gpus", gpus] if gpus != "cpu" else ["--cpus", "2"]
     if kind == "builtin":
-        from ddptui.options.parser import Parser
-        from ddptui.options.training import add_training_options, config_from_args
-        from ddptui.run.supervisor import Supervisor
+        from ddptui.contract.options.parser import Parser
+        from ddptui.contract.options.training import add_training_options, config_from_args
+        from ddptui.run.builtin.supervisor import Supervisor
 
         parser = Parser()
         add_training_options(parser)
@@ -49,8 +49,8 @@ def start(kind: str, gpus: str, log: str, extra: list[str]):
         return Supervisor(config_from_args(args, gpus=devices[0], cpus=devices[1]), log)
     import dataclasses
 
-    from ddptui.script.options import parse_script_args
-    from ddptui.script.run import ScriptRun
+    from ddptui.run.script.options import parse_script_args
+    from ddptui.run.script.run import ScriptRun
 
     config = parse_script_args([os.path.join(ROOT, "examples", "elastic_ddp.py"), *where,
                                 "--log", log, "--", "--epochs", "300", "--samples",

@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from ddptui.contract.events import read_events
+from ddptui.contract.jsonl import read_events
 
 
 def events(log: str) -> list[dict]:

@@ -15,10 +15,10 @@ Cases (rank 1 is the peer that dies; rank 0 reports):
   *_timeout   init_dead, and rank 1 killed 0.1 s into its init (init_killed), with
               TORCH_NCCL_NONBLOCKING_TIMEOUT=5 and no abort while rank 0 waits: its first
               all-reduce, on the main thread, must fail by itself; then the abort, from the
-              same thread, as ddptui's ranks do it (ddptui/kit/elastic/world.py)
+              same thread, as ddptui's ranks do it (ddptui/rank/elastic/world.py)
   *_listeners the *_timeout cases, but 1 s in another thread shuts the listening sockets made
               since the store that no event loop watches, as a recover order does
-              (ddptui/kit/elastic/sockets.py shut_listeners)
+              (ddptui/rank/elastic/sockets.py shut_listeners)
 Each case also with NCCL_RUNTIME_CONNECT=0 (connections made at init instead of first use).
 """
 
@@ -33,7 +33,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ddptui.kit.elastic.sockets import open_sockets, shut_listeners, tcp_sockets  # noqa: E402
+from ddptui.rank.elastic.sockets import open_sockets, shut_listeners, tcp_sockets  # noqa: E402
 
 CASES = ("ready", "init_dead", "first_dead", "init_dead_cut", "first_dead_cut",
          "init_dead_timeout", "init_killed_timeout", "init_dead_listeners",

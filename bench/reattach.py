@@ -26,10 +26,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ddptui.contract.events import PARENT  # noqa: E402
-from ddptui.contract.viewers import frame  # noqa: E402
-from ddptui.run.host import RunHost  # noqa: E402
-from ddptui.sources.replay import Replay  # noqa: E402
-from ddptui.state.snapshot import dump  # noqa: E402
+from ddptui.contract.socket.host import RunHost  # noqa: E402
+from ddptui.contract.socket.viewers import frame  # noqa: E402
+from ddptui.contract.state.snapshot import dump  # noqa: E402
+from ddptui.dashboard.sources.replay import Replay  # noqa: E402
 
 
 def events(ranks: int, hz: int, seconds: float, t0: float, first: bool = False,
@@ -109,9 +109,9 @@ def serve(args) -> None:
 async def watch(args, sock: str, orders: str) -> dict:
     from textual.widgets import DataTable
 
-    from ddptui.view.app import DashboardApp
-    from ddptui.view.background import connect
-    from ddptui.view.widgets.charts import Chart
+    from ddptui.dashboard.background import connect
+    from ddptui.dashboard.view.app import DashboardApp
+    from ddptui.dashboard.view.widgets.charts import Chart
 
     started = time.monotonic()
     viewer = connect(sock)

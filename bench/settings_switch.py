@@ -13,11 +13,11 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from ddptui.contract.events import read_events
-from ddptui.options.config import DeviceOptions
-from ddptui.options.parser import Parser
-from ddptui.options.training import add_training_options, config_from_args
-from ddptui.run.supervisor import Supervisor
+from ddptui.contract.jsonl import read_events
+from ddptui.contract.options.config import DeviceOptions
+from ddptui.contract.options.parser import Parser
+from ddptui.contract.options.training import add_training_options, config_from_args
+from ddptui.run.builtin.supervisor import Supervisor
 
 
 def parse_switch(items: list[str]) -> list[dict]:

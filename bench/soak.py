@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from ddptui.contract.events import read_events
+from ddptui.contract.jsonl import read_events
 
 RUNNING: set[subprocess.Popen] = set()  # the runs under way, ended with the soak
 

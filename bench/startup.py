@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ddptui.contract.events import read_events
+from ddptui.contract.jsonl import read_events
 
 
 def run_once(root: str, gpus: str, work: str, n: int) -> dict:

@@ -23,8 +23,8 @@ import torch.nn.functional as F
 import torchvision
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddptui.kit.telemetry.gpu import DeviceSampler
-from ddptui.kit.telemetry.reporter import Reporter, StepMeter
+from ddptui.contract.gpu import DeviceSampler
+from ddptui.rank.telemetry.reporter import Reporter, StepMeter
 
 
 def main() -> None:

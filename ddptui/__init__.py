@@ -7,8 +7,8 @@ __version__ = "0.1.0"
 
 
 def init(report: str | None = None):
-    """`run = ddptui.init()` in your training script: see ddptui.api.session.Run. Imported here only
+    """`run = ddptui.init()` in your training script: see ddptui.rank.api.session.Run. Imported here only
     when called, so `import ddptui` stays light (no torch, no Textual)."""
-    from ddptui.api.session import init as _init
+    from ddptui.rank.api.session import init as _init
 
     return _init(report)

@@ -9,12 +9,12 @@ import os
 import sys
 import time
 
-from ddptui.options.errors import UsageError
+from ddptui.contract.options.errors import UsageError
 
 
 def cmd_ls(_args: argparse.Namespace) -> int:
+    from ddptui.contract.runs.registry import runs
     from ddptui.contract.safe_text import escaped
-    from ddptui.run.registry import runs
 
     try:
         found = runs(warn=_warn)
@@ -41,7 +41,7 @@ def _age(seconds: float) -> str:
 
 
 def cmd_gpus(_args: argparse.Namespace) -> int:
-    from ddptui.run.nvml import format_gpus, list_gpus
+    from ddptui.contract.nvml import format_gpus, list_gpus
 
     print(format_gpus(list_gpus()))
     return 0
@@ -52,7 +52,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"no such log: {args.file}")
     if args.speed < 0:
         raise UsageError(f"--speed must be 0 or more, got {args.speed}")
-    from ddptui.sources.replay import Replay, not_a_log
+    from ddptui.dashboard.sources.replay import Replay, not_a_log
 
     why = not_a_log(args.file)
     if why:
@@ -62,18 +62,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     replay = Replay(args.file, speed=args.speed)
     if args.headless or not sys.stdout.isatty():
-        from ddptui.view.headless import run_headless
+        from ddptui.dashboard.view.headless import run_headless
 
         return run_headless(replay)
-    from ddptui.view.app import DashboardApp
+    from ddptui.dashboard.view.app import DashboardApp
 
     DashboardApp(replay).run()
     return 0
 
 
 def _epochs_csv(log: str, target: str) -> int:
-    from ddptui.contract.events import count
-    from ddptui.sources.export import write_epochs_csv
+    from ddptui.contract.wording import count
+    from ddptui.dashboard.sources.export import write_epochs_csv
 
     if target == "-":
         write_epochs_csv(log, sys.stdout, _warn)

@@ -15,18 +15,21 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ddptui import __version__, browse
-from ddptui.options.argtypes import positive_float
-from ddptui.options.config import DeviceOptions
-from ddptui.options.errors import UsageError
-from ddptui.options.parser import Parser, from_args
-from ddptui.options.training import add_training_options, config_from_args
-from ddptui.run import bytecode
+from ddptui.contract.observe.endings import JOB_GRACE_S
+from ddptui.contract.options.argtypes import positive_float
+from ddptui.contract.options.config import DeviceOptions
+from ddptui.contract.options.devices import resolve_devices
+from ddptui.contract.options.errors import UsageError
+from ddptui.contract.options.parser import Parser, from_args
+from ddptui.contract.options.training import add_training_options, config_from_args
+from ddptui.contract.stalls.scripts import STALL_S
+from ddptui.dashboard.background import HOST_ENV
+from ddptui.dashboard.view.keys import keys_lines
+from ddptui.dashboard.web.command import add_web_parser, cmd_web
+from ddptui.run.builtin import bytecode
+from ddptui.run.builtin.policy import RunPolicy
 from ddptui.run.outcome import EXIT_PIPE
-from ddptui.run.policy import RunPolicy
-from ddptui.script.options import DETACH_HELP, DETACH_OR_HEADLESS, JOB_GRACE_S, STALL_S
-from ddptui.view.background import HOST_ENV
-from ddptui.view.keys import keys_lines
-from ddptui.web.command import add_web_parser, cmd_web
+from ddptui.run.script.options import DETACH_HELP, DETACH_OR_HEADLESS
 
 if TYPE_CHECKING:
     from ddptui.run.owned import OwnedRun
@@ -47,7 +50,7 @@ EXAMPLES = f"""examples:
   ddptui web --control                        # the newest run's dashboard in browser tabs
   ddptui attach                               # the newest run's dashboard again (or: attach NAME)
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
-  torchrun ... -m ddptui.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
+  torchrun ... -m ddptui.rank.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
   ddptui replay runs/2026-11-22T10-00-00.jsonl --csv epochs.csv   # the epochs table as CSV
@@ -84,7 +87,7 @@ def build_parser() -> Parser:
                         "(default: the newest)")
     attach.add_argument("--listen", nargs="?", const=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
                         help="listen for ranks started by torchrun or srun with --report, or "
-                        f"under python -m ddptui.wrap (alone: 127.0.0.1:{ATTACH_PORT}; "
+                        f"under python -m ddptui.rank.wrap (alone: 127.0.0.1:{ATTACH_PORT}; "
                         "0.0.0.0:PORT for other machines)")
     attach.add_argument("--headless", action="store_true",
                         help=HEADLESS_HELP)
@@ -94,7 +97,7 @@ def build_parser() -> Parser:
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
     attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
-                        help="ranks under python -m ddptui.wrap: flag one stalled after S "
+                        help="ranks under python -m ddptui.rank.wrap: flag one stalled after S "
                         f"seconds stopped, idle or silent (default {STALL_S:.0f}); one that "
                         "stops reporting is unreachable after 5 s")
     attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",
@@ -114,35 +117,6 @@ def build_parser() -> Parser:
     return parser
 
 
-def resolve_devices(gpus: str | None, cpus: int | None, count: int | None = None):
-    """(--gpus, --cpus) -> (tuple of GPU indices or None, CPU rank count or None)."""
-    if gpus is not None and cpus is not None:
-        raise UsageError("use either --gpus or --cpus, not both")
-    if cpus is not None:
-        return None, cpus
-    if count is None:
-        from ddptui.run.nvml import gpu_count
-
-        count = gpu_count()
-    if gpus is None:
-        return (tuple(range(count)), None) if count else (None, 2)
-    if count == 0:
-        raise UsageError("no NVIDIA GPU found: --gpus needs one (use --cpus N for CPU ranks)")
-    if gpus.strip() == "all":
-        return tuple(range(count)), None
-    try:
-        chosen = tuple(int(x) for x in gpus.split(","))
-    except ValueError:
-        raise UsageError(f"bad --gpus {gpus!r}: use indices like 0,1 or 'all'") from None
-    if len(set(chosen)) != len(chosen):
-        raise UsageError(f"bad --gpus {gpus!r}: an index appears twice")
-    bad = [i for i in chosen if not 0 <= i < count]
-    if bad:
-        raise UsageError(f"--gpus {gpus}: no GPU {bad[0]} (this machine has {count}: "
-                         f"0-{count - 1})")
-    return chosen, None
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     gpus, cpus = resolve_devices(args.gpus, args.cpus)
     if args.report:
@@ -151,30 +125,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    from ddptui.run.registry import default_log_path
+    from ddptui.contract.runs.registry import default_log_path
 
     log = config.telemetry.log or args.hosted or default_log_path()
     if args.detach and args.headless:
         raise UsageError(DETACH_OR_HEADLESS)
     if not args.hosted and (args.detach or (not args.headless and sys.stdout.isatty())):
         return _background(args.argv, log, args.detach)
-    from ddptui.run.supervisor import Supervisor
+    from ddptui.run.builtin.supervisor import Supervisor
 
     return serve_headless(Supervisor(config, log, from_args(RunPolicy, args)), args.hosted)
 
 
 def cmd_run_script(argv: list[str], hosted: str | None) -> int:
     """`ddptui run SCRIPT.py ... -- args` and `ddptui run -m MODULE ...`: the script's ranks."""
-    from ddptui.script.options import parse_script_args
+    from ddptui.run.script.options import parse_script_args
 
-    config = parse_script_args(argv, resolve_devices)
-    from ddptui.run.registry import default_log_path
+    config = parse_script_args(argv)
+    from ddptui.contract.runs.registry import default_log_path
 
     log = config.log or hosted or default_log_path()
     if not hosted and (config.detach or not config.headless):
         return _background(["run", *argv], log, config.detach)
-    from ddptui.script.run import ScriptRun
-    from ddptui.view.headless import ScriptConsole
+    from ddptui.dashboard.view.headless import ScriptConsole
+    from ddptui.run.script.run import ScriptRun
 
     # The run's own process serves dashboards: the ranks' output is theirs, not echoed here.
     run = ScriptRun(replace(config, headless=not hosted), log)
@@ -182,7 +156,7 @@ def cmd_run_script(argv: list[str], hosted: str | None) -> int:
 
 
 def _background(argv: list[str], log: str, detach: bool) -> int:
-    from ddptui.view import background
+    from ddptui.dashboard import background
 
     try:
         proc, viewer = background.launch(argv, log)
@@ -200,8 +174,8 @@ def _background(argv: list[str], log: str, detach: bool) -> int:
 def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
     """Run it in this process with status lines, open to dashboards (ddptui attach) while it
     runs; `hosted`: this is the run's own process (its lines go to its output file)."""
-    from ddptui.run.host import serve
-    from ddptui.run.processes import end_helpers
+    from ddptui.contract.socket.host import serve
+    from ddptui.run.builtin.processes import end_helpers
 
     # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
     # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
@@ -213,14 +187,14 @@ def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
         if not hosted:
             print(f"ddptui: logging to {run.log_path}", file=sys.stderr if console else sys.stdout,
                   flush=True)
-        from ddptui.view.headless import run_headless
+        from ddptui.dashboard.view.headless import run_headless
 
         return run_headless(run, console)
     finally:
         if host is not None:
             host.close()
             if run.log_lost:  # ls reads the end from the record where the log could not say it
-                from ddptui.run.registry import record_end
+                from ddptui.contract.runs.registry import record_end
 
                 record_end(host.record, "failed", run.log_lost)
         end_helpers()
@@ -247,10 +221,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     except ValueError as e:  # a bad address, or NoKey
         raise UsageError(str(e)) from None
     log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
-    from ddptui.options.training import check_writable_file
+    from ddptui.contract.options.training import check_writable_file
 
     check_writable_file(log, "--log")
-    from ddptui.sources.attach import Attach
+    from ddptui.dashboard.sources.attach import Attach
 
     try:
         attach = Attach(address, key, log, source, args.stall_after, args.grace)
@@ -260,10 +234,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if headless:
         print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
               f"--report {args.listen}; logging to {log}", flush=True)
-        from ddptui.view.headless import run_headless
+        from ddptui.dashboard.view.headless import run_headless
 
         return run_headless(attach)
-    from ddptui.view.app import DashboardApp
+    from ddptui.dashboard.view.app import DashboardApp
 
     DashboardApp(attach).run()
     attach.stop(code=0)
@@ -272,10 +246,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> int:
     """The dashboard (or its lines) on a run of this user's, from its own process."""
-    from ddptui.contract.viewers import Refused
-    from ddptui.run.registry import find
-    from ddptui.sources.viewer import RunGone
-    from ddptui.view import background
+    from ddptui.contract.runs.registry import find
+    from ddptui.contract.socket.viewer import RunGone
+    from ddptui.contract.socket.viewers import Refused
+    from ddptui.dashboard import background
 
     try:
         record = find(name)
@@ -293,7 +267,7 @@ def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> in
 def main(argv: list[str] | None = None) -> int:
     bytecode.enable()  # before textual, and before any rank starts
     argv = sys.argv[1:] if argv is None else argv
-    from ddptui.script.options import is_script_form
+    from ddptui.run.script.options import is_script_form
 
     # In the run's own process: the log that its foreground claimed (not the ranks' business).
     hosted = os.environ.pop(HOST_ENV, None)

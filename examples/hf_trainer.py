@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainingArguments
 
-from ddptui.integrations.transformers import DdptuiCallback
+from ddptui.rank.integrations.transformers import DdptuiCallback
 
 
 class Classifier(torch.nn.Module):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddptui
-from ddptui.integrations.lightning import DdptuiCallback
+from ddptui.rank.integrations.lightning import DdptuiCallback
 
 
 class Classifier(L.LightningModule):

@@ -42,7 +42,7 @@ def cli_main(tmp_path, cache_dir, monkeypatch, capsys) -> Callable[[list[str]], 
     """ddptui's main() in this process, in tmp_path: (exit code, stderr lines). For checks that
     end before any process starts (a process each cost a second of the suite)."""
     from ddptui.cli import main
-    from ddptui.run import bytecode
+    from ddptui.run.builtin import bytecode
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
@@ -64,8 +64,8 @@ def _end_what_a_failed_test_left(monkeypatch):
     """A test that fails half-way leaves its run going (a Supervisor's or a ScriptRun's thread
     and ranks, a ddptui subprocess): end them so that they do not load the tests after it. Tests
     that check for leftovers do so themselves, with assert_gone."""
-    from ddptui.run.supervisor import Supervisor
-    from ddptui.script.run import ScriptRun
+    from ddptui.run.builtin.supervisor import Supervisor
+    from ddptui.run.script.run import ScriptRun
 
     started = []
     for cls in (Supervisor, ScriptRun):
@@ -126,3 +126,10 @@ def slurm(tmp_path_factory):
     yield cluster
     cluster.stop()
 
+
+@pytest.fixture
+def script_env(env, monkeypatch):
+    """The test environment in this process's own: a ScriptRun started here hands it on."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")

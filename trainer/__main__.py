@@ -12,10 +12,11 @@ import signal
 import socket
 import sys
 
-from ddptui.kit.environment import cuda_defaults
-from ddptui.options.errors import UsageError
-from ddptui.options.parser import Parser
-from ddptui.options.training import add_training_options, config_from_args
+from ddptui.contract.environment import cuda_defaults
+from ddptui.contract.options.errors import UsageError
+from ddptui.contract.options.parser import Parser
+from ddptui.contract.options.training import add_training_options, config_from_args
+from ddptui.contract.rankspec import RankSpec
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda_defaults()
     from ddptui_trainer.rank_main import main as rank_main  # torch is imported only once input is valid
 
-    return rank_main(config, rank, world, local_rank=local, echo=rank == 0)
+    return rank_main(RankSpec(config, rank, rank, world, local_rank=local, echo=rank == 0))
 
 
 if __name__ == "__main__":

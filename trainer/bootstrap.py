@@ -11,17 +11,17 @@ import os
 import signal
 import sys
 
+from ddptui.contract.environment import cuda_defaults, nccl_defaults
 from ddptui.contract.events import event
 from ddptui.contract.rankspec import RankSpec
-from ddptui.kit.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
-from ddptui.kit.elastic.lifeline import die_with_parent, watch_parent
-from ddptui.kit.environment import cuda_defaults, nccl_defaults
+from ddptui.rank.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
+from ddptui.rank.elastic.lifeline import die_with_parent, watch_parent
 from ddptui_trainer.pipeline.forkserver import start_worker_server
 
 
 def write_bytecode_to_the_cache() -> None:
     """Where ddptui chose a bytecode cache (PYTHONPYCACHEPREFIX set, PYTHONDONTWRITEBYTECODE
-    lifted: ddptui/run/bytecode.py), write to it: multiprocessing starts this process with -B when
+    lifted: ddptui/run/builtin/bytecode.py), write to it: multiprocessing starts this process with -B when
     the parent's interpreter had it, and torch would be compiled from source at every start."""
     if sys.pycache_prefix and "PYTHONDONTWRITEBYTECODE" not in os.environ:
         sys.dont_write_bytecode = False
@@ -33,7 +33,7 @@ def gpu_environment(spec: RankSpec) -> None:
     dp = spec.config.devices.strategy == "dp"
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.config.devices.gpus)) if dp \
         else str(spec.physical_gpu)
-    # A dead peer is handled by aborting the communicators ourselves (ddptui/kit/elastic/world.py);
+    # A dead peer is handled by aborting the communicators ourselves (ddptui/rank/elastic/world.py);
     # NCCL's watchdog must not tear the process down first.
     os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "0"
     nccl_defaults(os.environ, abortable=True)
@@ -83,7 +83,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         channel.send(event("message", 0, level="info", text="importing torch"))
     import torch
 
-    from ddptui.kit.elastic import world
+    from ddptui.rank.elastic import world
 
     sanitize_if_asked()
 
@@ -93,9 +93,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
         forming = world.Forming(spec.rank, spec.world_size, device, spec.init_method)
     from ddptui_trainer.rank_main import main
 
-    code = main(spec.config, spec.rank, spec.world_size, init_method=spec.init_method,
-                channel=channel, inbox=inbox, physical_gpu=spec.physical_gpu, slot=spec.slot,
-                standby=spec.standby, forming=forming)
+    code = main(spec, channel=channel, inbox=inbox, forming=forming)
     # Everything is closed and flushed (process group, workers, telemetry, logs). Run the exit
     # handlers (multiprocessing's finalizers among them), then skip the interpreter's teardown
     # of torch's heap: it took 1 s of every rank's exit (q, a stop, the end of a run).

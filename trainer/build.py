@@ -12,13 +12,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ddptui.kit.elastic import world
-from ddptui.kit.elastic.control import Mailbox
-from ddptui.kit.elastic.snapshot import Snapshots, buffer_count, state_tensors
-from ddptui.kit.sampler import ShardedBatchSampler
-from ddptui.kit.telemetry.reporter import StepMeter
-from ddptui.options.config import RunConfig
-from ddptui.options.errors import UsageError
+from ddptui.contract.options.config import RunConfig
+from ddptui.contract.options.errors import UsageError
+from ddptui.rank.elastic import world
+from ddptui.rank.elastic.control import Mailbox
+from ddptui.rank.elastic.snapshot import Snapshots, buffer_count, state_tensors
+from ddptui.rank.sampler import ShardedBatchSampler
+from ddptui.rank.telemetry.reporter import StepMeter
 from ddptui_trainer.checkpoint import Writer, find_resume_state, load_checkpoint
 from ddptui_trainer.models import build_model
 from ddptui_trainer.orders import LoopOrders
@@ -49,8 +49,6 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
     scaler = torch.amp.GradScaler(me.device.type, enabled=config.model.amp == "fp16")
     scaler.scale(torch.zeros((), device=me.device))  # creates its state tensors now
     state = State(settings=config.settings(me.world_size))
-    if not me.standby:
-        resume(config, me, model, optimizer, scheduler, scaler, sampler, state)
     p = Parts(config=config, me=me, model=model, optimizer=optimizer, scheduler=scheduler,
               scaler=scaler, sampler=sampler,
               loaders=Loaders(config, me, bundle, sampler, state.settings,
@@ -58,6 +56,8 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
               meter=StepMeter(me.reporter, config.telemetry.hz, config.train.batch_size, me.device,
                               sampler.progress),
               autocast=build_autocast(config, me.device), state=state)
+    if not me.standby:  # (the loaders read the position and the settings only when they start)
+        resume(p)
     if config.checkpoint.dir and me.is_main:
         p.checkpoints = Writer(config.checkpoint.dir, lambda path, saved: announce_checkpoint(
             me, path, saved))
@@ -170,9 +170,9 @@ def warm_up(p: Parts) -> None:
         torch.cuda.synchronize(p.me.device)
 
 
-def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
-           sampler: ShardedBatchSampler, state: State) -> None:
+def resume(p: Parts) -> None:
     """Load the resume checkpoint, if asked for (the sampler then holds the position)."""
+    config, me, sampler, state = p.config, p.me, p.sampler, p.state
     if not config.checkpoint.resume:
         return
     if config.checkpoint.resume == "auto":
@@ -188,10 +188,10 @@ def resume(config: RunConfig, me: Rank, model, optimizer, scheduler, scaler,
             ckpt = load_checkpoint(path, config.model.name, config.train.optimizer)
         except ValueError as e:
             raise UsageError(f"cannot resume from {path}: {e}") from None
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    scheduler.load_state_dict(ckpt["scheduler"])
-    scaler.load_state_dict(ckpt["scaler"])
+    p.model.load_state_dict(ckpt["model"])
+    p.optimizer.load_state_dict(ckpt["optimizer"])
+    p.scheduler.load_state_dict(ckpt["scheduler"])
+    p.scaler.load_state_dict(ckpt["scaler"])
     # The position is in global samples, so it holds even if the world size changed.
     sampler.load_state_dict(ckpt["sampler"])
     state.global_step = ckpt["global_step"]

@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddptui.contract.events import count, describe
-from ddptui.kit.elastic.snapshot import WorldLost
+from ddptui.contract.wording import count, describe
+from ddptui.rank.elastic.snapshot import WorldLost
 from ddptui_trainer import member
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.reports import report_bad, report_change, report_kept, report_segment, save

@@ -1,4 +1,4 @@
-"""The built-in loop as a member of a changing world (ddptui/kit/elastic/change.py, which a
+"""The built-in loop as a member of a changing world (ddptui/rank/elastic/change.py, which a
 run.elastic() script shares): its state for a joiner, its rollback, what follows a new world.
 """
 
@@ -9,9 +9,9 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddptui.kit.elastic import change
-from ddptui.kit.elastic.control import Control
-from ddptui.kit.elastic.snapshot import state_tensors
+from ddptui.rank.elastic import change
+from ddptui.rank.elastic.control import Control
+from ddptui.rank.elastic.snapshot import state_tensors
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 

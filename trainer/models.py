@@ -10,8 +10,8 @@ import inspect
 
 from torch import nn
 
-from ddptui.options.errors import UsageError
-from ddptui.options.training import check_model_name
+from ddptui.contract.options.errors import UsageError
+from ddptui.contract.options.training import check_model_name
 from ddptui_trainer.pipeline.datasets import load_callable
 
 

@@ -4,7 +4,7 @@ settings wait in the loop's state for the epoch's end.
 
 from __future__ import annotations
 
-from ddptui.kit.elastic.agreed import AgreedOrders
+from ddptui.rank.elastic.agreed import AgreedOrders
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.reports import save
 

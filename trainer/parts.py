@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddptui.kit.elastic.agreed import AgreedOrders
-from ddptui.kit.elastic.control import Control, Mailbox
-from ddptui.kit.elastic.snapshot import Snapshots
-from ddptui.kit.sampler import ShardedBatchSampler
-from ddptui.kit.telemetry.reporter import StepMeter
-from ddptui.options.config import RunConfig
+from ddptui.contract.options.config import RunConfig
+from ddptui.rank.elastic.agreed import AgreedOrders
+from ddptui.rank.elastic.control import Control, Mailbox
+from ddptui.rank.elastic.snapshot import Snapshots
+from ddptui.rank.sampler import ShardedBatchSampler
+from ddptui.rank.telemetry.reporter import StepMeter
 from ddptui_trainer.checkpoint import Writer
 from ddptui_trainer.pipeline.loaders import Loaders
 from ddptui_trainer.rank import Rank

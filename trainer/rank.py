@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ddptui.kit.telemetry.heartbeat import Pulse
-from ddptui.kit.telemetry.reporter import Reporter
+from ddptui.rank.telemetry.heartbeat import Pulse
+from ddptui.rank.telemetry.reporter import Reporter
 
 
 @dataclass

@@ -7,6 +7,7 @@ ranks started by torchrun or srun. Everything is built by plain functions from o
 
 from __future__ import annotations
 
+import re
 import sys
 import traceback
 
@@ -14,16 +15,17 @@ import torch
 import torch.distributed as dist
 
 from ddptui.contract.channel import load_key, parse_address
-from ddptui.contract.events import count
-from ddptui.kit.elastic import world
-from ddptui.kit.elastic.control import CONTROL_OFF, Control, all_linked
-from ddptui.kit.telemetry.gpu import DeviceSampler, physical_index
-from ddptui.kit.telemetry.heartbeat import Heartbeat
-from ddptui.kit.telemetry.remote import RemoteLink, node_name
-from ddptui.kit.telemetry.reporter import Reporter
-from ddptui.kit.telemetry.tensorboard import TensorBoardSink
-from ddptui.options.config import RunConfig
-from ddptui.options.errors import DataError, UsageError
+from ddptui.contract.gpu import DeviceSampler, physical_index
+from ddptui.contract.options.config import RunConfig
+from ddptui.contract.options.errors import DataError, UsageError
+from ddptui.contract.rankspec import RankSpec
+from ddptui.contract.tensorboard import TensorBoardSink
+from ddptui.contract.wording import count
+from ddptui.rank.elastic import world
+from ddptui.rank.elastic.control import CONTROL_OFF, Control, all_linked
+from ddptui.rank.telemetry.heartbeat import Heartbeat
+from ddptui.rank.telemetry.remote import RemoteLink, node_name
+from ddptui.rank.telemetry.reporter import Reporter
 from ddptui_trainer import member
 from ddptui_trainer.build import build_parts, warm_up
 from ddptui_trainer.loop import on_urgent, run_epochs
@@ -32,15 +34,14 @@ from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 
 
-def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | None = None,
-         init_method: str = "env://", channel=None, inbox=None, physical_gpu: int | None = None,
-         echo: bool = False, slot: int | None = None, standby: bool = False,
-         forming: world.Forming | None = None) -> int:
+def main(spec: RankSpec, *, channel=None, inbox=None, forming: world.Forming | None = None) -> int:
     """Train as one rank; return the process exit code (0 done, 1 failed, 2 bad input).
 
     A standby builds everything, warms up and waits for the supervisor to let it join.
+    `channel`, `inbox`: the supervisor's pipes (None under torchrun or srun).
     `forming`: the process group already being formed (on cuda:0 or the CPU)."""
-    me = _whoami(config, rank, world_size, local_rank, physical_gpu, channel, echo, slot, standby)
+    config = spec.config
+    me = _whoami(spec, channel)
     supervised = channel is not None
     link = _remote_link(config, me) if config.telemetry.report and not supervised else None
     inbox = link.inbox if link is not None else inbox
@@ -48,9 +49,9 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     code = 1
     try:
         control_group = sockets = None
-        if not standby:
+        if not spec.standby:
             control_group, sockets = forming.result() if forming is not None else \
-                world.form(rank, world_size, me.device, init_method)
+                world.form(spec.rank, spec.world_size, me.device, spec.init_method)
             if not supervised:
                 inbox = _agree_on_control(me, inbox, control_group)
             _announce_world(config, me, link)
@@ -61,7 +62,7 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     except (UsageError, DataError) as e:
         text = _one_line(e)
         me.reporter.emit("message", level="error", text=text, usage=True)
-        if echo or channel is None:
+        if spec.echo or channel is None:
             print(f"error: {text}", file=sys.stderr, flush=True)
         code = 2
     except Exception as e:
@@ -74,13 +75,12 @@ def main(config: RunConfig, rank: int, world_size: int, *, local_rank: int | Non
     return code
 
 
-def _whoami(config: RunConfig, rank: int, world_size: int, local_rank: int | None,
-            physical_gpu: int | None, channel, echo: bool, slot: int | None,
-            standby: bool) -> Rank:
+def _whoami(spec: RankSpec, channel) -> Rank:
     """This process's Rank: its device (the one visible GPU, or cuda:LOCAL_RANK under
     torchrun, or the CPU) and where its events go."""
+    config, physical_gpu = spec.config, spec.physical_gpu
     use_cuda = torch.cuda.is_available() and config.devices.cpus is None
-    local = rank if local_rank is None else local_rank
+    local = spec.rank if spec.local_rank is None else spec.local_rank
     device = torch.device("cuda", 0 if physical_gpu is not None else local) if use_cuda else \
         torch.device("cpu")
     if use_cuda:
@@ -88,11 +88,11 @@ def _whoami(config: RunConfig, rank: int, world_size: int, local_rank: int | Non
             found = physical_index(local)
             physical_gpu = local if found is None else found
         torch.cuda.set_device(device)  # (a Forming thread set it on its own thread only)
-    slot = rank if slot is None else slot
-    me = Rank(slot, rank, world_size, device, physical_gpu if use_cuda else None,
-              Reporter(slot, channel, config.telemetry.log if channel is None else None), echo, standby)
+    reporter = Reporter(spec.slot, channel, config.telemetry.log if channel is None else None)
+    me = Rank(spec.slot, spec.rank, spec.world_size, device, physical_gpu if use_cuda else None,
+              reporter, spec.echo, spec.standby)
     if config.telemetry.tensorboard:
-        me.reporter.sinks.append(TensorBoardSink(config.telemetry.tensorboard, f".rank{slot}"))
+        me.reporter.sinks.append(TensorBoardSink(config.telemetry.tensorboard, f".rank{spec.slot}"))
     return me
 
 
@@ -147,10 +147,7 @@ def _agree_on_control(me: Rank, inbox, group):
 def _one_line(e: Exception) -> str:
     # DataLoader re-raises a worker's exception with the worker traceback in the message.
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
-    last = lines[-1]
-    for prefix in ("ddptui.options.errors.DataError: ", "ddptui.options.errors.UsageError: "):
-        last = last.removeprefix(prefix)
-    return last
+    return re.sub(r"^ddptui\.[\w.]*\.(DataError|UsageError): ", "", lines[-1])
 
 
 def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised: bool) -> None:

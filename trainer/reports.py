@@ -8,8 +8,8 @@ import time
 
 import torch
 
-from ddptui.contract.events import count
-from ddptui.options.errors import DataError
+from ddptui.contract.options.errors import DataError
+from ddptui.contract.wording import count
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 

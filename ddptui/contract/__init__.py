@@ -1,2 +1,3 @@
-"""The contract between a rank and whoever watches it: the telemetry event schema and the
-authenticated channel to `ddptui attach`. Both sides import it; it imports neither."""
+"""The floor every process of a run stands on, and the only code more than one of them loads:
+the events and orders (schema, codec, channel, socket/), the run model (state/), the options (options/),
+what a rank's output says (observe/), the runtime folder (runs/), GPU readings. It imports no side."""

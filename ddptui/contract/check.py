@@ -8,8 +8,8 @@ import types
 from functools import cache
 from typing import Annotated, Any, Literal, NotRequired, Union, get_args, get_origin, get_type_hints
 
-from ddptui.contract.dashboards import RUN_UPDATES, VIEWER_ORDERS, RunUpdate, ViewerOrder
 from ddptui.contract.schema import COMMANDS, EVENTS, Command, Event
+from ddptui.contract.socket.dashboards import RUN_UPDATES, VIEWER_ORDERS, RunUpdate, ViewerOrder
 
 
 def problems(ev: dict) -> list[str]:

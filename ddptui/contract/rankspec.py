@@ -9,24 +9,27 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ddptui.options.config import RunConfig
+    from ddptui.contract.options.config import RunConfig
 
 BUILTIN_RANK = "ddptui_trainer.bootstrap"
 
 
 @dataclass(frozen=True)
 class RankSpec:
-    """What the supervisor tells one rank process."""
+    """Who one rank of the built-in loop is and where it runs: what the supervisor tells a rank
+    process it starts, or what torchrun's (or srun's) environment says (no supervisor fields)."""
 
     config: RunConfig
     slot: int  # the rank's name for the whole run
     rank: int  # its rank in the world it starts in (a standby's is assigned when it joins)
     world_size: int
-    init_method: str
-    physical_gpu: int | None
-    parent_pid: int
-    output_path: str  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
-    stacks_path: str  # where SIGUSR1 makes faulthandler write every thread's Python stack
+    init_method: str = "env://"
+    physical_gpu: int | None = None  # the supervisor's choice; else found from local_rank
+    local_rank: int | None = None  # under torchrun: its cuda:N (None: the rank)
+    echo: bool = False  # print progress to the console (rank 0 under torchrun)
+    parent_pid: int | None = None  # the supervisor's, which the rank dies with
+    output_path: str | None = None  # the rank's stdout/stderr: tracebacks land here, not on the dashboard
+    stacks_path: str | None = None  # where SIGUSR1 makes faulthandler write every thread's Python stack
     standby: bool = False  # warm up, then wait for the supervisor's join order
     environ: dict[str, str] | None = None  # the supervisor's, as the rank is started
 

@@ -1,1 +1,2 @@
-"""The parent's side of a run it owns: processes, membership, health, readings, how it ends."""
+"""Loaded in the run's own process, the one that owns a run's ranks: what every owned run shares
+(owned, membership, outcome, ports, readings, the input watch), builtin/ (the supervisor), script/."""

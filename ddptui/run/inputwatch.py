@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ddptui.run.health import SLOW_WINDOW, Stragglers
+from ddptui.contract.stalls.health import SLOW_WINDOW, Stragglers
 
 INPUT_BOUND = 0.10  # of a step spent waiting for input: the input holds the rank back
 KEEPS_UP = 0.05  # below this again, on every rank, it keeps up (apart: no flapping at 10%)

@@ -14,55 +14,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ddptui.contract.events import RankState, count
-from ddptui.run.outcome import EXIT_FAILED
+from ddptui.contract.states import RankState
+from ddptui.contract.wording import count
+from ddptui.run.actions import Fail, Joining, Kill, Say, Standby, Tell
 
 CHANGE_TIMEOUT_S = 60.0
 
 
-@dataclass(frozen=True)
-class Tell:
-    """Send `order` to the slot's current process (a reform to the leader, urgent ones direct)."""
-
-    slot: int
-    order: dict
-
-
-@dataclass(frozen=True)
-class Say:
-    text: str
-    level: str = "info"
-
-
-@dataclass(frozen=True)
-class Kill:
-    slot: int
-    why: str
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The run is lost: every process ends, and ddptui exits with `code`."""
-
-    reason: str
-    code: int = EXIT_FAILED
-
-
-@dataclass(frozen=True)
-class Standby:
-    """Start a warm standby for the slot (it is out of the world)."""
-
-    slot: int
-
-
-@dataclass(frozen=True)
-class Joining:
-    """The slot's standby was told to join: it is restarting."""
-
-    slot: int
-
-
-Action = Tell | Say | Kill | Fail | Standby | Joining
 
 
 @dataclass

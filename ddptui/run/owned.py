@@ -11,10 +11,11 @@ import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 
-from ddptui.contract.events import PARENT, JsonlWriter, event, settings_request
-from ddptui.run.membership import Action, Fail, Joining, Kill, Say, Standby, Tell
+from ddptui.contract.events import PARENT, event, settings_request
+from ddptui.contract.jsonl import JsonlWriter
+from ddptui.contract.state.source import RunSource
+from ddptui.run.actions import Action, Fail, Flag, Joining, Kill, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Ending
-from ddptui.state.source import RunSource
 
 
 class OwnedRun(RunSource):
@@ -123,8 +124,8 @@ class OwnedRun(RunSource):
             match a:
                 case Tell(slot, order):
                     self._tell(slot, order)
-                case Say(text, level):
-                    self.say(text, level)
+                case Say(text, level, fields):
+                    self.say(text, level, **fields)
                 case Kill(slot, why):
                     self._kill(slot, why)
                 case Standby(slot):
@@ -133,6 +134,12 @@ class OwnedRun(RunSource):
                     self._joining(slot)
                 case Fail(reason, code):
                     self._fail(code, reason)
+                case Flag(slot, state, reason, fields):
+                    self._flag(slot, state, reason, fields)
+
+    def _flag(self, slot: int, state: str, reason: str, fields: dict) -> None:
+        """A health verdict on a slot, as its `rank` event."""
+        self._handle(event("rank", slot, state=state, reason=reason, **fields))
 
     # -- the commands queued for the thread: the run's own, and a stop's one sequence ----------
     def _run_commands(self) -> None:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import psutil
 
 from ddptui.contract.events import event
-from ddptui.kit.telemetry.gpu import ProcessTree
-from ddptui.run.nvml import open_nvml
+from ddptui.contract.gpu import ProcessTree
+from ddptui.contract.nvml import open_nvml
 
 SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
 

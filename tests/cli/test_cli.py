@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from ddptui.cli import resolve_devices
-from ddptui.options.errors import UsageError
+from ddptui.contract.options.devices import resolve_devices
+from ddptui.contract.options.errors import UsageError
 from tests.helpers.runs import ROOT, ddptui
 
 
@@ -105,7 +105,7 @@ def test_gpu_selection_rules():
 
 def test_gpus_command_lists_what_nvml_sees(env, tmp_path):
     """One line per GPU under a header, or one line saying there is none (CI's machine)."""
-    from ddptui.run.nvml import gpu_count
+    from ddptui.contract.nvml import gpu_count
 
     r = ddptui(["gpus"], env, tmp_path)
     assert r.returncode == 0
@@ -127,8 +127,8 @@ def test_help_has_examples_and_version(env, tmp_path):
 
 
 def test_the_dashboard_path_never_imports_torch(env):
-    code = ("import sys, ddptui.cli, ddptui.view.app, ddptui.run.supervisor, ddptui.sources.replay, "
-            "ddptui.view.headless, trainer.bootstrap; "
+    code = ("import sys, ddptui.cli, ddptui.dashboard.view.app, ddptui.run.builtin.supervisor, "
+            "ddptui.dashboard.sources.replay, ddptui.dashboard.view.headless, trainer.bootstrap; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
 
@@ -136,7 +136,7 @@ def test_the_dashboard_path_never_imports_torch(env):
 def test_model_list_matches_torchvision():
     import torchvision.models
 
-    from ddptui.options.model_names import classifier_names
+    from ddptui.contract.options.model_names import classifier_names
 
     known = torchvision.models.list_models(module=torchvision.models)
     assert classifier_names() == tuple(sorted(known)) and "resnet18" in known
@@ -176,10 +176,10 @@ def test_each_option_fills_its_section_and_replace_finds_it():
     import dataclasses
 
     from ddptui.cli import build_parser
-    from ddptui.options.config import RunConfig
-    from ddptui.options.parser import from_args
-    from ddptui.options.training import config_from_args
-    from ddptui.run.policy import RunPolicy
+    from ddptui.contract.options.config import RunConfig
+    from ddptui.contract.options.parser import from_args
+    from ddptui.contract.options.training import config_from_args
+    from ddptui.run.builtin.policy import RunPolicy
 
     args = build_parser().parse_args([
         "run", "resnet50", "--data", "synthetic", "--batch-size", "8", "--no-prefetch",

@@ -4,6 +4,7 @@ run's JSONL events, its processes, and proof that none of them is left behind.""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,19 +13,18 @@ import time
 import psutil
 
 from ddptui.contract.check import problems
-from ddptui.contract.events import read_events
-from ddptui.run.processes import is_helper
+from ddptui.contract.jsonl import read_events
+from ddptui.run.builtin.processes import is_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FAST = ["--image-size", "32", "--batch-size", "16", "--workers", "1"]
 TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs",
         "--batch-size", "16", "--workers", "0"]
 
 
 def run_config(*args: str, cpus: int = 2):
     """The RunConfig `ddptui run ARGS --cpus N` would give an in-process Supervisor."""
-    from ddptui.options.parser import Parser
-    from ddptui.options.training import add_training_options, config_from_args
+    from ddptui.contract.options.parser import Parser
+    from ddptui.contract.options.training import add_training_options, config_from_args
 
     parser = Parser()
     add_training_options(parser)
@@ -189,3 +189,21 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return p.cmdline()
     except psutil.Error:
         return []
+
+
+def detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
+    """A 2-rank CPU run started with --detach: its pid and socket, once it has stepped."""
+    r = ddptui(["run", *TINY, "--cpus", "2", "--epochs", str(epochs), "--detach", "--log",
+                str(log)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    said = re.fullmatch(r"ddptui: (\S+) runs in the background \(pid (\d+)\); ddptui attach "
+                        r"\1 watches it again; log (\S+)\n", r.stdout)
+    assert said and said[1] == log.stem and said[3] == str(log), r.stdout
+    pid = int(said[2])
+    wait_for_event(log, lambda e: e["kind"] == "step", 90)
+    return pid, os.path.join(env["XDG_RUNTIME_DIR"], "ddptui", f"{pid}.sock")
+
+
+def viewer_lines(viewer) -> list[str]:
+    """The lines a Viewer's run state holds, oldest first."""
+    return [text for _seq, _t, _level, text, _kind in viewer.state.lines_after(0)]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ddptui.view.widgets.charts import Chart
+from ddptui.dashboard.view.widgets.charts import Chart
 
 # plotext chooses tick labels and colours in str-hash order: a chart's snapshot is the same
 # from run to run only with a fixed hash seed (make test sets PYTHONHASHSEED=0).
@@ -59,7 +59,7 @@ def tmux(*args: str, check: bool = True) -> str:
 
 def rank_row(app, rank: int) -> dict:
     """The ranks table's row of `rank`, by column label, as the screen shows it."""
-    from ddptui.view.widgets.tables import RankTable
+    from ddptui.dashboard.view.widgets.tables import RankTable
 
     table = app.query_one(RankTable)
     if rank >= table.row_count:

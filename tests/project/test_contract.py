@@ -11,10 +11,10 @@ from pathlib import Path
 
 from ddptui.contract.check import command_problems, problems, reference
 from ddptui.contract.events import decode, encode, event
+from ddptui.contract.options.config import DeviceOptions, RunConfig
 from ddptui.contract.schema import COMMANDS, EVENTS
-from ddptui.kit.elastic.agreed import AgreedOrders
-from ddptui.options.config import DeviceOptions, RunConfig
-from ddptui.run.supervisor import Supervisor
+from ddptui.rank.elastic.agreed import AgreedOrders
+from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import ROOT
 
 DOCS = os.path.join(ROOT, "docs", "events.md")
@@ -172,8 +172,8 @@ def test_the_rank_states_the_schema_allows_are_rank_state_s():
     """schema.py cannot import events.py (which imports it): the two lists are kept equal here."""
     from typing import get_args, get_type_hints
 
-    from ddptui.contract.events import RankState
     from ddptui.contract.schema import RankEvent
+    from ddptui.contract.states import RankState
 
     state = get_type_hints(RankEvent, include_extras=True)["state"]
     assert get_args(get_args(state)[0]) == tuple(s.value for s in RankState)
@@ -184,7 +184,7 @@ def test_a_ranks_heartbeat_fits_the_contract():
     reads): what the heartbeat thread sends is checked here."""
     import threading
 
-    from ddptui.kit.telemetry.heartbeat import Heartbeat, Pulse
+    from ddptui.rank.telemetry.heartbeat import Heartbeat, Pulse
 
     beats, two = [], threading.Event()
 

@@ -20,8 +20,8 @@ def _imported_after(code: str) -> set[str]:
 
 
 def test_the_dashboard_and_supervisor_start_without_torch():
-    loaded = _imported_after("import ddptui.cli, ddptui.view.app, ddptui.run.supervisor, "
-                             "ddptui.view.headless")
+    loaded = _imported_after("import ddptui.cli, ddptui.dashboard.view.app, ddptui.run.builtin.supervisor, "
+                             "ddptui.dashboard.view.headless")
     assert "torch" not in loaded
     assert not {"aiohttp", "textual_serve"} & loaded  # ddptui web's, loaded by it alone
 
@@ -32,24 +32,25 @@ def test_import_ddptui_in_a_users_script_is_light():
     loaded = _imported_after("import ddptui")
     assert not {m for m in loaded if m.split(".")[0] in ("textual", "rich", "torch", "lightning",
                                                          "transformers", "keras")}
-    assert "ddptui.api.session" not in loaded
+    assert "ddptui.rank.api.session" not in loaded
 
 
 def test_a_wrapped_ranks_sidecar_starts_without_torch():
-    """The sidecar beside each rank under `python -m ddptui.wrap` only watches: torch would cost
+    """The sidecar beside each rank under `python -m ddptui.rank.wrap` only watches: torch would cost
     it 1.8 CPU-s and a few hundred MB a rank."""
-    assert "torch" not in _imported_after("import ddptui.wrap.sidecar")
+    assert "torch" not in _imported_after("import ddptui.rank.wrap.sidecar")
 
 
 def test_a_scripts_run_starts_without_torch():
-    loaded = _imported_after("import ddptui.script.run, ddptui.script.options, ddptui.cli")
+    loaded = _imported_after("import ddptui.run.script.run, ddptui.run.script.options, ddptui.cli")
     assert "torch" not in loaded
 
 
 def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(tmp_path):
     """pyproject's import-linter contracts (make test runs lint-imports too) pass on the tree,
-    and fail on a copy where the run model imports the view inside a function: an AST check of
-    module-level imports let such an import through once."""
+    and fail on a copy where the floor's run model imports the view, and the run's process a
+    dashboard's module, each inside a function: an AST check of module-level imports let such an
+    import through once."""
     lint = [os.path.join(os.path.dirname(sys.executable), "lint-imports"), "--no-cache"]
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
     shutil.copytree(os.path.join(ROOT, "ddptui"), tmp_path / "ddptui")
@@ -57,11 +58,14 @@ def test_the_import_contracts_hold_and_catch_an_upward_import_inside_a_function(
     shutil.copy(os.path.join(ROOT, "pyproject.toml"), tmp_path)
     ok = subprocess.run(lint, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout[-3000:]
-    model = tmp_path / "ddptui" / "state" / "epochs.py"
-    model.write_text(model.read_text() + "\n\ndef _upward():\n    from ddptui.view import app\n")
+    model = tmp_path / "ddptui" / "contract" / "state" / "epochs.py"
+    model.write_text(model.read_text() + "\n\ndef _upward():\n    from ddptui.dashboard.view import app\n")
+    owned = tmp_path / "ddptui" / "run" / "owned.py"
+    owned.write_text(owned.read_text() + "\n\ndef _across():\n    from ddptui.dashboard import background\n")
     broken = subprocess.run(lint, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert broken.returncode != 0
-    assert "ddptui.state.epochs -> ddptui.view.app" in broken.stdout
+    assert "ddptui.contract.state.epochs -> ddptui.dashboard.view.app" in broken.stdout
+    assert "ddptui.run.owned -> ddptui.dashboard.background" in broken.stdout
 
 
 def test_every_package_folder_is_installed():
@@ -76,3 +80,24 @@ def test_every_package_folder_is_installed():
              if "__pycache__" not in folder and any(f.endswith(".py") for f in files)
              for folder in [os.path.relpath(folder, ROOT)]}
     assert listed == found
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    """Small modules with one job each: a module that outgrows 400 lines, or a function 60,
+    holds two jobs (the house's rule, #66)."""
+    import ast
+
+    too_long = []
+    for top in ("ddptui", "trainer"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8") as f:
+                    source = f.read()
+                if source.count("\n") > 400:
+                    too_long.append(f"{os.path.relpath(path, ROOT)}: {source.count(chr(10))} lines")
+                too_long += [f"{os.path.relpath(path, ROOT)}: {n.name} {n.end_lineno - n.lineno + 1}"
+                             for n in ast.walk(ast.parse(source))
+                             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                             and n.end_lineno - n.lineno + 1 > 60]
+    assert not too_long

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from ddptui.run.policy import RunPolicy
-from ddptui.run.supervisor import Supervisor
+from ddptui.run.builtin.policy import RunPolicy
+from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import TINY, assert_gone, events, run_config
 
 
@@ -68,7 +68,7 @@ def test_pause_checkpoint_and_settings_land_on_every_rank_at_one_step_and_epoch(
 
 
 def test_autotune_tries_each_setting_as_an_epoch_row_and_keeps_the_fastest(tmp_path, monkeypatch):
-    from ddptui.run import autotune
+    from ddptui.run.builtin import autotune
 
     # Shorter phases than a real run's: what is tested is the order of trials and the choice
     # (the ranks train flat out meanwhile, 13 s of both cores at the real lengths).

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from ddptui.kit.elastic import control
-from ddptui.kit.elastic.control import Control
+from ddptui.rank.elastic import control
+from ddptui.rank.elastic.control import Control
 
 
 class ListMailbox:

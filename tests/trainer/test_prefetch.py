@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from ddptui.kit.prefetch import threaded_batches
-from ddptui.options.errors import DataError
+from ddptui.contract.options.errors import DataError
+from ddptui.rank.prefetch import threaded_batches
 
 CPU = torch.device("cpu")
 

@@ -15,13 +15,13 @@ import time
 import pytest
 import torch
 
-from ddptui.kit.elastic.control import Mailbox
-from ddptui.kit.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
-from ddptui.kit.elastic.store import await_store, meet
-from ddptui.kit.environment import cuda_defaults
-from ddptui.kit.sampler import ShardedBatchSampler
-from ddptui.kit.telemetry.buffer import EventBuffer
-from ddptui.options.config import DataOptions, RunConfig, TrainOptions
+from ddptui.contract.environment import cuda_defaults
+from ddptui.contract.options.config import DataOptions, RunConfig, TrainOptions
+from ddptui.rank.elastic.control import Mailbox
+from ddptui.rank.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
+from ddptui.rank.elastic.store import await_store, meet
+from ddptui.rank.sampler import ShardedBatchSampler
+from ddptui.rank.telemetry.buffer import EventBuffer
 from ddptui_trainer.build import build_optimizer
 from ddptui_trainer.checkpoint import Writer, list_checkpoints, load_checkpoint
 from ddptui_trainer.loop import padded
@@ -342,7 +342,7 @@ def test_changing_the_worker_count_ends_the_old_workers_at_once():
 def test_cutting_a_worlds_connections_wakes_what_waits_on_them_and_spares_listeners():
     """The sockets opened while a world formed are cut on a recover order: a thread blocked
     reading one wakes at once (as gloo's would), a listening socket and a Unix socket stay."""
-    from ddptui.kit.elastic.sockets import open_sockets, sever
+    from ddptui.rank.elastic.sockets import open_sockets, sever
 
     before = open_sockets()
     listener = socket.create_server(("127.0.0.1", 0))
@@ -369,7 +369,7 @@ def test_process_readings_keep_nothing_of_a_process_that_ended():
     import subprocess
     import sys
 
-    from ddptui.kit.telemetry.gpu import ProcessTree
+    from ddptui.contract.gpu import ProcessTree
 
     tree = ProcessTree()
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]

@@ -207,8 +207,8 @@ def test_decode_gpu_path_gives_the_cpu_path_s_images(cache_dir, monkeypatch):
     """--decode gpu's crops, decoded and resized by the rank (here on the CPU), match the
     torchvision transforms of the CPU path: the same validation images, the same augmentation."""
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)
-    from ddptui.kit.prefetch import Normalize
-    from ddptui.options.config import DataOptions, RunConfig
+    from ddptui.contract.options.config import DataOptions, RunConfig
+    from ddptui.rank.prefetch import Normalize
     from ddptui_trainer.pipeline import gpudecode
     from ddptui_trainer.pipeline.datasets import build_datasets
     from ddptui_trainer.pipeline.gpudecode import Decoder, TorchvisionCodec, collate
@@ -317,7 +317,7 @@ def not_a_module(num_classes):
 def test_your_own_model_and_data_get_what_the_docs_promise_and_a_bad_return_is_named(
         tmp_path, monkeypatch):
     """docs/input-pipeline.md's contract of `--data pkg:fn` and `pkg:fn` models."""
-    from ddptui.options.errors import DataError, UsageError
+    from ddptui.contract.options.errors import DataError, UsageError
     from ddptui_trainer.models import build_model
     from ddptui_trainer.pipeline.datasets import _custom
 

@@ -11,7 +11,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Callable
 
-from ddptui.options.errors import DataError
+from ddptui.contract.options.errors import DataError
 
 MAX_SKIP = 100  # unreadable samples in a row before the data set itself is the problem
 

@@ -20,11 +20,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ddptui.kit.elastic.lifeline import descends_from, die_with_parent
-from ddptui.kit.sampler import ShardedBatchSampler, seed_sample, shard_indices
-from ddptui.options.config import RunConfig
-from ddptui.options.errors import DataError, UsageError
-from ddptui.options.training import importable_from_cwd
+from ddptui.contract.options.config import RunConfig
+from ddptui.contract.options.errors import DataError, UsageError
+from ddptui.contract.options.training import importable_from_cwd
+from ddptui.rank.elastic.lifeline import descends_from, die_with_parent
+from ddptui.rank.sampler import ShardedBatchSampler, seed_sample, shard_indices
 from ddptui_trainer.pipeline.badsamples import BadSample, first_readable
 from ddptui_trainer.pipeline.forkserver import worker_context
 from ddptui_trainer.pipeline.shapes import ensure_shapes

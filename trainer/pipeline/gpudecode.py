@@ -15,8 +15,8 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg
 from torchvision.ops import roi_align
 
-from ddptui.kit.prefetch import Normalize
-from ddptui.kit.sampler import seed_sample
+from ddptui.rank.prefetch import Normalize
+from ddptui.rank.sampler import seed_sample
 from ddptui_trainer.pipeline.badsamples import BadSample, first_readable
 
 SCALE, RATIO = (0.35, 1.0), (3 / 4, 4 / 3)  # as the CPU path's RandomResizedCrop

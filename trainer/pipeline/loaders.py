@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ddptui.kit.prefetch import (
+from ddptui.contract.options.config import RunConfig
+from ddptui.rank.prefetch import (
     Normalize,
     ToDevice,
     plain_batches,
@@ -14,8 +15,7 @@ from ddptui.kit.prefetch import (
     side_stream,
     threaded_batches,
 )
-from ddptui.kit.sampler import ShardedBatchSampler
-from ddptui.options.config import RunConfig
+from ddptui.rank.sampler import ShardedBatchSampler
 from ddptui_trainer.pipeline.badsamples import BadSamples, skip
 from ddptui_trainer.pipeline.datasets import (
     DataBundle,

@@ -1,0 +1,175 @@
+"""The listening end of the ranks' report channel (ddptui/contract/channel.py): authenticates
+every connection, hands each event on, and sends the dashboard's orders. `ddptui attach` listens
+for torchrun and srun jobs; `ddptui run SCRIPT` for its ranks that call ddptui.init().
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Callable
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Connection, Listener
+
+from ddptui.contract.channel import MessageTooLong, handshake, receive, send
+from ddptui.contract.states import RankState
+
+# The rank states a process announces itself in.
+TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)
+
+
+class ReportListener:
+    """start() accepts on a thread; record(ev) is called from the connections' threads."""
+
+    def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[dict], None],
+                 note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None):
+        self.key, self.record, self.note, self.closed = key, record, note, closed
+        self._listener = Listener(address)  # no authkey here: each handshake runs in its thread
+        self.address: tuple[str, int] = self._listener.address
+        self._lock = threading.Lock()
+        self._conns: dict[int, Connection] = {}  # rank -> its connection
+        self._open: set[Connection] = set()
+        self._closing = False
+        self._ending: set[int] = set()  # pids ended on purpose: their connections' loss is no news
+        # A script's ranks without a process group cannot agree on a step: each takes the
+        # orders itself (they said so in a `rank` event with `alone`).
+        self._alone = False
+        self.leader = 0  # the world's rank 0 (a script's after run.elastic: whoever is first)
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, name="report-accept", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop listening and close every connection."""
+        self._closing = True
+        # A socket closed while a thread blocks in accept() on it stays bound until that call
+        # returns (Linux): shutdown() wakes it, so the port is free at once (attach restarted
+        # in one process, tests).
+        sock = getattr(getattr(self._listener, "_listener", None), "_socket", None)
+        try:
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+        with self._lock:  # each reader closes its own connection, once (see _serve)
+            for conn in self._open:
+                _wake(conn)
+
+    def ending(self, pid: int) -> None:
+        """The process `pid` is being ended on purpose (a standby the run's end left with
+        nothing to join): its connection breaking is no news."""
+        with self._lock:
+            self._ending.add(pid)
+
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._open
+
+    def connected(self) -> set[int]:
+        with self._lock:
+            return set(self._conns)
+
+    def order(self, cmd: dict) -> bool:
+        """An order for the whole run: to the world's rank 0, which agrees it with the others at
+        one step; to every rank when they have no process group to agree through."""
+        if not self._alone:
+            return self.send(self.leader, cmd)
+        return all([self.send(rank, cmd) for rank in sorted(self.connected())])
+
+    def send(self, rank: int, cmd: dict) -> bool:
+        """Send a command to `rank`; False (and a warning in the log) when it cannot be."""
+        with self._lock:
+            conn = self._conns.get(rank)
+        if conn is None:
+            self.note("warning", f"rank {rank} is not connected: the command was not sent")
+            return False
+        try:
+            send(conn, cmd)
+        except (OSError, ValueError):
+            self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
+            return False
+        return True
+
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn = self._listener.accept()
+            except OSError:  # closed by close()
+                return
+            peer = _peer(self._listener)
+            threading.Thread(target=self._serve, args=(conn, peer), name="report-conn",
+                             daemon=True).start()
+
+    def _serve(self, conn: Connection, peer: str) -> None:
+        try:
+            handshake(conn, self.key)
+        except (AuthenticationError, EOFError, OSError) as e:
+            why = "wrong key" if isinstance(e, AuthenticationError) else "no handshake"
+            self.note("warning", f"refused a connection from {peer}: {why}")
+            conn.close()
+            return
+        with self._lock:
+            self._open.add(conn)
+        ranks: set[int] = set()
+        pids: set[int] = set()
+        try:
+            while True:
+                ev = receive(conn)
+                if ev is None or "kind" not in ev:
+                    continue  # malformed: dropped, the dashboard goes on
+                ranks.add(ev["rank"])
+                if ev["kind"] == "rank" and isinstance(ev.get("pid"), int):
+                    pids.add(ev["pid"])
+                with self._lock:
+                    # A process that announces itself for a rank takes its orders from now
+                    # on: a standby for rank 1 says it is warm while the rank 1 that left may
+                    # still be connected, and the join order must reach the standby.
+                    if ev["kind"] == "rank" and ev.get("state") in TAKES_OVER:
+                        self._conns[ev["rank"]] = conn
+                    else:
+                        self._conns.setdefault(ev["rank"], conn)
+                    self._alone = self._alone or bool(ev.get("alone"))
+                self.record(ev)
+        except MessageTooLong:
+            self.note("warning", f"dropped the connection from {peer}: message over the size "
+                      "limit")
+        except (OSError, TypeError) as e:  # TypeError: closed by close() while reading
+            # After close() every connection is closed on purpose, and so is an ended one's.
+            if not self._closing and not pids & self._ending:
+                self.note("warning", f"lost the connection from {peer}: "
+                          f"{getattr(e, 'strerror', None) or e}")
+        except EOFError:
+            pass
+        finally:
+            # Closed here only, under the lock: close() closing it too raced this close (a
+            # second close of a number the system may already have given to another file).
+            with self._lock:
+                self._open.discard(conn)
+                conn.close()
+                for r in ranks:
+                    if self._conns.get(r) is conn:
+                        del self._conns[r]
+            self.closed()
+
+
+def _wake(conn: Connection) -> None:
+    """End a connection's blocking read (its reader then closes it) without closing it here."""
+    try:
+        sock = socket.socket(fileno=conn.fileno())
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()  # the descriptor stays the connection's
+
+
+def _peer(listener: Listener) -> str:
+    addr = listener.last_accepted
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)

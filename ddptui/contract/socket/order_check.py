@@ -1,0 +1,62 @@
+"""A dashboard's order, checked against the run it would steer before anything acts: its shape
+(contract/dashboards.py), then its meaning and range here. Lives in the run's own process.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ddptui.contract.socket.dashboards import malformed
+from ddptui.contract.state.source import RunSource
+
+WORKERS_CAP = 64  # DataLoader workers a rank may be given live, whatever the host
+MAX_REQUEST = 64  # characters of a settings request's id
+RANK_OPS = ("stop_rank", "restart_rank", "kill_rank", "stacks")
+NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
+         "apply": "settings"}
+
+
+def max_workers() -> int:
+    """The host's cores, at least 16 (loaders that wait on storage keep more workers than cores
+    busy), at most WORKERS_CAP."""
+    return min(WORKERS_CAP, max(16, os.cpu_count() or 1))
+
+
+def refusal(order: dict | None, run: RunSource) -> str | None:
+    """Why `run` cannot take `order` as it is, or None when it can."""
+    why = malformed(order)
+    if why:
+        return why
+    assert order is not None
+    op = order["op"]
+    refused = run.refuse(NEEDS[op]) if op in NEEDS else None
+    if refused:
+        return f"{op}: {refused}"
+    match op:
+        case "settings":
+            return _settings(order)
+        case "stop" if not 0 <= order["code"] <= 255:
+            return f"stop: exit code {order['code']} is not 0-255"
+        case "restart_group" if not run.can_restart_group:
+            return "restart_group: this run restarts rank by rank, not as a group"
+        case "restart_group" if order["kill"] is not None and not _known(order["kill"], run):
+            return f"restart_group: there is no rank {order['kill']} to kill"
+        case _ if op in RANK_OPS and not _known(order["rank"], run):
+            return f"{op}: there is no rank {order['rank']} in this run"
+    return None
+
+
+def _settings(order: dict) -> str | None:
+    settings, request = order["settings"], order["request"]
+    if not settings:
+        return "settings: nothing to change"
+    if not 0 < len(request) <= MAX_REQUEST or not request.isprintable():
+        return f"settings: a request id is 1-{MAX_REQUEST} printable characters"
+    workers = settings.get("workers")
+    if workers is not None and not 0 <= workers <= max_workers():
+        return f"settings: workers {workers} is not 0-{max_workers()} on this host"
+    return None
+
+
+def _known(rank: int, run: RunSource) -> bool:
+    return rank >= 0 and rank in run.state.ranks

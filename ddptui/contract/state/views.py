@@ -1,0 +1,137 @@
+"""What the screens show of one rank and one device: plain records the run state fills from
+events and copies for every view. Pure Python."""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from ddptui.contract.state.timeline import Recent
+from ddptui.contract.states import RankState
+
+GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
+STEP_TIMES = 16  # a rank's recent step times, for its sparkline
+
+
+@dataclass
+class RankView:
+    rank: int
+    state: RankState = RankState.STARTING
+    pid: int | None = None
+    device: str = ""
+    gpu: int | None = None
+    host: str = ""
+    node: str = ""  # attach: the node it reports from (host and node rank)
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    loss: float | None = None
+    samples_per_s: float = 0.0
+    step_ms: float = 0.0
+    data_wait: float = 0.0
+    reason: str = ""
+    last_step_t: float = 0.0
+    progress: float = 0.0  # fraction of the epoch done, as the rank reported it
+    iteration: bool = False  # a script that names no epochs: step counts its iterations
+    steps_per_s: float = 0.0  # steps a second, from the steps a script printed
+    state_t: float = 0.0  # when it entered its state
+    standby: str = ""  # out of the world: its standby is warming | ready
+    standby_t: float = 0.0
+    stacks: str | None = None  # its Python stacks, last taken
+    stacks_t: float = 0.0
+    step_times: deque = field(default_factory=lambda: deque(maxlen=STEP_TIMES))  # ms
+    # A script's rank, seen from outside (output and process events):
+    last_line: str = ""
+    status: str = ""  # its process: running, sleeping, stopped...
+    cpu_percent: float | None = None
+    rss: int | None = None  # MiB
+    gpu_mem: int | None = None  # MiB
+    error: list = field(default_factory=list)  # its traceback's last lines, when it failed
+
+    def order(self) -> tuple:
+        """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),
+        then by rank; on one box, by rank (a row never moves as its details arrive)."""
+        return (*(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", self.node)), self.rank)
+
+
+@dataclass
+class DeviceView:
+    """One GPU (by physical index), or one CPU rank's process tree."""
+
+    key: str
+    rank: int
+    util: float | None = None
+    mem_used: int | None = None
+    mem_total: int | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    cpu_percent: float | None = None
+    rss: int | None = None
+    sm_clock: int | None = None
+    mem_clock: int | None = None
+    held_down: list = field(default_factory=list)  # NVML clock-event reasons in force
+    others: list = field(default_factory=list)  # [pid, MiB, user, name] not of the run
+    pcie_tx: float | None = None  # MB/s
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
+    seen_t: float = 0.0  # time of the last reading
+    age: float = 0.0  # set in views: seconds since that reading
+    stale: bool = False  # set in views: no reading for a while, or the run is over
+    # (t, util or CPU%, memory %, power W) over the last minutes; a list in views
+    history: Recent | list = field(default_factory=lambda: Recent(GPU_HISTORY_S))
+
+    def order(self) -> tuple[int, str, int]:
+        """GPUs before CPU ranks, then by node and number."""
+        node, _, name = self.key.rpartition(" ")
+        digits = "".join(c for c in name if c.isdigit())
+        return (0 if name.startswith("gpu") else 1, node, int(digits or 0))
+
+
+class Progress(NamedTuple):
+    """Where the run is, from the member furthest on."""
+
+    epoch: int
+    epochs: int
+    step: int  # within the epoch
+    steps: int  # per epoch (0: not known)
+    done: float  # fraction of the run
+
+    @property
+    def where(self) -> str:
+        """'epoch 2 of 0-4': epochs count from 0 everywhere (events, tables, lines, CSV), as
+        PyTorch's samplers and the frameworks count them, so the last of 5 is epoch 4."""
+        return f"epoch {self.epoch}" + (f" of 0-{self.epochs - 1}" if self.epochs else "")
+
+
+@dataclass
+class Vitals:
+    """The few live figures a controller polls often (the autotuner, the keys)."""
+
+    status: str  # starting | running | done | failed | interrupted
+    paused: bool
+    pause_asked: bool | None  # space pressed and the ranks not there yet: what was asked
+    settings: dict  # in force
+    pending: dict  # asked for, applied at the next epoch (or at `a`)
+    throughput: float  # img/s of the members with fresh figures
+
+
+@dataclass
+class RunView(Vitals):
+    """A consistent copy of everything the screens draw, taken under the run state's lock."""
+
+    meta: dict  # model, data, epochs, world_size, device_kind, log, script...
+    elapsed: float  # s since launch
+    now: float  # the run's clock: wall time live, the last event's time in a replay
+    ranks: list[RankView]
+    devices: list[DeviceView]
+    epochs: list[dict]  # finished epoch rows, merged over ranks (an `epoch` event's fields)
+    live_epoch: dict | None  # the epoch now running, as a row
+    best_val_acc: float | None
+    progress: Progress
+    exit_code: int | None
+    reason: str  # why it failed or stopped
+    checkpoint_t: float | None  # when the last checkpoint was written
+    host: dict  # the host's CPU and memory (CPU runs)

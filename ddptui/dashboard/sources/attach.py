@@ -1,0 +1,211 @@
+"""`ddptui attach`: the dashboard for ranks started by torchrun or srun with --report. It listens,
+authenticates every connection, folds what arrives into a RunState, and relays commands to the
+world's rank 0; the processes belong to their launcher, so it never starts or stops one.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from ddptui.contract.events import PARENT, event, settings_request
+from ddptui.contract.jsonl import JsonlWriter
+from ddptui.contract.listener import ReportListener
+from ddptui.contract.observe.endings import JOB_GRACE_S
+from ddptui.contract.safe_text import plain
+from ddptui.contract.stalls.scripts import STALL_S
+from ddptui.contract.state.runstate import RunState
+from ddptui.contract.state.source import RunSource
+from ddptui.contract.wording import count
+from ddptui.dashboard.sources.remote_watch import RemoteWatch
+
+CHECK_EVERY_S = 0.5
+DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
+             "group when a rank fails (--max-restarts), srun ends the step; stop the job there "
+             "(Ctrl-C to torchrun, scancel for SLURM)")
+
+
+class Attach(RunSource):
+    """The source behind the dashboard: start(), steer like a Supervisor, stop() detaches."""
+
+    owns_ranks = False  # q detaches; training goes on
+    can_end_job = True  # K: through each wrapped rank's sidecar
+
+    def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str,
+                 stall_after: float = STALL_S, grace: float = JOB_GRACE_S):
+        self.address, self.key, self.log_path, self.grace = address, key, log_path, grace
+        self.state = RunState({"log": log_path, "model": "waiting for ranks",
+                               "data": f"listening on {address[0]}:{address[1]}"})
+        self.done = threading.Event()
+        self.exit_code: int | None = None
+        self.key_source = key_source
+        self._link = ReportListener(address, key, self._received, self._note,
+                                    self._check_finished)
+        self._writer: JsonlWriter | None = None
+        self._finished = False
+        self._world_size: int | None = None  # as rank 0 said at its start
+        self._ends: dict[int, dict] = {}  # rank -> the event of its end
+        self._concluded = False  # the job's end said, from every rank's
+        self._lock = threading.RLock()  # the listener's threads and the watch's
+        self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
+
+    def start(self) -> None:
+        self._writer = JsonlWriter(self.log_path)
+        self._note("info", f"listening on {self.address[0]}:{self.address[1]} "
+                   f"(key: {self.key_source})")
+        self._link.start()
+        threading.Thread(target=self._judge, name="attach-watch", daemon=True).start()
+
+    def stacks(self, rank: int) -> None:
+        """A wrapped rank's stacks (python -m ddptui.rank.wrap); others report through their loop."""
+        if rank in self._watch.silence:
+            self._ask_stacks(rank)
+        else:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.rank.wrap: "
+                       "it cannot be asked for its stacks (docs/cluster.md)")
+
+    def kill_rank(self, rank: int) -> None:
+        """k: a wrapped rank kills itself (SIGKILL); its launcher then does what it does."""
+        if rank not in self._watch.silence:
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.rank.wrap: "
+                       "kill it where it runs (docs/cluster.md)")
+        elif self._link.send(rank, {"op": "kill"}):
+            self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "
+                       "its launcher now does what it does (torchrun: --max-restarts or the "
+                       "end of the job; srun: the end of the step)")
+
+    def end_job(self) -> None:
+        """K: every wrapped rank that has not ended gets SIGTERM from its sidecar, and SIGKILL
+        `grace` seconds later if it is still there; its launcher then ends as it does when its
+        workers fail. A rank that cannot be reached, or was not wrapped, is named."""
+        with self._lock:
+            live = sorted(set(self._watch.silence) - set(self._ends))
+            others = sorted(r.rank for r in self.state.view().ranks
+                            if r.rank not in self._watch.silence and not r.state.is_final)
+        asked = [r for r in live if self._link.send(r, {"op": "end", "grace": self.grace})]
+        if asked:
+            self._note("warning", f"K: ending the job: SIGTERM to {count(len(asked), 'rank')} "
+                       f"({', '.join(map(str, asked))}) through their wrappers, SIGKILL "
+                       f"{self.grace:g} s later to any still there")
+        missed = [r for r in live if r not in asked] + others
+        if missed:
+            self._note("error", f"K cannot reach rank {', '.join(map(str, missed))}: end it "
+                       "where it runs (its launcher, kill, scancel)")
+        if not asked and not missed:
+            self._note("warning", "K: no rank of the job is running")
+
+    def _ask_stacks(self, rank: int) -> bool:
+        return self._link.send(rank, {"op": "stacks"})
+
+    def _received(self, ev: dict) -> None:
+        if ev["kind"] == "lines":  # a wrapped rank's output, kept as ddptui run keeps it
+            self._keep_lines(ev)
+            return
+        with self._lock:
+            self._watch.observe(ev, time.time())
+            self._record(ev)
+
+    def _keep_lines(self, ev: dict) -> None:
+        path = f"{os.path.splitext(self.log_path)[0]}.rank{ev['rank']}.out"
+        text = "".join(f"{plain(line)}\n" for line in ev.get("lines") or [])
+        if ev.get("dropped"):
+            text += f"[ddptui: {ev['dropped']} lines left out here: over 500 a second]\n"
+        try:
+            with open(path, "a") as f:
+                f.write(text)
+        except OSError as e:
+            self._note("warning", f"cannot keep rank {ev['rank']}'s output in {path}: {e}")
+
+    def _judge(self) -> None:
+        while not self.done.wait(CHECK_EVERY_S):
+            with self._lock:
+                self._watch.check(time.time())
+
+    def stop(self, status: str = "interrupted", code: int = 130) -> None:
+        """Detach: close the listener and every connection (the ranks keep training)."""
+        if self.exit_code is None:
+            self.exit_code = 0 if self._finished else code
+        self._link.close()
+        if self._writer:
+            self._writer.close()
+        self.done.set()
+
+    # -- steering: commands go to the world's rank 0, which agrees them with the others --------
+    def pause(self) -> None:
+        if self._command({"op": "pause"}):
+            self._record(event("run", PARENT, status="pausing"))
+
+    def resume(self) -> None:
+        if self._command({"op": "resume"}):
+            self._record(event("run", PARENT, status="resuming"))
+
+    def checkpoint(self) -> None:
+        self._command({"op": "checkpoint"})
+
+    def apply_now(self) -> None:
+        self._command({"op": "apply"})
+
+    def change_settings(self, request: str | None = None, **settings) -> None:
+        requested, cmd = settings_request(settings, request)
+        if self._command(cmd):  # one that was never sent would stay pending in the view
+            self._record(requested)
+
+    def stop_rank(self, rank: int) -> None:
+        self._note("warning", DELEGATED.format(rank=rank))
+
+    def restart_rank(self, rank: int) -> None:
+        self._note("warning", DELEGATED.format(rank=rank))
+
+    def _command(self, cmd: dict) -> bool:
+        return self._link.order(cmd)
+
+    def _record(self, ev: dict) -> None:
+        self.state.apply(ev)
+        if ev["kind"] == "run" and ev.get("status") in ("done", "failed"):
+            self._finished = True
+            self.exit_code = 0 if ev["status"] == "done" else 1
+        if self._writer and not self.done.is_set():
+            self._writer.write(ev)
+        if ev["kind"] == "run" and ev.get("status") == "started" and ev["rank"] != PARENT:
+            self._world_size, self._ends = ev.get("world_size"), {}
+        elif ev["kind"] == "rank" and ev["rank"] != PARENT:
+            if ev.get("state") in ("done", "crashed"):
+                self._ends.setdefault(ev["rank"], ev)
+            elif ev.get("state") == "running" and ev.get("pid"):  # its launcher started it again
+                self._ends.pop(ev["rank"], None)
+
+    def _job_end(self) -> None:
+        """Where every rank of the job ended: the job's end, with its first failure as torchrun's root
+        cause (rank 0 says how the job went, but nothing once killed, and its own failure where
+        another rank's came first)."""
+        if self._concluded or not self._world_size or len(self._ends) < self._world_size:
+            return
+        self._concluded = True
+        failed = sorted((e for e in self._ends.values() if e["state"] == "crashed"),
+                        key=lambda e: e["t"])
+        if not failed:
+            if not self._finished:
+                self._record(event("run", PARENT, status="done", exit_code=0,
+                                   reason="every rank ended"))
+            return
+        first = failed[0]
+        if self._finished and self.exit_code == 1 and first["rank"] == 0:
+            return  # rank 0 said so, and it failed first
+        self._record(event("run", PARENT, status="failed", exit_code=1,
+                           reason=f"rank {first['rank']}: {first.get('reason') or 'failed'} (the "
+                                  f"first of {count(len(failed), 'rank')} that failed)"))
+
+    def _note(self, level: str, text: str) -> None:
+        with self._lock:
+            self._record(event("message", PARENT, level=level, text=text))
+
+    def _check_finished(self) -> None:
+        """Every connection has closed, so every event of the job is here: where every rank
+        ended, or the job said it did, attach is done too."""
+        if not self._link.idle() or self.done.is_set():
+            return
+        with self._lock:
+            self._job_end()
+        if self._finished:
+            self.stop(code=self.exit_code or 0)

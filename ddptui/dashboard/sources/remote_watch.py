@@ -1,0 +1,165 @@
+"""Stall verdicts in `ddptui attach` for ranks under `python -m ddptui.rank.wrap`, from what they
+report: their process figures and output say whether one is stuck (the rules of ddptui run's
+script ranks, ddptui/contract/stalls/scripts.py); one that stops reporting at all is unreachable. Their
+stacks and NCCL flight recorders say which rank, on whichever node, the others wait for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ddptui.contract.events import PARENT, event
+from ddptui.contract.observe.flight import behind
+from ddptui.contract.observe.output import library_log
+from ddptui.contract.safe_text import plain
+from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
+from ddptui.contract.states import RankState
+
+UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
+STUCK_AFTER_S = 2.0
+
+
+class RemoteWatch:
+    """observe() every event attach receives; check() twice a second (attach's thread)."""
+
+    def __init__(self, stall_after: float, record: Callable[[dict], None],
+                 ask_stacks: Callable[[int], bool]):
+        self.stalls = ScriptStalls(stall_after)
+        self.record, self.ask_stacks = record, ask_stacks
+        self.heard: dict[int, float] = {}  # rank -> when any event of it last came
+        self.silence: dict[int, Silence] = {}  # rank -> its output (and steps)
+        self.process: dict[int, dict] = {}  # rank -> its last process event
+        self.gpu_util: dict[int, float] = {}
+        self.flags: dict[int, tuple[str, float]] = {}  # rank -> (state, since)
+        self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
+        self.traces: dict[int, dict] = {}  # its flight recorder's, compact (observe/flight.py)
+        self.places: dict[int, str] = {}  # rank -> "node vm2, local 1"
+        # rank -> (why it failed, None where it finished; when its end came)
+        self.ended: dict[int, tuple[str | None, float]] = {}
+        # a waiting rank -> (where: "in all_reduce #12 (NCCL)", the ranks it waits for)
+        self.waiting: dict[int, tuple[str, list[int]]] = {}
+        self._said_stuck: tuple = ()
+
+    def observe(self, ev: dict, now: float) -> None:
+        rank, kind = ev["rank"], ev["kind"]
+        if rank == PARENT:
+            return
+        # Only a wrapped rank sends its process figures (an attach started mid-run learns it so)
+        if kind == "rank" and ev.get("api") == "ddptui.rank.wrap" or \
+                kind == "process" and rank not in self.silence:
+            self.silence[rank] = Silence(now)
+            self.ended.pop(rank, None)
+        if rank not in self.silence:
+            return  # not a wrapped rank: its own loop reports its steps
+        self.heard[rank] = now
+        node = ev.get("node") or ev.get("host")  # the host, and the launcher's node rank
+        if kind == "rank" and node:
+            self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
+        if kind == "rank" and ev.get("state") in ("done", "crashed"):
+            why = (ev.get("reason") or "failed") if ev["state"] == "crashed" else None
+            self.ended[rank] = (why, now)
+        elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
+            self.silence[rank].heard(now)
+            if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
+                self._clear(rank, "making progress again")
+        elif kind == "process":
+            self.process[rank] = ev
+        elif kind == "gpu" and ev.get("util") is not None:
+            self.gpu_util[rank] = ev["util"]
+        elif kind == "message" and ev.get("stacks_of") == rank and rank in self.flags:
+            if ev.get("flight"):
+                self.traces[rank] = ev["flight"]
+            else:
+                self.stacks[rank] = ev.get("stacks") or ""
+            self._blame()
+
+    def check(self, now: float) -> None:
+        for rank, silence in self.silence.items():
+            if rank in self.ended:
+                continue
+            state = self.flags.get(rank, ("", 0.0))[0]
+            if now - self.heard.get(rank, now) > UNREACHABLE_S:
+                if state != RankState.UNREACHABLE:
+                    self._flag(rank, RankState.UNREACHABLE, now, f"no report for {UNREACHABLE_S:.0f} s: "
+                               "its process stopped, its node is down or the link is cut")
+                continue
+            if state == RankState.UNREACHABLE:
+                self._clear(rank, "reporting again")
+            p = self.process.get(rank)
+            if p is None or rank in self.flags:
+                continue
+            verdict = self.stalls.judge(Reading(rank, p["status"], p.get("cpu_percent") or 0.0,
+                                                self.gpu_util.get(rank), silence.last,
+                                                silence.longest), now)
+            if verdict is not None:
+                reason, fields = verdict
+                self._flag(rank, RankState.STALLED, now, reason, **fields)
+                self.ask_stacks(rank)
+        self._stuck(now)
+
+    def _stuck(self, now: float) -> None:
+        """Ranks that wait in a collective for a rank that has ended: the job cannot go on (NCCL
+        waits out its timeout, 10 minutes by default, and the launcher of those ranks with it)."""
+        held = sorted(r for r, (state, _) in self.flags.items() if r not in self.ended
+                      and state in (RankState.STALLED, RankState.WAITING))
+        # A peer's death fails gloo's collectives at once, and NCCL's where the job aborts: only
+        # ranks still held a moment later are stuck.
+        dead = {r: why for r, (why, t) in self.ended.items()
+                if why is not None and now - t >= STUCK_AFTER_S}
+        said = (tuple(held), tuple(sorted(dead)))
+        if not held or not dead or said == self._said_stuck:
+            return
+        self._said_stuck = said
+        waited = {c for r in held for c in self.waiting.get(r, ("", []))[1]}
+        first = min(dead, key=lambda r: (r not in waited, r))
+        where = {self.waiting[r][0] for r in held if r in self.waiting}
+        self.record(event("message", PARENT, level="error", text=(
+            f"{_ranks(held)} {'waits' if len(held) == 1 else 'wait'}"
+            f"{' ' + where.pop() if len(where) == 1 else ''} for rank {first}, which ended "
+            f"({dead[first]}): the job cannot go on; K ends it")))
+
+    def _blame(self) -> None:
+        """Stalled ranks blocked in a collective while another is stuck elsewhere wait for it;
+        the flight recorders name a rank that never entered the collective the others are in
+        (DDP's all-reduce runs behind the Python, so stacks alone may not)."""
+        stalled = {r: text for r, text in self.stacks.items()
+                   if self.flags.get(r, ("",))[0] == RankState.STALLED}
+        found = blame(stalled)
+        found.update(behind(self.traces))
+        for rank, (where, culprits) in found.items():
+            if self.flags.get(rank, ("",))[0] != RankState.STALLED:
+                continue
+            names = ", ".join(f"{c} ({self.places[c]})" if c in self.places else str(c)
+                              for c in culprits)
+            self.flags[rank] = (RankState.WAITING, self.flags[rank][1])
+            self.waiting[rank] = (f"in {where}", culprits)
+            self.record(event("rank", rank, state=RankState.WAITING, reason=f"in {where}: waiting for "
+                              f"rank {names}", waiting_for=culprits))
+
+    def _flag(self, rank: int, state: str, now: float, reason: str, **fields) -> None:
+        self.flags[rank] = (state, now)
+        self.record(event("rank", rank, state=state, reason=reason, **fields))
+
+    def _clear(self, rank: int, reason: str) -> None:
+        self.flags.pop(rank, None)
+        self.stacks.pop(rank, None)
+        self.traces.pop(rank, None)
+        self.waiting.pop(rank, None)
+        self.stalls.forget(rank)
+        self.record(event("rank", rank, state=RankState.RUNNING, reason=reason))
+
+
+def _the_scripts_own(ev: dict) -> bool:
+    """Whether an output or lines event holds a line of the script's own: torch's and NCCL's
+    logging is not its pace (asking a stalled rank for its flight recorder makes torch log)."""
+    lines = (ev.get("lines") or []) if ev["kind"] == "lines" else [ev.get("text") or ""]
+    return any(not library_log(plain(line)) for line in lines)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2', 'ranks 0, 2 and 5'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"

@@ -1,0 +1,98 @@
+"""`ddptui web [RUN]`: checks what it is given, binds its port, says where to point a browser
+(and how, from another machine), then serves until the run ends (web/server.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import ipaddress
+import socket
+
+from ddptui.contract.options.errors import UsageError
+from ddptui.contract.runs.registry import end_status, find, is_running
+
+DEFAULT_PORT = 8470
+
+
+def add_web_parser(sub) -> None:
+    web = sub.add_parser("web", help="a run's dashboard in browser tabs, token-guarded, "
+                         "read-only unless --control (pip install 'ddptui[web]')")
+    web.add_argument("run", nargs="?", metavar="RUN",
+                     help="a run `ddptui ls` lists as running: its name or a prefix of it "
+                     "(default: the newest)")
+    web.add_argument("--host", default="127.0.0.1",
+                     help="the address to serve on (default 127.0.0.1: this machine only; "
+                     "ssh -L reaches it from another)")
+    web.add_argument("--port", type=int, default=DEFAULT_PORT,
+                     help=f"its port (default {DEFAULT_PORT}; 0: a free one)")
+    web.add_argument("--control", action="store_true",
+                     help="print a second URL whose tabs steer the run as a terminal "
+                     "dashboard does (the first URL's tabs only watch)")
+    web.add_argument("--max-viewers", type=int, default=8, metavar="N",
+                     help="tabs at once (default 8): each is a process of its own")
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    try:
+        from ddptui.dashboard.web.server import WebServer
+    except ImportError:
+        raise UsageError("ddptui web needs its extra: pip install 'ddptui[web]'") from None
+    if args.max_viewers < 1:
+        raise UsageError(f"--max-viewers must be at least 1, got {args.max_viewers}")
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0-65535, got {args.port}")
+    try:
+        record = find(args.run)
+    except (LookupError, OSError) as e:
+        raise UsageError(str(e)) from None
+    sock = _bind(args.host, args.port)
+    server = WebServer(record.name, sock, args.max_viewers, args.control,
+                       lambda: is_running(record), lambda: end_status(record.log))
+    _say_where(server, args.host, sock.getsockname()[1])
+    server.serve()
+    return server.exit_code
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host}: {e.strerror}") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        why = "in use" if e.errno == errno.EADDRINUSE else e.strerror
+        raise UsageError(f"cannot serve on {host}:{port}: {why} (--port 0 picks a free one)") \
+            from None
+    sock.listen(64)
+    return sock
+
+
+def _say_where(server, host: str, port: int) -> None:
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}/?token="
+    print(f"ddptui: open {base}{server.tokens['view']} to watch {server.name} "
+          "(read-only)", flush=True)
+    if "control" in server.tokens:
+        print(f"ddptui: open {base}{server.tokens['control']} to steer it (every key)",
+              flush=True)
+    print(f"ddptui: from another machine: ssh -L {port}:{shown if _loopback(host) else host}:"
+          f"{port} {socket.gethostname()}, then the same URL with 127.0.0.1; Ctrl-C stops",
+          flush=True)
+    if not _loopback(host):
+        print(f"ddptui: warning: --host {host} serves the dashboard beyond this machine: "
+              "anyone who sees the URL (plain http) can watch, and with --control steer",
+              flush=True)
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+

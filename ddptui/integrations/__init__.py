@@ -1,4 +1,0 @@
-"""One callback per training framework, each built on ddptui.init(): Lightning
-(ddptui.integrations.lightning) and the Hugging Face Trainer (ddptui.integrations.transformers).
-Each imports its framework only when it is imported itself.
-"""

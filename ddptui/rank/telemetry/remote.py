@@ -1,0 +1,115 @@
+"""--report HOST:PORT: a rank's telemetry to a `ddptui attach` dashboard, and its commands back.
+
+Training never waits on the dashboard: events go to a bounded buffer that a thread sends; while
+the dashboard is away the oldest are dropped (and counted) and the thread keeps reconnecting.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+from multiprocessing import AuthenticationError
+
+from ddptui.contract.channel import connect, receive, send
+from ddptui.contract.events import event
+from ddptui.rank.telemetry.buffer import EventBuffer
+
+RETRY_S = 2.0
+
+
+def node_name() -> str:
+    """The host, plus the launcher's node rank: two agents on one machine are two nodes."""
+    node_rank = os.environ.get("GROUP_RANK") or os.environ.get("SLURM_NODEID")
+    return socket.gethostname() + (f"/{node_rank}" if node_rank else "")
+
+
+class RemoteLink:
+    """One rank's link. `put` is what the Reporter calls; `inbox` is what the Mailbox reads."""
+
+    def __init__(self, address: tuple[str, int], key: bytes, node: str, warn,
+                 limit: int = 10_000):
+        self.address, self.key, self.node, self.warn = address, key, node, warn
+        self.buffer = EventBuffer(limit)
+        self.inbox = _Inbox()
+        self.thread = threading.Thread(target=self._run, name="report-link", daemon=True)
+        self.thread.start()
+
+    def put(self, ev: dict) -> None:
+        self.buffer.put({**ev, "node": self.node})
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Send what is buffered (for up to `timeout` s if connected), then stop."""
+        self.buffer.close()
+        self.thread.join(timeout)
+        self.inbox.close()
+
+    def _run(self) -> None:
+        where = f"{self.address[0]}:{self.address[1]}"
+        refused_once = connected_once = absent_once = False
+        while not self.buffer.closing:
+            try:
+                conn = connect(self.address, self.key)
+            except AuthenticationError:
+                if not refused_once:
+                    self.warn(f"the dashboard at {where} refused our key: check DDPTUI_AUTHKEY "
+                              "or the key file")
+                refused_once = True
+                time.sleep(RETRY_S)
+                continue
+            except OSError:
+                if not (connected_once or absent_once):  # attach may come later: said once
+                    self.warn(f"no dashboard at {where} yet: training goes on, and its latest "
+                              f"{self.buffer.limit:,} events wait for `ddptui attach --listen "
+                              f"{where}`")
+                absent_once = True
+                time.sleep(RETRY_S)
+                continue
+            connected_once = True
+            threading.Thread(target=self._read, args=(conn,), name="report-commands",
+                             daemon=True).start()
+            self._feed(conn)
+            conn.close()
+
+    def _feed(self, conn) -> None:
+        while (taken := self.buffer.take()) is not None:
+            batch, dropped = taken
+            notice = [event("message", batch[0]["rank"], level="warning", node=self.node,
+                            text=f"{dropped} events dropped while the dashboard was away")
+                      ] if dropped else []
+            try:
+                for ev in notice + batch:
+                    send(conn, ev)
+            except (OSError, ValueError):  # gone: keep what was not sent, reconnect
+                self.buffer.restore(batch, dropped)
+                return
+
+    def _read(self, conn) -> None:
+        try:
+            while True:
+                msg = receive(conn)
+                if msg is not None and "op" in msg:
+                    self.inbox.put(msg)
+        except (EOFError, OSError):
+            pass
+
+
+class _Inbox:
+    """Commands from the dashboard, read like the supervisor's pipe (recv blocks)."""
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue()
+
+    def put(self, msg: dict) -> None:
+        self.q.put(msg)
+
+    def recv(self) -> dict:
+        msg = self.q.get()
+        if msg is None:
+            raise EOFError
+        return msg
+
+    def close(self) -> None:
+        self.q.put(None)

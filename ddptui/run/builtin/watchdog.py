@@ -1,0 +1,170 @@
+"""The supervisor's watch over the members of the world: folds their step, heartbeat and GPU
+events, asks health.py for verdicts twice a second and reports every change as a `rank` event,
+and inputwatch.py whether the input holds them back; fetches a stalled rank's Python stacks and,
+with --on-stall recover, has it killed. It decides, and returns what to do as actions (actions.py):
+the supervisor's thread carries them out.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ddptui.contract.observe.stacks import StackRequests, say_stacks
+from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls
+from ddptui.contract.states import RankState
+from ddptui.run.actions import Action, Flag, Kill, Say
+from ddptui.run.inputwatch import InputWatch, Pipeline
+
+CHECK_EVERY_S = 0.5
+SLOW_HOLD = 6  # checks (3 s) a straggler verdict must hold before it is shown, or dropped
+
+
+@dataclass
+class Member:
+    """A member of the world as the supervisor hands it over: its current process and GPU."""
+
+    slot: int
+    pid: int | None
+    gpu: int | None
+    stacks_path: str
+
+
+class Watchdog:
+    """check() once per supervisor loop, which returns the actions; observe() every step, beat
+    and gpu event."""
+
+    def __init__(self, stall_after: float | None, recover: bool, enabled: bool,
+                 process: Callable[[int | None], tuple],
+                 pipeline: Callable[[], Pipeline | None] = lambda: None):
+        """What it asks, never what it does: `process(pid)`: the process's status and CPU %;
+        `pipeline()`: the input settings in force, for the input watch (None: it keeps quiet)."""
+        self.stall_after, self.recover, self.enabled = stall_after, recover, enabled
+        self.process, self.pipeline = process, pipeline
+        self.last_step: dict[int, float] = {}
+        self.step_ms: dict[int, deque] = {}
+        self.beats: dict[int, tuple[float, dict]] = {}
+        self.gpus: dict[int, dict] = {}  # slot -> its GPU's latest reading
+        self.since: dict[int, float] = {}  # slot -> when it (re)entered the world or resumed
+        self.flags: dict[int, str] = {}  # slot -> stalled | waiting | slow
+        self.stepped: set[int] = set()  # slots whose current process has finished a step
+        self.stragglers = Stragglers()
+        self.inputs = InputWatch()
+        self.stacks = StackRequests()
+        self._kill_pending: dict[int, str] = {}  # on-stall recover: once its stacks are in
+        self._streak: dict[int, tuple[bool, int]] = {}  # slot -> (slow?, checks in a row)
+        self._next = 0.0
+
+    def observe(self, ev: dict) -> None:
+        slot = ev["rank"]
+        match ev:
+            case {"kind": "step"}:
+                self.last_step[slot] = ev["t"]
+                self.stepped.add(slot)
+                self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.get("step_ms") or 0.0)
+                self.stragglers.add(slot, ev.get("steps", 1), ev.get("step_ms") or 0.0,
+                                    ev.get("data_wait") or 0.0)
+                self.inputs.observe(ev)
+            case {"kind": "beat"}:
+                self.beats[slot] = (ev["t"], ev)
+            case {"kind": "gpu"}:
+                self.gpus[slot] = ev
+
+    def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
+        """The world changed, the run resumed, or (`first_step`) the input pipeline was rebuilt
+        and its workers start again: silence until now says nothing."""
+        self.inputs.fresh(slots)
+        for slot in slots:
+            self.since[slot] = now
+            self.stragglers.forget(slot)
+            if first_step:
+                self.stepped.discard(slot)
+
+    def forget(self, slot: int) -> None:
+        """The slot left the world (stopped, crashed): no verdicts about it any more."""
+        self.stepped.discard(slot)
+        for table in (self.last_step, self.step_ms, self.beats, self.since, self.flags,
+                      self._kill_pending, self._streak):
+            table.pop(slot, None)
+        self.stragglers.forget(slot)
+
+    def stalled(self) -> list[int]:
+        return [s for s, state in self.flags.items() if state == RankState.STALLED]
+
+    def ask_stacks(self, m: Member, now: float) -> None:
+        self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
+
+    def check(self, now: float, members: list[Member], paused: bool) -> list[Action]:
+        out: list[Action] = []
+        for slot, text in self.stacks.collect(now):
+            out += self._stacks_in(slot, text)
+        if now < self._next:
+            return out
+        self._next = now + CHECK_EVERY_S
+        if not self.enabled or paused:
+            return out
+        seen = [self._seen(m, now) for m in members]
+        verdicts = {s: (v.state, v.reason, v.fields)
+                    for s, v in judge_stalls(seen, now, self.stall_after).items()}
+        if not verdicts:  # only a world that makes progress has stragglers
+            live = [m.slot for m in members]
+            verdicts = {s: ("slow", cause, {"cause": cause.split(":")[0]})
+                        for s, cause in self.stragglers.judge(live, self.gpus).items()}
+        for m in members:
+            out += self._update(m, verdicts.get(m.slot), now)
+        pipeline = None if verdicts else self.pipeline()
+        said = pipeline and self.inputs.check([m.slot for m in members], pipeline)
+        if said:
+            out.append(Say(*said))
+        return out
+
+    def _seen(self, m: Member, now: float) -> Seen:
+        since = max(self.last_step.get(m.slot, 0.0), self.since.get(m.slot, now))
+        recent = self.step_ms.get(m.slot)
+        beat_t, beat = self.beats.get(m.slot, (None, {}))
+        status, cpu = self.process(m.pid)
+        gpu = self.gpus.get(m.slot, {})
+        return Seen(m.slot, since, statistics.median(recent) / 1000 if recent else None, beat_t,
+                    beat.get("global_step"), beat.get("phase", ""), status, cpu,
+                    gpu.get("util") if m.gpu is not None else None, m.slot in self.stepped)
+
+    def _update(self, m: Member, verdict: tuple | None, now: float) -> list[Action]:
+        old = self.flags.get(m.slot)
+        if not self._held(m.slot, verdict, old):
+            return []
+        if verdict is None:
+            if old is None:
+                return []
+            del self.flags[m.slot]
+            return [Flag(m.slot, "running", "making progress again" if old != "slow" else "")]
+        state, reason, fields = verdict
+        if state == old:
+            return []
+        self.flags[m.slot] = state
+        if state == RankState.STALLED:
+            self.ask_stacks(m, now)
+            if self.recover:
+                self._kill_pending[m.slot] = reason
+        return [Flag(m.slot, state, reason, fields)]
+
+    def _held(self, slot: int, verdict: tuple | None, old: str | None) -> bool:
+        """A straggler verdict (or its end) counts once it has held SLOW_HOLD checks in a row:
+        step figures of small steps on a shared host swing 15% from one reading to the next."""
+        slow_now = verdict is not None and verdict[0] == "slow"
+        if not (slow_now or old == "slow") or (verdict is not None and not slow_now):
+            self._streak.pop(slot, None)
+            return True
+        count = self._streak.get(slot, (slow_now, 0))
+        count = (slow_now, count[1] + 1 if count[0] == slow_now else 1)
+        self._streak[slot] = count
+        return count[1] >= SLOW_HOLD
+
+    def _stacks_in(self, slot: int, text: str | None) -> list[Action]:
+        out: list[Action] = []
+        say_stacks(lambda line, level, **fields: out.append(Say(line, level, fields)), slot, text,
+                   self.flags.get(slot) == RankState.STALLED)
+        if slot in self._kill_pending:
+            out.append(Kill(slot, f"--on-stall recover: {self._kill_pending.pop(slot)}"))
+        return out

@@ -1,0 +1,135 @@
+"""A script that starts its own ranks (mp.spawn), as its run sees it: the door its ranks come
+in at, each adopted as it joins a process group, the launcher's output and end. Part of ScriptRun.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from ddptui.contract.events import PARENT, event
+from ddptui.contract.observe.endings import crash_cause
+from ddptui.contract.states import RankState
+from ddptui.run.script.group import LAUNCHER, ScriptRank
+from ddptui.run.script.launch import described
+from ddptui.run.script.spawned import RankDoor
+
+LAUNCHER_LINES = 10  # a launcher's lines shown a second, at most
+
+
+class LaunchedRanks:
+    """For ScriptRun: reads its group, watch, world, state and outcome, and says through it."""
+
+    @staticmethod
+    def _door(put: Callable[[object], None]) -> RankDoor:
+        """A lone process may start ranks of its own: they come in at this door, as items of
+        the run's inbox."""
+        return RankDoor(lambda hello, fd: put(("adopt", hello, fd)),
+                        lambda pid, code: put(("ended", pid, code)),
+                        lambda text: put(event("message", PARENT, level="warning", text=text)))
+
+    def _launched(self) -> bool:
+        """A new attempt started: no rank of it has failed, its process (a launcher, or a lone
+        rank that may be one) is whose ranks the door lets in; whether it is a launcher."""
+        self._failed_rank: int | None = None
+        self._launcher_second, self._launcher_said = 0, 0
+        first = self.group.ranks[0]
+        if self.door is not None:
+            self.door.launcher = first.pid
+        if first.slot == LAUNCHER:
+            self.say(f"launcher started (pid {first.pid}): its ranks are shown as they join a "
+                     "process group")
+        return first.slot == LAUNCHER
+
+    def _failure_signal(self) -> int | None:
+        """What the others get when a rank failed: SIGTERM, as torchrun sends it; none while a
+        launcher is there to end them as it does (mp.spawn: SIGTERM), SIGINT after half the
+        grace period if it has not."""
+        launcher = self.group.launcher
+        return None if launcher is not None and launcher.alive else signal.SIGTERM
+
+    def _ended_by(self, r: ScriptRank) -> str:
+        """Who ended a rank while the run was ending: ddptui, or (a rank it never signalled)
+        the script's launcher, after a rank's failure."""
+        if not r.adopted or self.group.signalled:
+            return f"ended by ddptui ({r.death()})"
+        after = "" if self._failed_rank is None else f" after rank {self._failed_rank} failed"
+        return f"ended by the script's launcher ({r.death()}){after}"
+
+    @property
+    def after_kill(self) -> str:
+        if self.config.launch:
+            return ("the script's launcher then does what it does (mp.spawn ends the other "
+                    "ranks and fails)")
+        return super().after_kill
+
+    def _from_launcher(self, item: tuple, now: float) -> None:
+        """An item of the inbox from the launcher's side: a line of its own, a rank that came
+        in at the door, the exit code of a child it waited for."""
+        match item:
+            case ("line", _slot, text, final):
+                self._launcher_line(text, final)
+            case ("adopt", hello, fd):
+                self._adopt(hello, fd, now)
+            case ("ended", pid, code):
+                for r in self.group.ranks:
+                    if r.adopted and r.pid == pid:
+                        r.popen.told = code
+
+    def _adopt(self, hello: dict, fd: int, now: float) -> None:
+        """A process under the launcher joined a process group: a rank of its own from now."""
+        launcher = self.group.ranks[0]
+        if hello["launcher"] != launcher.pid or not launcher.alive:
+            os.close(fd)  # a rank of an attempt that is over
+            return
+        if launcher.slot != LAUNCHER:  # a lone rank (--nproc-per-node 1) that launches
+            launcher.slot = LAUNCHER
+            self.watch.finished(0, True, launcher.pid)
+            self.say(f"{described(self.config)} started ranks of its own: pid {launcher.pid} "
+                     "is their launcher, each rank is shown as it joins a process group")
+        r, new = self.group.adopt(hello, fd)
+        if not new:
+            return
+        self.world.slots.append(r.slot)
+        self.watch.attempt([r.slot], now)
+        self._handle(event("rank", r.slot, state=RankState.RUNNING, pid=r.pid, gpu=r.gpu,
+                           device=f"GPU {r.gpu}" if r.gpu is not None else "cpu",
+                           reason=f"joined a process group of {hello['world']} "
+                                  f"(started by pid {launcher.pid})"))
+        if hello["world"] != self.state.meta.get("world_size"):
+            self._handle(event("world", PARENT, size=hello["world"],
+                               ranks=list(range(hello["world"])), generation=0))
+
+    def _blame_first(self, r: ScriptRank) -> tuple[bool, bool]:
+        """Ranks that ended together, the one that caused it first: killed with k, else one
+        that exited by itself, before those a signal ended (a launcher's SIGTERM to the rest)."""
+        code = r.popen.returncode
+        return r.pid not in self.world.killed, code is not None and code < 0
+
+    def _launcher_line(self, text: str, final: bool) -> None:
+        """The launcher's own output: in its .out file and on (headless); on screen as
+        messages, LAUNCHER_LINES a second at most (the rest is in the file)."""
+        if not final or not text.strip() or self._failed_rank is not None:
+            return  # after a rank's failure: mp.spawn's copy of its traceback, in the file
+        second = int(time.monotonic())
+        if second != self._launcher_second:
+            self._launcher_second, self._launcher_said = second, 0
+        self._launcher_said += 1
+        if self._launcher_said <= LAUNCHER_LINES:
+            self.say(f"launcher: {text}")
+
+    def _launcher_ended(self, r: ScriptRank) -> None:
+        """The launcher's end is the job's: its failure counts when no rank failed first."""
+        self.watch.flush_lines(time.time(), force=True)
+        ranks = [x for x in self.group.ranks if x.slot != LAUNCHER]
+        if r.popen.returncode == 0:
+            self.say(f"the launcher (pid {r.pid}) exited with code 0"
+                     + ("" if ranks else ": no process of it joined a process group"))
+            return
+        text = crash_cause(r.popen.returncode, r.traceback())
+        self.say(f"the launcher (pid {r.pid}) {r.death()}: {text}", "error")
+        if self.outcome.failure is None and not self._ending:
+            self._fail(r.exit_code, f"the script's launcher {r.ended_with(text)}")
+

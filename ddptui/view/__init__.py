@@ -1,1 +1,0 @@
-"""What is shown, read from the run's model (ddptui/state/): the Textual dashboard, the headless console."""
