@@ -16,7 +16,7 @@ def script_run(args: list[str], log) -> ScriptRun:
     return ScriptRun(dataclasses.replace(config, headless=False))
 
 
-async def until_shown(pilot, predicate, timeout: float = 60, log=None) -> None:
+async def until_shown(pilot, predicate, timeout: float = 150, log=None) -> None:
     """Until predicate(); a failure shows the run's last events but steps (`log`): what the
     run was doing, for a wait that failed once in a loaded full suite and never alone."""
     for _ in range(int(timeout / 0.1)):

@@ -215,8 +215,11 @@ class Supervisor(OwnedRun):
                 next_sample = now + SAMPLE_EVERY_S
             running = [s for s in self.members if self.slots[s].state == RankState.RUNNING
                        and s not in self.world.leaving]
+            # No verdict while the world changes: membership's change timeout judges the members
+            # then, and a recovering member may take seconds to take its old world down.
+            held = self.state.paused or not self.world.idle()
             self._act(self.watchdog.check(time.time(), [_member(self.slots[s]) for s in running
-                                                        if self.slots[s].alive], self.state.paused))
+                                                        if self.slots[s].alive], held))
             if self._running():
                 self._act(self.world.tick(time.time()))
             if self._autotuner is not None:

@@ -96,14 +96,15 @@ class Watchdog:
     def ask_stacks(self, m: Member, now: float) -> None:
         self.stacks.ask(m.slot, m.pid, m.stacks_path, now)
 
-    def check(self, now: float, members: list[Member], paused: bool) -> list[Action]:
+    def check(self, now: float, members: list[Member], held: bool) -> list[Action]:
+        """`held`: the run is paused or its world changes: no verdicts, stacks still come in."""
         out: list[Action] = []
         for slot, text in self.stacks.collect(now):
             out += self._stacks_in(slot, text)
         if now < self._next:
             return out
         self._next = now + CHECK_EVERY_S
-        if not self.enabled or paused:
+        if not self.enabled or held:
             return out
         seen = [self._seen(m, now) for m in members]
         verdicts = {s: (v.state, v.reason, v.fields)

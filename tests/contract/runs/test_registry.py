@@ -144,12 +144,13 @@ def test_records_that_are_not_a_runs_are_skipped_with_a_line_each(env, tmp_path)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_ends_the_run_in_order_and_ls_says_why(env, tmp_path):
-    """The log on a 256 KiB tmpfs fills as the run goes: the run ends failed, with one line
-    saying why, every line in the log whole, and ls says failed; no traceback anywhere."""
+    """The log on a tmpfs with 32 KiB left fills as the run goes: the run ends failed, with one
+    line saying why, every line in the log whole, and ls says failed; no traceback anywhere."""
     small = tmp_path / "small"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], check=True)
     try:
+        (small / "filler").write_bytes(b"x" * (224 * 1024))  # a few seconds of steps fill the rest
         env = dict(env, XDG_RUNTIME_DIR=str(tmp_path / "runtime"))
         log = small / "full.jsonl"
         r = ddptui(["run", *TINY, "--cpus", "2", "--epochs", "100000", "--headless", "--log",

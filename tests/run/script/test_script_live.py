@@ -40,7 +40,7 @@ def _toasts(app) -> list[str]:
     return [str(t.render()) for t in app.screen.query("Toast")]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(script_env,
                                                                                tmp_path):
     log = tmp_path / "dash.jsonl"
@@ -89,7 +89,7 @@ async def test_the_dashboard_shows_a_scripts_ranks_and_restarts_them_together(sc
     assert_gone(pids)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env, tmp_path,
                                                                       monkeypatch):
     monkeypatch.setenv("CHECKPOINT_DIR", str(tmp_path))
