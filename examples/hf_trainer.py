@@ -9,6 +9,7 @@ classifier on random features, built here (no download, no tokenizer).
 
 import argparse
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--output-dir", default="hf-output")
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="each step waits this long, as a GPU's host does (tests: little CPU)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     training = TrainingArguments(
@@ -60,7 +63,10 @@ def main() -> None:
         save_strategy="no", logging_steps=10, report_to=[], use_cpu=not cuda,
         ddp_backend=None if cuda else "gloo", dataloader_num_workers=0,
         disable_tqdm=os.environ.get("RANK", "0") != "0")
-    trainer = Trainer(model=Classifier(), args=training, train_dataset=Features(args.samples, 0),
+    model = Classifier()
+    if args.step_seconds:
+        model.net.register_forward_pre_hook(lambda *_: time.sleep(args.step_seconds))
+    trainer = Trainer(model=model, args=training, train_dataset=Features(args.samples, 0),
                       eval_dataset=Features(args.samples // 4, 1), compute_metrics=accuracy,
                       callbacks=[DdptuiCallback()])
     trainer.train()

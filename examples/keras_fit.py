@@ -11,6 +11,7 @@ weights at the end: the same figure on every rank.
 
 import argparse
 import os
+import time
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
@@ -32,6 +33,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="each step waits this long, as a GPU's host does (tests: little CPU)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     if cuda:  # Keras places its variables on the current device
@@ -50,7 +53,8 @@ def main() -> None:
               validation_data=val_loader, verbose=2, shuffle=False,  # the sampler shuffles
               callbacks=[DdptuiCallback(),
                          keras.callbacks.LambdaCallback(  # a new shuffle each epoch
-                             on_epoch_begin=lambda epoch, logs: sampler.set_epoch(epoch))])
+                             on_epoch_begin=lambda epoch, logs: sampler.set_epoch(epoch),
+                             on_train_batch_begin=lambda batch, logs: time.sleep(args.step_seconds))])
     checksum = sum(float(v.value.detach().double().sum()) for v in model.weights)
     print(f"rank {dist.get_rank()} weights checksum {checksum:.6f}", flush=True)
     dist.destroy_process_group()

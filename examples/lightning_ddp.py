@@ -10,6 +10,7 @@ ddptui's loader, so the dashboard's w/W, p and a steer its DataLoader.
 
 import argparse
 import os
+import time
 
 import lightning as L
 import torch
@@ -63,13 +64,18 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--samples", type=int, default=2048)
     p.add_argument("--devices", type=int, default=None, help="default: WORLD_SIZE")
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="each step waits this long, as a GPU's host does (tests: little CPU)")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     devices = args.devices or int(os.environ.get("WORLD_SIZE", 1))
     trainer = L.Trainer(accelerator="gpu" if cuda else "cpu", devices=devices, strategy="ddp",
                         max_epochs=args.epochs, callbacks=[DdptuiCallback()], logger=False,
                         enable_progress_bar=True)
-    trainer.fit(Classifier(args.samples))
+    model = Classifier(args.samples)
+    if args.step_seconds:
+        model.net.register_forward_pre_hook(lambda *_: time.sleep(args.step_seconds))
+    trainer.fit(model)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ def get_args() -> argparse.Namespace:
                    help="init_process_group(device_id=...): NCCL's communicator made at once")
     p.add_argument("--setup-seconds", type=float, default=0.0,
                    help="set-up before the process group, as reading a dataset takes (tests)")
+    p.add_argument("--step-seconds", type=float, default=0.0,
+                   help="each forward waits this long, as a GPU's host does (tests: little CPU)")
     return p.parse_args()
 
 
@@ -54,7 +56,10 @@ def setup(args: argparse.Namespace, wrap=DDP):
     labels = torch.randint(0, 10, (args.samples,))
     data = TensorDataset(images, labels)
     sampler = DistributedSampler(data)
-    net = wrap(model(10).to(device), device_ids=[local_rank] if cuda else None)
+    paced = model(10)
+    if args.step_seconds:
+        paced.register_forward_pre_hook(lambda *_: time.sleep(args.step_seconds))
+    net = wrap(paced.to(device), device_ids=[local_rank] if cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     return device, data, sampler, net, opt
 

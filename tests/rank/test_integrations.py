@@ -38,7 +38,8 @@ def script_env(env, monkeypatch, tmp_path):
 def _start_example(name: str, log, *script_args: str) -> ScriptRun:
     """examples/NAME on 2 CPU ranks under `ddptui run` (the dashboard's source, no screen)."""
     config = parse_script_args([os.path.join(ROOT, "examples", name), "--cpus", "2", "--grace",
-                                "30", "--log", str(log), "--", "--epochs", "1000", *script_args])
+                                "30", "--log", str(log), "--", "--epochs", "1000", "--step-seconds",
+                                "0.02", *script_args])
     run = ScriptRun(dataclasses.replace(config, headless=False))
     run.start()
     return run

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import psutil
 
-from ddptui.contract.safe_text import escaped
 from ddptui.contract.observe.endings import last_run_event
 from ddptui.contract.options.errors import UsageError
 from ddptui.contract.runs.runtime_dir import RuntimeDir, safe_name
+from ddptui.contract.safe_text import escaped
 
 KEPT_S = 7 * 24 * 3600  # an ended run's record is dropped after a week
 

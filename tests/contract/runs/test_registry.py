@@ -23,12 +23,12 @@ from tests.helpers.runs import (
     TINY,
     assert_gone,
     ddptui,
+    detached,
     events,
     run_pids,
     start_ddptui,
     wait_for_event,
 )
-from tests.helpers.runs import detached
 
 
 def test_ls_lists_none_then_a_running_run_then_how_it_ended(env, tmp_path):

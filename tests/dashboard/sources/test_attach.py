@@ -243,7 +243,8 @@ def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_en
         [os.path.join(ROOT, "examples"), keyed_env["PYTHONPATH"]]))
     job = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", os.path.join(ROOT, "examples", "with_ddptui.py"),
-                          "--epochs", "2", "--samples", "16384", "--image-size", "16"], env=env,
+                          "--epochs", "2", "--samples", "2048", "--image-size", "16", "--step-seconds",
+                          "0.02"], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=100)
     assert job.returncode == 0, job.stderr[-2000:]
     out, err = attach.communicate(timeout=30)

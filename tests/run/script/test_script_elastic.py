@@ -73,7 +73,7 @@ async def test_s_r_and_k_act_on_one_rank_and_the_others_go_on(script_env,  # noq
     # q sends SIGINT at half the grace to a rank not ended by then, and it is then "stopped", as
     # it should say: a machine under load took over 5 s to end a healthy rank after its last step.
     run = script_run([FAILS, "--cpus", "2", "--grace", "60", "--", "--epochs", "1000", "--samples",
-                "2048", "--image-size", "16", "--setup-seconds", "1"], log)
+                "2048", "--image-size", "16", "--step-seconds", "0.02", "--setup-seconds", "1"], log)
     app = DashboardApp(run)
     worlds = lambda: [e for e in events(log, "world") if e["rank"] != -1]  # noqa: E731
     async with app.run_test(size=(160, 45)) as pilot:
@@ -158,7 +158,7 @@ def test_a_joiner_killed_as_the_world_forms_with_it_is_survived(script_env,  # n
     log, dies = tmp_path / "dies.jsonl", tmp_path / "dies"
     monkeypatch.setenv("JOINER_DIES", str(dies))
     config = parse_script_args([DIES, "--cpus", "2", "--log", str(log), "--", "--epochs",
-                                "1000", "--samples", "2048", "--image-size", "16"])
+                                "1000", "--samples", "2048", "--image-size", "16", "--step-seconds", "0.02"])
     run = ScriptRun(dataclasses.replace(config, headless=True))
     rank1 = lambda: [e["pid"] for e in events(log, "rank") if e["rank"] == 1  # noqa: E731
                      and e.get("pid")][-1]
@@ -213,7 +213,7 @@ def test_a_member_killed_just_after_a_joiner_entered_leaves_the_joiner_training(
     joins next."""
     log = tmp_path / "heavy.jsonl"
     config = parse_script_args([HEAVY, "--cpus", "2", "--log", str(log), "--", "--epochs",
-                                "1000", "--samples", "2048", "--image-size", "16"])
+                                "1000", "--samples", "2048", "--image-size", "16", "--step-seconds", "0.02"])
     run = ScriptRun(dataclasses.replace(config, headless=True))
     world = lambda: run.world.membership  # noqa: E731
     worlds = lambda: [e for e in events(log, "world") if e["rank"] >= 0]  # noqa: E731
@@ -302,7 +302,7 @@ def test_a_rank_killed_outside_ddptui_leaves_nothing_behind_when_the_others_go_o
     waited for them before it could go on. Here the child would stay for ever."""
     log = tmp_path / "kill.jsonl"
     proc = start_ddptui(["run", CHILD, "--cpus", "2", "--log", str(log), "--", "--epochs",
-                         "1000", "--samples", "2048", "--image-size", "16"],
+                         "1000", "--samples", "2048", "--image-size", "16", "--step-seconds", "0.02"],
                         dict(env, OMP_NUM_THREADS="1"), tmp_path)
     try:
         for rank in (0, 1):

@@ -97,7 +97,7 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
                                                       os.environ["PYTHONPATH"]]))
     log = tmp_path / "api.jsonl"
     run = script_run([WITH_DDPTUI, "--cpus", "2", "--grace", "20", "--", "--epochs", "1000",
-                "--samples", "2048", "--image-size", "16"], log)
+                "--samples", "2048", "--image-size", "16", "--step-seconds", "0.02"], log)
     run.start()
     try:
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["rank"] == 1, 60)
