@@ -175,7 +175,7 @@ def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
     """Run it in this process with status lines, open to dashboards (ddptui attach) while it
     runs; `hosted`: this is the run's own process (its lines go to its output file)."""
     from ddptui.contract.socket.host import serve
-    from ddptui.run.builtin.processes import end_helpers
+    from ddptui.run.builtin.helpers import end_helpers
 
     # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
     # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.

@@ -19,14 +19,13 @@ from ddptui.rank.elastic.control import Mailbox
 from ddptui.rank.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from ddptui.rank.sampler import ShardedBatchSampler
 from ddptui.rank.telemetry.reporter import StepMeter
-from ddptui_trainer.checkpoint import Writer, find_resume_state, load_checkpoint
+from ddptui_trainer.checkpoint import Writer, announce_checkpoint, find_resume_state, load_checkpoint
 from ddptui_trainer.models import build_model
 from ddptui_trainer.orders import LoopOrders
 from ddptui_trainer.parts import Parts, State
 from ddptui_trainer.pipeline.datasets import DataBundle, build_datasets
 from ddptui_trainer.pipeline.loaders import Loaders
 from ddptui_trainer.rank import Rank
-from ddptui_trainer.reports import announce_checkpoint
 
 
 def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,

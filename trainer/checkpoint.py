@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes by rank 0, and finding the newest good one to resume from.
+"""Checkpoints: the loop's state queued by rank 0 (save), written atomically and announced, and
+finding the newest good one to resume from.
 
 The training state is copied to host memory in stream order (the loop does not wait) and a
 thread writes it to a temporary name, fsyncs and renames it, so a crash never leaves a torn
@@ -12,8 +13,13 @@ import re
 import tempfile
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the parts hold the writer: for type checkers only
+    from ddptui_trainer.parts import Parts
+    from ddptui_trainer.rank import Rank
 
 MAGIC = "ddptui-checkpoint-v1"
 NAME = re.compile(r"^ckpt-e(\d+)-s(\d+)\.pt$")
@@ -148,3 +154,29 @@ def find_resume_state(directory: str, model_name: str, optimizer: str,
         except ValueError as e:
             warn(f"skipping checkpoint {path}: {e}")
     return None
+
+
+def save(p: Parts) -> None:
+    """Rank 0 queues a checkpoint of the current position (when a directory is set): the step
+    waits for nothing but the previous write; the file is announced once it is durable."""
+    if p.checkpoints is None:
+        return
+    p.checkpoints.put({
+        "model_name": p.config.model.name,
+        "optimizer_name": p.config.train.optimizer,
+        "model": p.model.state_dict(),
+        "optimizer": p.optimizer.state_dict(),
+        "scheduler": p.scheduler.state_dict(),
+        "scaler": p.scaler.state_dict(),
+        "sampler": p.sampler.state_dict(),
+        "global_step": p.state.global_step,
+        "best_val_acc": p.state.best_val_acc,
+        "settings": dict(p.state.settings),
+        "world_size": p.me.world_size,
+    })
+
+
+def announce_checkpoint(me: Rank, path: str, state: dict) -> None:
+    """On the writing thread, once the file is durable."""
+    me.reporter.emit("checkpoint", path=path, epoch=state["sampler"]["epoch"],
+                     step=state["sampler"]["steps_done"], global_step=state["global_step"])

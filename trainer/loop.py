@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from ddptui.contract.wording import count, describe
 from ddptui.rank.elastic.snapshot import WorldLost
 from ddptui_trainer import member
+from ddptui_trainer.checkpoint import save
 from ddptui_trainer.parts import Parts
-from ddptui_trainer.reports import report_bad, report_change, report_kept, report_segment, save
+from ddptui_trainer.reports import report_bad, report_change, report_kept, report_segment
 
 VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading
 

@@ -5,8 +5,8 @@ settings wait in the loop's state for the epoch's end.
 from __future__ import annotations
 
 from ddptui.rank.elastic.agreed import AgreedOrders
+from ddptui_trainer.checkpoint import save
 from ddptui_trainer.parts import Parts
-from ddptui_trainer.reports import save
 
 
 class LoopOrders(AgreedOrders):

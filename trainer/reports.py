@@ -1,5 +1,5 @@
 """What a rank reports beyond its steps: epoch rows (and the parts of epochs cut by a change, a
-rollback or a quit), corrupt samples skipped, what a world change cost, and its checkpoints.
+rollback or a quit), corrupt samples skipped, and what a world change cost.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import torch
 from ddptui.contract.options.errors import DataError
 from ddptui.contract.wording import count
 from ddptui_trainer.parts import Parts
-from ddptui_trainer.rank import Rank
 
 
 def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int | None = None,
@@ -66,29 +65,3 @@ def report_change(p: Parts) -> None:
                        world_size=p.me.world_size, global_step=p.state.global_step,
                        text=f"first step on {count(p.me.world_size, 'rank')} {seconds:.2f} s after the "
                        "world changed")
-
-
-def save(p: Parts) -> None:
-    """Rank 0 queues a checkpoint of the current position (when a directory is set): the step
-    waits for nothing but the previous write; the file is announced once it is durable."""
-    if p.checkpoints is None:
-        return
-    p.checkpoints.put({
-        "model_name": p.config.model.name,
-        "optimizer_name": p.config.train.optimizer,
-        "model": p.model.state_dict(),
-        "optimizer": p.optimizer.state_dict(),
-        "scheduler": p.scheduler.state_dict(),
-        "scaler": p.scaler.state_dict(),
-        "sampler": p.sampler.state_dict(),
-        "global_step": p.state.global_step,
-        "best_val_acc": p.state.best_val_acc,
-        "settings": dict(p.state.settings),
-        "world_size": p.me.world_size,
-    })
-
-
-def announce_checkpoint(me: Rank, path: str, state: dict) -> None:
-    """On the writing thread, once the file is durable."""
-    me.reporter.emit("checkpoint", path=path, epoch=state["sampler"]["epoch"],
-                     step=state["sampler"]["steps_done"], global_step=state["global_step"])

@@ -14,7 +14,7 @@ import psutil
 
 from ddptui.contract.check import problems
 from ddptui.contract.jsonl import read_events
-from ddptui.run.builtin.processes import is_helper
+from ddptui.run.builtin.helpers import is_helper
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["tests.helpers.userpkg:tiny_cnn", "--data", "tests.helpers.userpkg:blobs",

@@ -1,4 +1,4 @@
-"""The rank processes of a run: how one is started (from a fork server, pipes, its files), how
+"""The rank processes of a run: how one is started (from the fork server, pipes, its files), how
 its DataLoader workers are found, and how all of them are ended. Only the supervisor's thread
 calls this.
 """
@@ -8,33 +8,21 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing import forkserver, resource_tracker
 
 import psutil
 
-from ddptui.contract.environment import RANK_ONLY_VARIABLES
 from ddptui.contract.observe.endings import SELF_INFLICTED, crash_cause, ended_how, tail_lines
 from ddptui.contract.options.config import RunConfig
 from ddptui.contract.rankspec import RankSpec, run_builtin_rank
 from ddptui.contract.states import RankState
+from ddptui.run.builtin.helpers import ending, forkserver_pid, start_helpers
 
 TERM_GRACE_S = 3.0  # SIGTERM to SIGKILL
 SERVER_TRIES = 3  # a rank's start, when its server dies as it is asked
 SERVER_GONE = 255  # the exit code multiprocessing gives a rank whose fork server died
-SOCKET_DIR_MAX = 60  # multiprocessing adds /pymp-XXXXXXXX/listener-XXXXXXXX to the temp dir
 
-# What a rank imports before its first step, imported once per run by the fork server every rank
-# is forked from, instead of by each rank: torch (1.9 CPU-s), and torch._dynamo (1.7 more),
-# which DDP's constructor and the optimizers import. The server is a fresh interpreter (started
-# as spawn starts one) that never touches CUDA or runs a thread of Textual's, so forking it is
-# as safe as spawning; a rank or a standby is ready seconds sooner, and shares those pages.
-RANK_PRELOAD = ["ddptui_trainer.preload"]
 
 
 @dataclass
@@ -68,7 +56,7 @@ class RankProcess:
         code = self.process.exitcode
         if code is not None and code < 0 and -code in SELF_INFLICTED:  # a device assert, say
             return crash_cause(code, tail_lines(self.out_path))
-        if code == SERVER_GONE and _ending(self.server):
+        if code == SERVER_GONE and ending(self.server):
             return "ended with the fork server it was started from, which died (killed?)"
         return ended_how(code)
 
@@ -110,7 +98,7 @@ class ProcessPool:
         inbox_end.close()
         # A rank's status comes through its server, and the rank dies with it
         rp = RankProcess(slot, gpu, p, telemetry, inbox, stacks, out, standby=standby,
-                         server=_forkserver_pid())
+                         server=forkserver_pid())
         self.procs.append(rp)
         self.slots[slot] = rp
         return rp
@@ -193,115 +181,3 @@ def _join_all(processes, seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for p in processes:
         p.join(max(0.0, deadline - time.monotonic()))
-
-
-def prepare_data(config: RunConfig, say: Callable[[str], None]) -> None:
-    """Generate the built-in dataset once, with progress, before ranks race for it; in a process
-    of its own, as the dashboard never imports the trainer."""
-    if config.data.kind != "shapes":
-        return
-    last = 0.0
-    with subprocess.Popen([sys.executable, "-m", "ddptui_trainer.pipeline.shapes"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
-        for line in p.stdout:
-            done, total = line.split()
-            if time.time() - last > 0.5 or done == total:
-                last = time.time()
-                say(f"generating shapes dataset {done}/{total}")
-        error = p.stderr.read().strip()
-    if p.returncode != 0:
-        raise RuntimeError(f"generating the shapes dataset failed: {error.splitlines()[-1:]}")
-
-
-def end_helpers() -> None:
-    """End multiprocessing's resource tracker and the ranks' fork server and wait for them, once
-    a run is over and the process is about to exit; left alone they end only after we do (the
-    end of a pipe is their signal), orphans for a moment. The server holds nothing by then and
-    is killed: its interpreter took about a second to unload torch. The tracker is told by its
-    pipe: the parent registers nothing with it (pipes, no Queues), so closing our end is safe
-    here. No process may be started after this."""
-    helpers = [(p, " ".join(_cmdline(p))) for p in psutil.Process().children()]
-    servers = [p for p, cmdline in helpers if "forkserver" in cmdline]
-    trackers = [p for p, cmdline in helpers if "resource_tracker" in cmdline]
-    for p in servers:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    if trackers:
-        os.close(resource_tracker.getfd())
-    _, left = psutil.wait_procs(servers + trackers, timeout=5)
-    for p in left:
-        p.kill()
-
-
-def _ending(server: int | None, within: float = 1.0) -> bool:
-    """Whether the fork server is gone, or goes within `within` s: a dying process closes its
-    sockets (which gives its ranks their exit code) before it becomes a zombie, and a rank's
-    death read in between was reported as a bare "exited with code 255" (1 run in 7 of a test
-    beside others)."""
-    deadline = time.monotonic() + within
-    while _running(server):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
-def _running(pid: int | None) -> bool:
-    try:
-        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def is_helper(p: psutil.Process) -> bool:
-    cmdline = " ".join(_cmdline(p))
-    return "resource_tracker" in cmdline or "forkserver" in cmdline
-
-
-def _cmdline(p: psutil.Process) -> list[str]:
-    try:
-        return p.cmdline()
-    except psutil.Error:
-        return []
-
-
-def start_helpers(path: str) -> mp.context.BaseContext:
-    """Start multiprocessing's resource tracker and the fork server ranks are started from, with
-    their stderr in a file; returns the context that starts ranks.
-
-    They inherit fd 2: on the terminal the tracker's warnings about the named semaphores of a
-    rank we had to kill, or a warning of an import in the server, would garble the one-line
-    error promise and the dashboard. And they must start before Textual runs, since starting
-    asks sys.stderr for a file descriptor. A server already running (a second run in this
-    process) is kept. The server's environment lacks what would make its import of torch start
-    CUDA (RANK_ONLY_VARIABLES: each rank gets the whole environment as it starts).
-    """
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(RANK_PRELOAD)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    saved, tempdir = os.dup(2), tempfile.tempdir
-    rank_only = {name: os.environ.pop(name) for name in RANK_ONLY_VARIABLES if name in os.environ}
-    # The server listens on a Unix socket in a folder of the temp dir, and such a path has at
-    # most 107 bytes: a long TMPDIR (a test's, a job's) failed the start ("AF_UNIX path too long")
-    if len(tempfile.gettempdir()) > SOCKET_DIR_MAX and os.path.isdir("/tmp"):
-        tempfile.tempdir = "/tmp"
-    try:
-        os.dup2(fd, 2)
-        resource_tracker.ensure_running()
-        forkserver.ensure_running()
-    finally:
-        os.environ.update(rank_only)
-        tempfile.tempdir = tempdir
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(fd)
-    return ctx
-
-
-def _forkserver_pid() -> int | None:
-    """The pid of this process's multiprocessing fork server (a private attribute of
-    `multiprocessing.forkserver`: no public API names it)."""
-    return forkserver._forkserver._forkserver_pid

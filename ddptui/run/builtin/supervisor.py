@@ -19,8 +19,9 @@ from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count
+from ddptui.run.builtin.dataset import prepare_data
 from ddptui.run.builtin.policy import RunPolicy
-from ddptui.run.builtin.processes import ProcessPool, RankProcess, prepare_data
+from ddptui.run.builtin.processes import ProcessPool, RankProcess
 from ddptui.run.builtin.watchdog import Member, Watchdog
 from ddptui.run.inputwatch import Pipeline
 from ddptui.run.membership import Membership
