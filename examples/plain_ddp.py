@@ -56,10 +56,10 @@ def setup(args: argparse.Namespace, wrap=DDP):
     labels = torch.randint(0, 10, (args.samples,))
     data = TensorDataset(images, labels)
     sampler = DistributedSampler(data)
-    paced = model(10)
+    module = model(10)
     if args.step_seconds:
-        paced.register_forward_pre_hook(lambda *_: time.sleep(args.step_seconds))
-    net = wrap(paced.to(device), device_ids=[local_rank] if cuda else None)
+        module.register_forward_pre_hook(lambda *_: time.sleep(args.step_seconds))
+    net = wrap(module.to(device), device_ids=[local_rank] if cuda else None)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9)
     return device, data, sampler, net, opt
 

@@ -7,7 +7,6 @@ ranks started by torchrun or srun. Everything is built by plain functions from o
 
 from __future__ import annotations
 
-import re
 import sys
 import traceback
 
@@ -147,7 +146,10 @@ def _agree_on_control(me: Rank, inbox, group):
 def _one_line(e: Exception) -> str:
     # DataLoader re-raises a worker's exception with the worker traceback in the message.
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()] or [type(e).__name__]
-    return re.sub(r"^ddptui\.[\w.]*\.(DataError|UsageError): ", "", lines[-1])
+    last = lines[-1]
+    for cls in (DataError, UsageError):  # as the worker's traceback names them
+        last = last.removeprefix(f"{cls.__module__}.{cls.__qualname__}: ")
+    return last
 
 
 def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised: bool) -> None:

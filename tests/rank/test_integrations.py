@@ -28,11 +28,9 @@ pytest.importorskip("lightning")
 
 
 @pytest.fixture
-def script_env(env, monkeypatch, tmp_path):
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.chdir(tmp_path)  # where the framework writes its checkpoints
+def script_env(script_env, monkeypatch, tmp_path):
+    """conftest's, in tmp_path: where the framework writes its checkpoints."""
+    monkeypatch.chdir(tmp_path)
 
 
 def _start_example(name: str, log, *script_args: str) -> ScriptRun:

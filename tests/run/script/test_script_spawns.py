@@ -25,6 +25,7 @@ from tests.helpers.runs import (
     wait_for_event,
 )
 from tests.helpers.screens import rank_row
+from tests.helpers.scriptruns import until_shown
 
 SCRIPTS = os.path.join(ROOT, "tests", "helpers", "scripts")
 SPAWNS = os.path.join(SCRIPTS, "spawns.py")
@@ -180,15 +181,6 @@ def script_env(env, monkeypatch):
         monkeypatch.setenv(name, value)
 
 
-async def _until(pilot, predicate, log, timeout: float = 90) -> None:
-    for _ in range(int(timeout / 0.1)):
-        if predicate():
-            return
-        await pilot.pause(0.1)
-    last = [e for e in events(log) if e["kind"] not in ("step", "process")][-15:]
-    raise AssertionError("never seen; the run's last events:\n" + "\n".join(map(str, last)))
-
-
 @pytest.mark.timeout(180)
 async def test_the_dashboard_shows_spawned_ranks_t_on_one_and_k_kills_one(script_env, tmp_path):
     """Each rank its row (its own pid); t on rank 1 takes that worker's stacks; k kills rank 1
@@ -199,25 +191,25 @@ async def test_the_dashboard_shows_spawned_ranks_t_on_one_and_k_kills_one(script
     run = ScriptRun(dataclasses.replace(config, headless=False))
     app = DashboardApp(run)
     async with app.run_test(size=(160, 45), notifications=True) as pilot:
-        await _until(pilot, lambda: len(_joined(log)) == 2 and
-                     "loss:" in rank_row(app, 1).get("output", ""), log)
+        await until_shown(pilot, lambda: len(_joined(log)) == 2 and
+                     "loss:" in rank_row(app, 1).get("output", ""), log=log)
         joined = _joined(log)
         assert rank_row(app, 1)["pid"] == str(joined[1])
         assert rank_row(app, 0)["pid"] == str(joined[0])
         await pilot.press("down", "t")
-        await _until(pilot, lambda: any(e.get("stacks_of") == 1 and "main_worker" in
+        await until_shown(pilot, lambda: any(e.get("stacks_of") == 1 and "main_worker" in
                                         (e.get("stacks") or "") for e in events(log, "message")),
-                     log)
+                     log=log)
         await pilot.press("escape")
         await pilot.press("k")
-        await _until(pilot, lambda: len(_ends(log)) == 2, log)
+        await until_shown(pilot, lambda: len(_ends(log)) == 2, log=log)
         ends = _ends(log)
         assert ends[1][0] == "crashed" and "SIGKILL" in ends[1][1]
         assert ends[0][1].startswith("ended by the script's launcher")
         pids = run.pids() | set(joined.values())  # the launcher, its ranks, their children
         assert len(pids) >= 3
         await pilot.press("q")  # a failed run stays on screen until q
-        await _until(pilot, run.done.is_set, log, 60)
+        await until_shown(pilot, run.done.is_set, 60, log)
         await pilot.pause(0.3)
     assert run.exit_code == 137
     assert events(log, "run")[-1]["reason"].startswith("rank 1 killed by SIGKILL")
