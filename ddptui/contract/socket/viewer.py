@@ -89,7 +89,7 @@ class Viewer(RunSource):
         """The run's process gone, and its socket still open (a process that outlived it holds
         its end: no end and no EOF would ever come): the run's end is read from its log."""
         while not self.done.wait(GONE_POLL_S):
-            if self._process is None or self._process.is_running():
+            if self._process is None or _alive(self._process):
                 continue
             if self.done.wait(GONE_GRACE_S):  # its own `end` was on its way
                 return
@@ -183,3 +183,12 @@ def _process(pid: int) -> psutil.Process | None:
         return psutil.Process(pid)
     except psutil.Error:
         return None
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Running, and not a zombie: `ddptui run` is the parent of its run's process, whose end it
+    only reaps when it exits itself (psutil's is_running() is true of a zombie)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

@@ -127,7 +127,9 @@ class DashboardApp(RankKeys, App[int]):
         """Pull a snapshot of the run state and hand it to the widgets."""
         if self.closing or not self.screen_stack:  # an interval can still fire at teardown
             return
-        if self.quitting and self.source.done.is_set():
+        if self.source.done.is_set() and (self.quitting or isinstance(self.screen, ConfirmQuit)):
+            # q was pressed: once the run has ended, by the agreed stop or by itself while
+            # "End the run?" was still asked, there is nothing left to ask.
             self._close(self.source.exit_code)
             return
         state = self.source.state

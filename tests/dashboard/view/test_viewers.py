@@ -91,6 +91,28 @@ async def test_attach_shows_the_run_so_far_and_live_and_its_keys_act_once_for_ev
                 os.kill(p, 9)
 
 
+async def test_q_asked_as_the_run_ends_by_itself_quits_with_the_runs_code(env, tmp_path):
+    """q pressed while the run is live asks "End the run?"; the run then ends by itself: the
+    question is moot and the dashboard exits with the run's code (it stayed on DONE, asking,
+    after a script's run on a GPU, 1 x H200)."""
+    log = tmp_path / "ends.jsonl"
+    pid, path = detached(env, log, epochs=40)
+    pids = run_pids(log) | {pid}
+    try:
+        app = DashboardApp(connect(path))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("q")
+            await until(pilot, lambda: isinstance(app.screen, ConfirmQuit), "q asking")
+            await until(pilot, lambda: app.closing, "the close once the run is done", 120)
+        assert app.return_value == 0 == app.source.exit_code
+        assert events(log, "run")[-1]["status"] == "done"
+        assert_gone(pids)
+    finally:
+        for p in pids:
+            if psutil.pid_exists(p):
+                os.kill(p, 9)
+
+
 async def test_a_crash_of_the_dashboard_leaves_the_run_going_for_another(env, tmp_path,
                                                                         monkeypatch):
     log = tmp_path / "crash.jsonl"
@@ -257,7 +279,8 @@ def test_the_changes_that_come_with_the_hello_are_taken(tmp_path):
 def test_a_run_process_gone_while_its_socket_stays_open_ends_the_dashboard(tmp_path):
     """Another process holds the run's end of the socket (it outlived the run's process): no
     `end` and no EOF ever come. The dashboard sees the run's process gone and takes the run's
-    end from its log (seen once on a GPU: DONE on screen, and q asked to end a finished run)."""
+    end from its log (seen once on a GPU: DONE on screen, and q asked to end a finished run).
+    The run's process is this one's child, left a zombie, as `ddptui run`'s is until it exits."""
     path, log = str(tmp_path / "run.sock"), tmp_path / "run.jsonl"
     log.write_text(json.dumps({"t": time.time(), "kind": "run", "rank": -1, "status": "done",
                                "exit_code": 0}) + "\n")
@@ -275,8 +298,10 @@ def test_a_run_process_gone_while_its_socket_stays_open_ends_the_dashboard(tmp_p
     viewer = Viewer(path)
     viewer.start()
     assert not viewer.done.wait(0.5)
-    run_process.wait()
+    while psutil.Process(run_process.pid).status() != psutil.STATUS_ZOMBIE:  # ended, not reaped
+        time.sleep(0.05)
     assert viewer.done.wait(30) and viewer.exit_code == 0 and not viewer.lost
+    run_process.wait()
     assert "the run's process ended; its log says how" in viewer_lines(viewer)
     server.close()
     held[0].close()
