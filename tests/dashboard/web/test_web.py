@@ -147,8 +147,16 @@ def _tab(browser, url: str):
 
 
 def _attaches(web: subprocess.Popen) -> list[psutil.Process]:
-    return [p for p in psutil.Process(web.pid).children(recursive=True)
-            if "attach" in p.cmdline() and p.status() != psutil.STATUS_ZOMBIE]
+    """The tabs' attach processes that still run (an ended one is a zombie until reaped, and
+    psutil will not read a zombie's command line)."""
+    return [p for p in psutil.Process(web.pid).children(recursive=True) if _is_attach(p)]
+
+
+def _is_attach(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE and "attach" in p.cmdline()
+    except psutil.Error:  # gone, or become a zombie, between the two reads
+        return False
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium")
