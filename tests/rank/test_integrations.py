@@ -24,7 +24,9 @@ from tests.helpers.runs import (
     wait_for_event,
 )
 
-pytest.importorskip("lightning")
+# find_spec, not importorskip: each xdist worker would import Lightning (3 CPU-s) to collect.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                                reason="lightning is not installed")
 
 
 @pytest.fixture
@@ -131,7 +133,8 @@ def test_a_rank_hung_inside_lightnings_fit_is_flagged_with_its_stacks(script_env
 
 @pytest.mark.timeout(150)
 def test_hugging_face_trainer_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
-    pytest.importorskip("transformers")
+    if importlib.util.find_spec("transformers") is None:  # its import costs seconds; ranks do it
+        pytest.skip("transformers is not installed")
     log = tmp_path / "hf.jsonl"
     run = _start_example("hf_trainer.py", log, "--output-dir", str(tmp_path / "out"))
     with _ended_on_failure(run):
