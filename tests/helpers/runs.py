@@ -194,8 +194,8 @@ def _cmdline(p: psutil.Process) -> list[str]:
 def detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
     """A 2-rank CPU run started with --detach: its pid and socket, once it has stepped. Its
     steps are paced: nothing waits for it, so unpaced it took both cores from the tests beside."""
-    r = ddptui(["run", "tests.helpers.userpkg:paced_cnn", *TINY[1:], "--cpus", "2", "--epochs", str(epochs), "--detach", "--log",
-                str(log)], env, ROOT)
+    r = ddptui(["run", "tests.helpers.userpkg:paced_cnn", *TINY[1:], "--cpus", "2", "--epochs",
+                str(epochs), "--detach", "--log", str(log)], env, ROOT)
     assert r.returncode == 0, r.stderr
     said = re.fullmatch(r"ddptui: (\S+) runs in the background \(pid (\d+)\); ddptui attach "
                         r"\1 watches it again; log (\S+)\n", r.stdout)
