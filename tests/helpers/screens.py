@@ -50,10 +50,11 @@ async def settle(pilot) -> None:
 
 
 def tmux(*args: str, check: bool = True) -> str:
-    """tmux on a server of this test process's own: xdist's workers shared the default one, and
-    a session killed on one worker ended that server under another's new session ("server
-    exited unexpectedly")."""
-    return subprocess.run(["tmux", "-L", f"ddptui-tests-{os.getpid()}", *args],
+    """tmux on a server of the session's own, named after it (every call names its session, with
+    -s or -t): a server shared by the tests of one xdist worker exited as one test killed its
+    last session, under the next test's new session ("server exited unexpectedly")."""
+    session = args[next(i for i, a in enumerate(args) if a in ("-s", "-t")) + 1]
+    return subprocess.run(["tmux", "-L", session, *args],
                           capture_output=True, text=True, check=check).stdout
 
 
