@@ -110,7 +110,7 @@ class Sidecar:
         if self.end_grace is not None and code in (-signal.SIGTERM, -signal.SIGKILL, None):
             how = (f"killed by SIGKILL (K, still there {self.end_grace:g} s after its SIGTERM)"
                    if self.killed_at else f"{how} (K)" if code is not None else
-                   "ended on K's SIGTERM; its launcher took its exit status first")
+                   "ended on SIGTERM (K); its launcher took its exit status first")
         elif self.killed_at and code in (-signal.SIGKILL, None):
             how = "killed by SIGKILL (k)"
         elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL):
