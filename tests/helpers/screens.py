@@ -4,7 +4,6 @@ its charts built; snapshots only under a fixed hash seed."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
