@@ -106,23 +106,30 @@ class Sidecar:
         """The fields of the `rank` event of an end the rank did not report: its exit code or
         signal, and who sent it where known."""
         fields = {"state": "done" if code == 0 else "crashed", "pid": self.pid}
+        return {**fields, **({"exit_code": code} if code is not None else {}),
+                **({} if code == 0 else {"reason": self._how(code)})}
+
+    def _how(self, code: int | None) -> str:
+        """How the rank ended (`code`: its exit code, None where its launcher reaped it first),
+        and who ended it where that is known: K, k, its launcher, the kernel's OOM killer."""
         how = ended_how(code) if code is not None else "ended"
         if self.end_grace is not None and code in (-signal.SIGTERM, -signal.SIGKILL, None):
-            how = (f"killed by SIGKILL (K, still there {self.end_grace:g} s after its SIGTERM)"
-                   if self.killed_at else f"{how} (K)" if code is not None else
-                   "ended on SIGTERM (K); its launcher took its exit status first")
-        elif self.killed_at and code in (-signal.SIGKILL, None):
-            how = "killed by SIGKILL (k)"
-        elif self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL):
-            how += " from its launcher"  # torchrun and srun signal every process of the rank
-        elif self.terminated and code is None:
-            how = "ended on its launcher's SIGTERM"
-        elif code == -signal.SIGKILL and _memory_short():
-            how += ": memory was nearly full, likely the kernel's OOM killer"
-        elif code is None:  # srun's step daemon reaps at once
-            how += "; its launcher took its exit status first"
-        return {**fields, **({"exit_code": code} if code is not None else {}),
-                **({} if code == 0 else {"reason": how})}
+            if self.killed_at:
+                return f"killed by SIGKILL (K, still there {self.end_grace:g} s after its SIGTERM)"
+            if code is None:
+                return "ended on SIGTERM (K); its launcher took its exit status first"
+            return f"{how} (K)"
+        if self.killed_at and code in (-signal.SIGKILL, None):
+            return "killed by SIGKILL (k)"
+        if self.terminated and code in (-signal.SIGTERM, -signal.SIGKILL):
+            return how + " from its launcher"  # torchrun and srun signal every process of the rank
+        if self.terminated and code is None:
+            return "ended on its launcher's SIGTERM"
+        if code == -signal.SIGKILL and _memory_short():
+            return how + ": memory was nearly full, likely the kernel's OOM killer"
+        if code is None:  # srun's step daemon reaps at once
+            return how + "; its launcher took its exit status first"
+        return how
 
     def _sample(self) -> None:
         """The rank's process figures at once (a short rank may end within the first period),
