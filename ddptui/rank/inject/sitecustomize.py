@@ -12,8 +12,8 @@ def _settle() -> None:
     and let their threads take the GIL once more. A gloo worker thread frees its last finished
     work (which holds a Python object) a moment after the collective returns; if the
     interpreter is finalizing by then, Python ends that thread inside C++ and the rank aborts
-    ("terminate called without an active exception") after the script has finished: 1 run in
-    12 of a small script on a loaded 2-core machine, under torchrun as well."""
+    ("terminate called without an active exception") after the script has finished, under
+    torchrun as well, most often on a loaded machine."""
     import sys
 
     if "torch.distributed" not in sys.modules:

@@ -49,8 +49,7 @@ def end_helpers() -> None:
 def ending(server: int | None, within: float = 1.0) -> bool:
     """Whether the fork server is gone, or goes within `within` s: a dying process closes its
     sockets (which gives its ranks their exit code) before it becomes a zombie, and a rank's
-    death read in between was reported as a bare "exited with code 255" (1 run in 7 of a test
-    beside others)."""
+    death read in between was reported as a bare "exited with code 255"."""
     deadline = time.monotonic() + within
     while _running(server):
         if time.monotonic() > deadline:
