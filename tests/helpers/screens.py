@@ -4,6 +4,8 @@ its charts built; snapshots only under a fixed hash seed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -55,6 +57,15 @@ def tmux(*args: str, check: bool = True) -> str:
     session = args[next(i for i, a in enumerate(args) if a in ("-s", "-t")) + 1]
     return subprocess.run(["tmux", "-L", session, *args],
                           capture_output=True, text=True, check=check).stdout
+
+
+def end_tmux(session: str) -> None:
+    """The session's server ended, and its socket file removed: tmux leaves the file behind when
+    its server exits, one per test session in /tmp otherwise."""
+    subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True)
+    socket = os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", session)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket)
 
 
 def rank_row(app, rank: int) -> dict:

@@ -28,7 +28,7 @@ from ddptui.dashboard.view.widgets.bars import SPARKS
 from ddptui.dashboard.view.widgets.tables import state_cell
 from tests.helpers.runlogs import gpu_run, script_run
 from tests.helpers.runs import ROOT
-from tests.helpers.screens import fixed_hash, settle, tmux
+from tests.helpers.screens import end_tmux, fixed_hash, settle, tmux
 
 SCENES = {
     "live": dict(ranks=2),  # no end: RUNNING, with the current epoch's live row
@@ -368,4 +368,4 @@ def test_chart_axes_in_a_real_terminal(tmp_path):
         assert any(f"{k}.{d}k" in screen for k in range(20, 27) for d in range(10))
         tmux("send-keys", "-t", session, "q")
     finally:
-        tmux("kill-session", "-t", session, check=False)
+        end_tmux(session)

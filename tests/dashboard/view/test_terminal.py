@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.helpers.runs import ROOT, TINY, assert_gone, events, run_pids
-from tests.helpers.screens import tmux
+from tests.helpers.screens import end_tmux, tmux
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
@@ -68,7 +68,7 @@ def test_dashboard_in_tmux_shows_both_ranks_and_q_ends_everything(env, tmp_path)
         # The dashboard saw the run from its start (it connects as the run begins).
         assert float(said[0].split(" in ")[1].split(" s")[0]) > 0
     finally:
-        tmux("kill-session", "-t", session, check=False)
+        end_tmux(session)
 
 
 def test_a_closed_terminal_leaves_the_run_going_to_its_end_and_then_nothing(env, tmp_path):
@@ -95,3 +95,4 @@ def test_a_closed_terminal_leaves_the_run_going_to_its_end_and_then_nothing(env,
     finally:
         for pid in pids:  # leave nothing behind, even when an assertion fails
             subprocess.run(["kill", "-9", str(pid)], capture_output=True)
+        end_tmux(session)
