@@ -6,7 +6,6 @@ without either, it trains as a single-process world.
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import socket
@@ -17,6 +16,7 @@ from ddptui.contract.options.errors import UsageError
 from ddptui.contract.options.parser import Parser
 from ddptui.contract.options.training import add_training_options, config_from_args
 from ddptui.contract.rankspec import RankSpec
+from ddptui.rank.stacks import answer_stacks
 
 
 def distributed_env() -> tuple[int, int, int]:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m ddptui_trainer: error: {e}", file=sys.stderr)
         return 2
     # `kill -USR1 PID` prints every thread's Python stack to stderr: where a hung rank is stuck.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    answer_stacks(signal.SIGUSR1)
     cuda_defaults()
     from ddptui_trainer.rank_main import main as rank_main  # torch is imported only once input is valid
 

@@ -16,6 +16,7 @@ from ddptui.contract.events import event
 from ddptui.contract.rankspec import RankSpec
 from ddptui.rank.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
 from ddptui.rank.elastic.lifeline import die_with_parent, watch_parent
+from ddptui.rank.stacks import answer_stacks
 from ddptui_trainer.pipeline.forkserver import start_worker_server
 
 
@@ -74,7 +75,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     # The supervisor asks a stalled rank where it is stuck; faulthandler answers from C, so it
     # works even while the main thread holds the GIL in a call that never returns. Appending:
     # the supervisor empties the file before each request.
-    faulthandler.register(signal.SIGUSR1, file=open(spec.stacks_path, "a"), all_threads=True)
+    answer_stacks(signal.SIGUSR1, open(spec.stacks_path, "a"))
     # A rank that crashes (a heap corruption, a segfault) leaves where each thread was.
     faulthandler.enable(all_threads=True)
     if spec.physical_gpu is not None:

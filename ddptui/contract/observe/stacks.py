@@ -1,5 +1,6 @@
 """Python stacks of a rank, fetched from outside: SIGUSR1 makes the rank's faulthandler write
-every thread's stack to its .stacks file (registered at start-up), read back here.
+every thread's stack to its .stacks file (registered at start-up), read back here. The signal
+goes only to a rank that has a handler for it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,22 @@ def settled_answers(pending: dict[int, Awaited], now: float,
     return done
 
 
+def catches(pid: int, sig: int) -> bool | None:
+    """Whether process `pid` has a handler for `sig` now (Linux: /proc/PID/status's SigCgt);
+    None where that cannot be told (another OS, the process gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+NO_HANDLER = "it has no stacks handler now (starting, or its interpreter ending)"
+
+
 class StackRequests:
     """ask() signals a rank; collect() returns the answers that are complete (or timed out)."""
 
@@ -54,6 +71,10 @@ class StackRequests:
 
     def ask(self, slot: int, pid: int, path: str, now: float,
             sig: int = signal.SIGUSR1) -> bool:
+        """False when the rank was not asked: gone, or with no handler for `sig` (the signal's
+        default would end it: a diagnostic never kills)."""
+        if catches(pid, sig) is False:
+            return False
         try:
             with open(path, "w"):  # empty it: the rank appends
                 pass

@@ -6,6 +6,7 @@ Pure: readings in, verdicts out; the script's run gathers the readings and acts.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 STALL_S = 60.0  # a script says nothing of its steps: silence this long before a verdict
@@ -85,21 +86,38 @@ def _since(table: dict[int, float], slot: int, holds: bool, now: float) -> float
     return None
 
 
+# Where a frame's code comes from: an installed package, the standard library or torch (a
+# checkout's too) are libraries; anything else is the script's own code.
+_LIBRARY = re.compile(r"/(?:site|dist)-packages/|/lib/python\d|/torch/|^<frozen ")
+# Frames that only pass a call on to the module they wrap: reached from inside, the rank is in
+# that module's code, not in the wrapper's collective.
+_PASSING_ON = {"forward", "_run_ddp_forward", "_call_impl", "_wrapped_call_impl", "__call__"}
+
+
 def blocked_in_collective(stacks: str) -> str | None:
-    """The collective the main thread is blocked in (all_reduce, barrier, or DDP's gradient
-    all-reduce inside backward), if it is in one: such a rank may only wait for a peer."""
+    """The collective the main thread is blocked in, wherever it was called from: torch.distributed
+    (a library's all-reduce, FSDP, an optimizer's), DDP's own (its buffers' broadcast in forward,
+    its reducer), or DDP's gradient all-reduce inside backward. Read from the innermost frame
+    out through library code: a frame of the script's own first means it is not in one."""
     blocks = [b for b in stacks.split("\n\n") if "most recent call first" in b]
     if not blocks:
         return None
     for line in blocks[-1].splitlines()[1:]:  # the main thread comes last, innermost first
         line = line.strip().replace("\\", "/")
-        if " in " not in line:
+        if " in " not in line or not line.startswith("File "):
             continue
+        path = line.removeprefix('File "').split('"', 1)[0]
         where = line.rsplit(" in ", 1)[1]
-        if "torch/distributed/" in line:
+        if where in _PASSING_ON:
+            return None
+        if "torch/distributed/" in path:
             return where
-        if "torch/autograd/" in line:
+        if "torch/nn/parallel/distributed.py" in path:
+            return f"{where} (DDP)"
+        if "torch/autograd/" in path:
             return "backward (DDP's gradient all-reduce)"
+        if not _LIBRARY.search(path):
+            return None
     return None
 
 

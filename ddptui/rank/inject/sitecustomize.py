@@ -45,7 +45,6 @@ def _arm() -> None:
         return
     ppid = os.getppid()
     import atexit
-    import faulthandler
     import signal
     import sys
     import threading
@@ -67,9 +66,15 @@ def _arm() -> None:
     if path:
         # faulthandler writes from C: it answers while the main thread is stuck in a call that
         # never returns. Appending: ddptui empties the file before each request.
-        stacks = open(path, "a")
-        faulthandler.register(int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1)),
-                              file=stacks, all_threads=True)
+        from ddptui.rank.stacks import answer_stacks
+
+        answer_stacks(int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1)),
+                      open(path, "a"))
+    vitals = os.environ.get("DDPTUI_VITALS")
+    if vitals:
+        from ddptui.rank.telemetry.vitals import keep_vitals
+
+        keep_vitals(vitals)
 
 
 def _ranks() -> None:

@@ -6,7 +6,6 @@ work while the rank is stuck: its process and GPU figures, its stacks and NCCL f
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, StreamReader
 from ddptui.contract.observe.streams import Route
 from ddptui.contract.safe_text import plain
+from ddptui.rank.stacks import answer_stacks
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits
@@ -75,7 +75,7 @@ class RankWatch:
         stacks = os.path.join(self._dir, "stacks")
         sig = int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1))
         # From C, on the sidecar's signal: it answers while this process's Python cannot.
-        faulthandler.register(sig, file=open(stacks, "a"), all_threads=True)
+        answer_stacks(sig, open(stacks, "a"))
         read, self._out = os.pipe()
         self.sidecar = subprocess.Popen(
             [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),

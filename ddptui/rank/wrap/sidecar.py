@@ -25,7 +25,7 @@ from ddptui.contract.events import event
 from ddptui.contract.gpu import DeviceSampler
 from ddptui.contract.observe.endings import ended_how
 from ddptui.contract.observe.flight import DUMP_WAIT_S, FlightDumps, compact, summary
-from ddptui.contract.observe.stacks import StackRequests, innermost
+from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, innermost
 from ddptui.rank.elastic.lifeline import die_with_parent
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
 
@@ -192,7 +192,8 @@ class Sidecar:
         where = innermost(stacks) if stacks else ""
         self.emit("message", level="info" if stacks else "warning",
                   text=(f"is in {where}" if where else "stacks taken") if stacks else
-                  "no Python stacks: no answer", stacks_of=self.rank, stacks=stacks or "")
+                  f"no Python stacks: {'no answer' if asked else NO_HANDLER}",
+                  stacks_of=self.rank, stacks=stacks or "")
         if self.flight is None or not self.flight.ask(self.rank, time.monotonic()):
             return
         trace = _wait(lambda: self.flight.collect(time.monotonic()), DUMP_WAIT_S + 1)

@@ -10,7 +10,6 @@ and only a process that joins a process group imports more.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import json
 import os
 import signal
@@ -19,49 +18,12 @@ import sys
 import threading
 import traceback
 
+from ddptui.rank.patching import after_import
+
 SOCKET = "DDPTUI_RANKS"  # the run's Unix socket, where a rank's streams and the ends go
 STEM = "DDPTUI_RANKS_STEM"  # runs/<time>: a rank's stacks file is <stem>.rank<N>.stacks
 JOINED = "DDPTUI_JOINED"  # set in a rank once it joined: the rank ddptui.init() then reports as
 WRAPPED = "DDPTUI_WRAP_RANKS"  # under ddptui.rank.wrap, the job's name: each rank reports to attach
-
-
-class _Patcher(importlib.abc.MetaPathFinder):
-    """Runs `patches[name](module)` right after the module `name` is executed, whoever imports
-    it and however (a spawned child unpickling its target imports it too)."""
-
-    def __init__(self, patches: dict):
-        self.patches = patches
-
-    def find_spec(self, name, path, target=None):
-        patch = self.patches.get(name)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _Loader(spec.loader, patch)
-                return spec
-        return None
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader, patch):
-        self._loader, self._patch = loader, patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        try:
-            self._patch(module)
-        except Exception as e:  # never the script's failure: it runs as without ddptui
-            print(f"ddptui: cannot watch {module.__name__}'s ranks: {e}", file=sys.stderr)
-
-    def __getattr__(self, name):  # get_resource_reader, is_package, ...: the real loader's
-        return getattr(self._loader, name)
 
 
 class _Launcher:
@@ -117,12 +79,9 @@ def install(launcher: bool) -> None:
             return got, status
 
         os.waitpid = told_waitpid  # subprocess binds it at import: this runs before
-    patches = {"torch.distributed.distributed_c10d": _patch_c10d,
-               "torch.multiprocessing.spawn": _patch_spawn,
-               "multiprocessing.process": _patch_process}
-    for name in [n for n in patches if n in sys.modules]:  # imported before (the wrapper's)
-        patches.pop(name)(sys.modules[name])
-    sys.meta_path.insert(0, _Patcher(patches))
+    after_import({"torch.distributed.distributed_c10d": _patch_c10d,
+                  "torch.multiprocessing.spawn": _patch_spawn,
+                  "multiprocessing.process": _patch_process})
 
 
 def report_ranks(label: str) -> None:
@@ -221,7 +180,9 @@ def _joined(c10d) -> None:
     """This process joined a process group: the run is told who it is (its rank and world
     from the group), gets its stdout and stderr as the rank's own, and its stacks on signal;
     under attach, it reports through a watch of its own."""
-    import faulthandler
+    from ddptui.contract.observe.vitals import vitals_path
+    from ddptui.rank.stacks import answer_stacks
+    from ddptui.rank.telemetry.vitals import keep_vitals
 
     rank, world = c10d.get_rank(), c10d.get_world_size()
     os.environ[JOINED] = str(rank)
@@ -238,8 +199,8 @@ def _joined(c10d) -> None:
     stacks = f"{os.environ.get(STEM, '')}.rank{rank}.stacks"
     open(stacks, "w").close()  # a former rank's are not this one's
     # Appending, as sitecustomize's: ddptui empties the file before each request.
-    faulthandler.register(int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1)),
-                          file=open(stacks, "a"), all_threads=True)
+    answer_stacks(int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1)), open(stacks, "a"))
+    keep_vitals(vitals_path(stacks))
     hello = {"pid": os.getpid(), "rank": rank, "world": world, "gpu": _gpu(),
              "stacks": stacks}
     for stream in (sys.stdout, sys.stderr):

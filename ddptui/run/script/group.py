@@ -20,6 +20,7 @@ from ddptui.contract.observe.endings import ended_how
 from ddptui.contract.observe.flight import trace_prefix
 from ddptui.contract.observe.output import Console, StreamReader, last_traceback
 from ddptui.contract.observe.streams import Route
+from ddptui.contract.observe.vitals import vitals_path
 from ddptui.contract.wording import count
 from ddptui.run.outcome import EXIT_FAILED
 from ddptui.run.script.launch import Attempt, command, rank_env
@@ -46,6 +47,11 @@ class ScriptRank:
     @property
     def pid(self) -> int:
         return self.popen.pid
+
+    @property
+    def vitals_path(self) -> str:
+        """Where the rank writes its signs of life (ddptui/contract/observe/vitals.py)."""
+        return vitals_path(self.stacks_path)
 
     @property
     def alive(self) -> bool:
@@ -160,7 +166,8 @@ class RankGroup:
         folder = routing.attempt_dir(attempt.run_id, attempt.restart, self._log_dir)
         stacks = f"{self.stem}.{_name(slot)}.stacks"
         error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
-        for path in (stacks, error):  # the rank creates them: when it can answer, as it fails
+        # The rank makes them: when it can answer, as it fails, as it trains.
+        for path in (stacks, error, vitals_path(stacks)):
             if os.path.exists(path):
                 os.remove(path)
         rank = max(slot, 0)  # a launcher is started as a lone rank 0 would be

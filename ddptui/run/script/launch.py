@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ddptui.contract.environment import nccl_defaults, with_inject
 from ddptui.contract.observe.flight import trace_env
+from ddptui.contract.observe.vitals import vitals_path
 from ddptui.run.script.options import ScriptConfig
 
 
@@ -72,6 +73,7 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         "PYTHONPATH": with_inject(env.get("PYTHONPATH")),
         "DDPTUI_PARENT": str(os.getpid()),
         "DDPTUI_STACKS": stacks_path,
+        "DDPTUI_VITALS": vitals_path(stacks_path),
         "DDPTUI_STACKS_SIGNAL": str(config.stacks_signal),
         "DDPTUI_REPORT": attempt.report,
         "DDPTUI_AUTHKEY": attempt.key,

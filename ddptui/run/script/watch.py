@@ -13,7 +13,8 @@ from ddptui.contract.gpu import ProcessTree
 from ddptui.contract.observe.flight import FlightDumps, behind, compact, summary
 from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, library_log
-from ddptui.contract.observe.stacks import StackRequests, say_stacks
+from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, say_stacks
+from ddptui.contract.observe.vitals import read_vitals
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
@@ -52,6 +53,7 @@ class ScriptWatch:
         self.frozen: set[int] = set()  # flagged slots whose process is stopped
         self._ranks: list[ScriptRank] = []  # the live ranks of the last sample
         self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
+        self.vitals: dict[int, tuple[int, int]] = {}  # slot -> (optimizer steps, moves) last read
         self._line: dict[int, tuple[str, bool]] = {}  # slot -> latest line not yet sent
         self._line_t: dict[int, float] = {}
         self._lines = 0  # the script's own lines read (not torch's logging)
@@ -68,6 +70,7 @@ class ScriptWatch:
             self.silence[slot] = Silence(now, announce=not standby)
             self.stalls.forget(slot)
             self._forget(slot)
+            self.vitals.pop(slot, None)
         self.reporting -= set(slots)
         self.inputs.fresh(slots)
         if not standby:
@@ -105,6 +108,18 @@ class ScriptWatch:
         if silence.last is None and silence.announce and slot not in self.flags:
             self.handle(event("rank", slot, state=RankState.RUNNING))
         silence.heard(now)
+
+    def _alive(self, r: ScriptRank, now: float) -> None:
+        """The rank's signs of life that need no output: an optimizer step is as good as a line;
+        its main thread moving on keeps a rank that has said something going (before that it may
+        be importing, and then wait in the rendezvous for a slower peer)."""
+        vitals = read_vitals(r.vitals_path)
+        if vitals is None or vitals == self.vitals.get(r.slot, (0, 0)):
+            return
+        steps, _ = self.vitals.get(r.slot, (0, 0))
+        self.vitals[r.slot] = vitals
+        if vitals[0] > steps or self.silence[r.slot].last is not None:
+            self._heard(r.slot, now)
 
     def flush_lines(self, now: float, force: bool = False) -> None:
         """Each rank's latest line as an `output` event, at most every LINE_EVERY_S, and the
@@ -161,6 +176,7 @@ class ScriptWatch:
             mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
             self.handle(event("process", r.slot, pid=r.pid, status=status, cpu_percent=cpu,
                               rss=rss, gpu_mem=mem if r.gpu is not None else None))
+            self._alive(r, now)
             s = self.silence[r.slot]
             if not judge:
                 continue
@@ -227,7 +243,9 @@ class ScriptWatch:
                      "sitecustomize (still starting, or run with python -S / -I)", "warning",
                      stacks_of=r.slot, stacks="")
             return
-        self.stacks.ask(r.slot, r.pid, r.stacks_path, now, self.config.stacks_signal)
+        if not self.stacks.ask(r.slot, r.pid, r.stacks_path, now, self.config.stacks_signal):
+            self.say(f"rank {r.slot}: no Python stacks: {NO_HANDLER}", "warning",
+                     stacks_of=r.slot, stacks="")
         if self.flight is not None:
             self.flight.ask(r.slot, now)
 

@@ -3,7 +3,7 @@ who waits for whom in a collective. No process is started."""
 
 from __future__ import annotations
 
-from ddptui.contract.stalls.scripts import Reading, ScriptStalls, blame
+from ddptui.contract.stalls.scripts import Reading, ScriptStalls, blame, blocked_in_collective
 
 
 def _reading(slot=0, status="sleeping", cpu=0.0, gpu=None, last=None, gap=0.0) -> Reading:
@@ -57,3 +57,34 @@ def test_a_stopped_rank_is_the_culprit_without_stacks():
     in_allreduce = _stacks(("/x/torch/distributed/distributed_c10d.py", "all_reduce"),
                            ("train.py", "main"))
     assert blame({0: in_allreduce}, frozen={1}) == {0: ("all_reduce", [1])}
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+
+
+def test_a_collective_is_recognised_wherever_it_is_called_from():
+    """DDP's buffer broadcast in its forward, a library's all-reduce, FSDP's: waiting. A rank in
+    its own code (asleep in its forward under DDP, in its dataset under the DataLoader) is not."""
+    ddp = f"{SITE}/torch/nn/parallel/distributed.py"
+    module = f"{SITE}/torch/nn/modules/module.py"
+    in_buffers = _stacks((ddp, "_distributed_broadcast_coalesced"), (ddp, "_default_broadcast_coalesced"),
+                         (ddp, "_sync_module_buffers"), (ddp, "_pre_forward"), (ddp, "forward"),
+                         (module, "_call_impl"), (f"{SITE}/timm/train.py", "train_one_epoch"),
+                         ("/home/u/train.py", "main"))
+    assert blocked_in_collective(in_buffers) == "_distributed_broadcast_coalesced (DDP)"
+    in_lightning = _stacks((f"{SITE}/torch/distributed/distributed_c10d.py", "all_reduce"),
+                           (f"{SITE}/lightning/fabric/utilities/distributed.py", "_sync_ddp"),
+                           ("/home/u/train.py", "validation_step"))
+    assert blocked_in_collective(in_lightning) == "all_reduce"
+    asleep_in_forward = _stacks(("/home/u/train.py", "forward"), (module, "_call_impl"),
+                                (ddp, "_run_ddp_forward"), (ddp, "forward"),
+                                ("/home/u/train.py", "main"))
+    assert blocked_in_collective(asleep_in_forward) is None
+    a_library_model_inside_fsdp = _stacks((f"{SITE}/timm/models/resnet.py", "forward"),
+                                          (module, "_call_impl"),
+                                          (f"{SITE}/torch/distributed/fsdp/api.py", "forward"))
+    assert blocked_in_collective(a_library_model_inside_fsdp) is None
+    waiting_for_input = _stacks(("/usr/lib/python3.11/threading.py", "wait"),
+                                (f"{SITE}/torch/utils/data/dataloader.py", "_get_data"),
+                                ("/home/u/train.py", "main"))
+    assert blocked_in_collective(waiting_for_input) is None
