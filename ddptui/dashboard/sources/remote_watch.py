@@ -63,6 +63,7 @@ class RemoteWatch:
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
                 self._clear(rank, "making progress again")
         elif kind == "process":
+            self._alive(rank, self.process.get(rank, {}), ev, now)
             self.process[rank] = ev
         elif kind == "gpu" and ev.get("util") is not None:
             self.gpu_util[rank] = ev["util"]
@@ -72,6 +73,17 @@ class RemoteWatch:
             else:
                 self.stacks[rank] = ev.get("stacks") or ""
             self._blame()
+
+    def _alive(self, rank: int, before: dict, ev: dict, now: float) -> None:
+        """Its vitals moved on: an optimizer step is as good as a line of output; its main
+        thread moving on keeps a rank that said something going (ddptui/run/script/watch.py)."""
+        steps, moves = ev.get("opt_steps"), ev.get("moves")
+        stepped = steps is not None and steps > (before.get("opt_steps") or 0)
+        moved = moves is not None and moves > (before.get("moves") or 0)
+        if stepped or moved and self.silence[rank].last is not None:
+            self.silence[rank].heard(now)
+            if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
+                self._clear(rank, "making progress again")
 
     def check(self, now: float) -> None:
         for rank, silence in self.silence.items():

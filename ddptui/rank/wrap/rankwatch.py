@@ -25,6 +25,7 @@ from ddptui.contract.observe.output import LINE_EVERY_S, StreamReader
 from ddptui.contract.observe.streams import Route
 from ddptui.contract.safe_text import plain
 from ddptui.rank.stacks import answer_stacks
+from ddptui.rank.telemetry.vitals import keep_vitals
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
 SIDECAR_EXIT_S = 5.0  # at the end: the sidecar sends what it holds (up to 3 s) and exits
@@ -76,10 +77,13 @@ class RankWatch:
         sig = int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1))
         # From C, on the sidecar's signal: it answers while this process's Python cannot.
         answer_stacks(sig, open(stacks, "a"))
+        vitals = os.path.join(self._dir, "vitals")
+        keep_vitals(vitals)
         read, self._out = os.pipe()
         self.sidecar = subprocess.Popen(
             [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),
              "--pid", str(os.getpid()), "--stacks", stacks, "--signal", str(sig),
+             "--vitals", vitals,
              "--events", str(read), "--scratch", self._dir,
              *(["--gpu", str(self.gpu)] if self.gpu is not None else []),
              *(["--flight", flight] if flight else [])], pass_fds=(read,))

@@ -26,6 +26,7 @@ from ddptui.contract.gpu import DeviceSampler
 from ddptui.contract.observe.endings import ended_how
 from ddptui.contract.observe.flight import DUMP_WAIT_S, FlightDumps, compact, summary
 from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, innermost
+from ddptui.contract.observe.vitals import read_vitals
 from ddptui.rank.elastic.lifeline import die_with_parent
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
 
@@ -149,9 +150,11 @@ class Sidecar:
             self._sampled.set()
 
     def _send_sample(self, rank: psutil.Process, cpu_percent: float) -> None:
+        vitals = read_vitals(self.args.vitals) if self.args.vitals else None
         with rank.oneshot():
             self.emit("process", pid=self.pid, status=rank.status(), cpu_percent=cpu_percent,
-                      rss=rank.memory_info().rss >> 20)
+                      rss=rank.memory_info().rss >> 20,
+                      **({"opt_steps": vitals[0], "moves": vitals[1]} if vitals else {}))
 
     def _commands(self) -> None:
         try:
@@ -244,6 +247,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--gpu", type=int, default=None)
     p.add_argument("--stacks", required=True, help="the file the rank's faulthandler writes")
     p.add_argument("--signal", type=int, default=int(signal.SIGUSR1))
+    p.add_argument("--vitals", default=None, help="the file the rank keeps its vitals in")
     p.add_argument("--flight", default=None, help="the flight recorder's dump prefix")
     p.add_argument("--events", type=int, required=True, help="the fd the rank writes events to")
     p.add_argument("--scratch", required=True,

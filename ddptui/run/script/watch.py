@@ -174,9 +174,11 @@ class ScriptWatch:
             except Exception:  # psutil.Error: ended between two calls
                 status = "gone"
             mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
-            self.handle(event("process", r.slot, pid=r.pid, status=status, cpu_percent=cpu,
-                              rss=rss, gpu_mem=mem if r.gpu is not None else None))
             self._alive(r, now)
+            vitals = self.vitals.get(r.slot)
+            self.handle(event("process", r.slot, pid=r.pid, status=status, cpu_percent=cpu,
+                              rss=rss, gpu_mem=mem if r.gpu is not None else None,
+                              **({"opt_steps": vitals[0], "moves": vitals[1]} if vitals else {})))
             s = self.silence[r.slot]
             if not judge:
                 continue
