@@ -79,12 +79,28 @@ def _arm() -> None:
 
 def _ranks() -> None:
     """A script that starts its own ranks: each process that joins a process group is shown as
-    a rank of its own (ddptui/rank/wrap/spawned.py); the launcher tells how its children end."""
+    a rank of its own (ddptui/rank/wrap/spawned.py); the launcher tells how its children end. A
+    rank that turns out to start ranks from inside a library says so (selflaunch.py)."""
+    if os.environ.get("DDPTUI_RELAUNCH") and _is_rank():
+        from ddptui.rank.wrap.selflaunch import guard
+
+        guard()
     if not os.environ.get("DDPTUI_RANKS") and not os.environ.get("DDPTUI_WRAP_RANKS"):
         return
     from ddptui.rank.wrap.spawned import install
 
     install(launcher=_is_rank())
+
+
+def _frameworks() -> None:
+    """Lightning, the Hugging Face Trainer and Keras get ddptui's callback where the script
+    gives none, in a rank of a script's run or a process its launcher starts."""
+    if not os.environ.get("DDPTUI_REPORT") or not (
+            _is_rank() or os.environ.get("DDPTUI_RANKS") or os.environ.get("DDPTUI_RELAUNCH")):
+        return
+    from ddptui.rank.integrations.auto import install
+
+    install()
 
 
 def _chain() -> None:
@@ -106,5 +122,6 @@ def _chain() -> None:
 try:
     _arm()
     _ranks()
+    _frameworks()
 finally:
     _chain()

@@ -63,3 +63,16 @@ class DdptuiCallback(Callback):
         if trainer.is_global_zero:
             self.saved.append(path)
             print(f"ddptui: checkpoint saved: {path}", flush=True)
+
+
+def callback_for(package: str) -> type:
+    """DdptuiCallback on `package`'s Callback (lightning.pytorch or pytorch_lightning: a
+    Trainer takes only its own package's callbacks, and both may be installed)."""
+    base = Callback
+    if base.__module__.split(".")[0] == package.split(".")[0]:
+        return DdptuiCallback
+    import importlib
+
+    base = importlib.import_module(package).Callback
+    body = {k: v for k, v in vars(DdptuiCallback).items() if k not in ("__dict__", "__weakref__")}
+    return type("DdptuiCallback", (base,), body)

@@ -147,17 +147,19 @@ class RankGroup:
 
     def start(self, attempt: Attempt, ranks: str | None = None) -> None:
         """Every rank; a script that starts its own (config.launch) as its launcher alone.
-        `ranks`: the run's rank socket, for a lone process that may start ranks of its own."""
+        `ranks`: the run's rank socket, for a lone process that may start ranks of its own
+        (every rank says there that it turns out to launch them)."""
         self.ranks, self._reported, self._deadlines = [], set(), []
         self.signalled = False  # ddptui sent the ranks a signal (else a launcher did)
         if self.config.launch:
             self.start_one(LAUNCHER, attempt, ranks=ranks)
             return
         for slot in range(self.config.world_size):
-            self.start_one(slot, attempt, ranks=ranks if self.config.world_size == 1 else None)
+            self.start_one(slot, attempt, ranks=ranks if self.config.world_size == 1 else None,
+                           door=ranks)
 
     def start_one(self, slot: int, attempt: Attempt, standby: bool = False,
-                  ranks: str | None = None) -> ScriptRank:
+                  ranks: str | None = None, door: str | None = None) -> ScriptRank:
         """Start the slot's process (`standby`: it waits in ddptui.init() for a join order);
         the slot's earlier processes stay listed, ended. `ranks`: the run's rank socket, for a
         process that may start ranks of its own (a script's launcher: slot LAUNCHER)."""
@@ -173,7 +175,7 @@ class RankGroup:
         rank = max(slot, 0)  # a launcher is started as a lone rank 0 would be
         env = rank_env(self.config, attempt, rank, stacks,
                        trace_prefix=trace_prefix(self.stem), error_file=error,
-                       ranks=(ranks, self.stem) if ranks else None)
+                       ranks=(ranks, self.stem) if ranks else None, door=door)
         if standby:
             env["DDPTUI_STANDBY"] = "1"
         pipes = [os.pipe(), os.pipe()]

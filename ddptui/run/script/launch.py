@@ -58,13 +58,16 @@ def described(config: ScriptConfig) -> str:
 
 def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str,
              base: dict | None = None, trace_prefix: str | None = None,
-             error_file: str = "", ranks: tuple[str, str] | None = None) -> dict[str, str]:
+             error_file: str = "", ranks: tuple[str, str] | None = None,
+             door: str | None = None) -> dict[str, str]:
     """The environment of rank `rank`: torchrun's variables (`error_file`: where torch's
     @record writes the rank's exception), the GPUs in --gpus order, what ddptui's
     sitecustomize and ddptui.init() read, and on GPUs the NCCL flight recorder with its dump
     pipe under `trace_prefix` (unless the user points it elsewhere). `ranks`: (the run's rank
     socket, the stem of the ranks' files) where the process may start ranks of its own; a
-    script that does (config.launch) gets none of torchrun's variables, as when run plainly."""
+    script that does (config.launch) gets none of torchrun's variables, as when run plainly.
+    `door`: the run's rank socket, where a rank says that it turns out to start ranks of its
+    own (config.relaunch: the script is then started again as their launcher)."""
     env = dict(os.environ if base is None else base)
     n = config.world_size
     env.update(_torchrun(config, attempt, rank, error_file))
@@ -80,6 +83,8 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
     })
     if ranks is not None:
         env["DDPTUI_RANKS"], env["DDPTUI_RANKS_STEM"] = ranks
+    if door and config.relaunch and not config.launch:  # it may turn out to launch: said there
+        env["DDPTUI_RELAUNCH"] = door
     env.pop("DDPTUI_AUTHKEY_FILE", None)
     if n > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes on one host's cores

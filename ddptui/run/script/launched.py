@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from ddptui.contract.events import PARENT, event
 from ddptui.contract.observe.endings import crash_cause
@@ -28,6 +29,7 @@ class LaunchedRanks:
         the run's inbox."""
         return RankDoor(lambda hello, fd: put(("adopt", hello, fd)),
                         lambda pid, code: put(("ended", pid, code)),
+                        lambda pid, how: put(("launches", pid, how)),
                         lambda text: put(event("message", PARENT, level="warning", text=text)))
 
     def _launched(self) -> bool:
@@ -36,8 +38,7 @@ class LaunchedRanks:
         self._failed_rank: int | None = None
         self._launcher_second, self._launcher_said = 0, 0
         first = self.group.ranks[0]
-        if self.door is not None:
-            self.door.launcher = first.pid
+        self.door.launcher = first.pid
         if first.slot == LAUNCHER:
             self.say(f"launcher started (pid {first.pid}): its ranks are shown as they join a "
                      "process group")
@@ -77,6 +78,24 @@ class LaunchedRanks:
                 for r in self.group.ranks:
                     if r.adopted and r.pid == pid:
                         r.popen.told = code
+            case ("launches", pid, how):
+                self._relaunch(pid, how)
+
+    def _relaunch(self, pid: int, how: str) -> None:
+        """A rank turned out to start ranks of its own (from inside a library, where reading
+        the script could not see it; it waits in the call): every copy ends and the script
+        starts again, once, as their launcher, with none of torchrun's variables."""
+        if self.config.launch or self.outcome.stop is not None or \
+                pid not in {r.pid for r in self.group.alive() if not r.adopted}:
+            return  # said already, by another copy, or the run is ending
+        said = (f"{self.config.label} starts its own ranks ({how}): ddptui starts it again, "
+                "once, as their launcher, with none of torchrun's variables")
+        self.config = replace(self.config, launch=said)
+        self.group.config = self.watch.config = self.config
+        self.meta["world_size"] = self.config.world_size
+        self._restart, self._restarted_why = True, "started again as its ranks' launcher"
+        for r in self.group.alive():  # they wait in the launching call: nothing to end cleanly
+            r.kill()
 
     def _adopt(self, hello: dict, fd: int, now: float) -> None:
         """A process under the launcher joined a process group: a rank of its own from now."""

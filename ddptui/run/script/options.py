@@ -99,6 +99,9 @@ class ScriptConfig:
         "(default [${role_name}${local_rank}]:, or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)",
         group=TORCHRUN, metavar="TEMPLATE")
     launch: str = ""  # how the script starts its own ranks, said in one line ("" it does not)
+    # The script may turn out to start ranks of its own (from inside a library) as it runs: it
+    # is then started again as their launcher. Not where --nproc-per-node N asked for N copies.
+    relaunch: bool = True
     local_rank_flag: str = ""  # --local_rank: the script reads torch.distributed.launch's form
     stacks_signal: int = option(
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
@@ -211,6 +214,7 @@ def parse_script_args(argv: list[str]) -> ScriptConfig:
     return from_args(
         ScriptConfig, args, module=module, args=tuple(script_args), gpus=gpus, cpus=cpus,
         launch=said, local_rank_flag=flag,
+        relaunch=args.nproc_per_node in (None, "1", "gpu", "auto"),
         headless=args.headless or not sys.stdout.isatty(),
         metrics=tuple(_metric(m) for m in args.metric or ()),
         stacks_signal=_signal(args.stacks_signal))

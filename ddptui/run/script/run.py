@@ -57,7 +57,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                                     lambda level, text: self._inbox.put(
                                         event("message", PARENT, level=level, text=text)))
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
-        self.door = self._door(self._inbox.put) if config.world_size == 1 else None
+        self.door = self._door(self._inbox.put)
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
         self._tensorboard: TensorBoardSink | None = None  # --tensorboard: every rank's scalars
@@ -65,6 +65,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.attempts = self.failures = 0  # group starts; failures --max-restarts counts
         self.outcome = Outcome()  # the current attempt's
         self._restart: bool = False  # start the group again once every rank has ended
+        self._restarted_why = "restarted on request"
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
         # A failed run waits for r or q while a dashboard shows it (in the run's own process:
@@ -137,8 +138,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                 self.watch.flush_lines(time.time(), force=True)
             finally:
                 self._link.close()
-                if self.door is not None:
-                    self.door.close()
+                self.door.close()
                 if self._tensorboard is not None:
                     self._tensorboard.close()
                 self._closed()
@@ -155,7 +155,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         n = self.config.world_size
         self.say(self.config.launch or f"starting {count(n, 'rank')}: {described(self.config)}"
                  + (f" (restart {attempt.restart})" if attempt.restart else ""))
-        self.group.start(attempt, self.door.path if self.door else None)
+        self.group.start(attempt, self.door.path)
         self._attempt = attempt
         if self._launched():  # its ranks are shown as they join a process group
             return
@@ -340,7 +340,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         """The `run` event for the attempt that ended: done, failed or interrupted."""
         self._ended = True
         if self._restart and not self.outcome.ending:
-            status, code, reason = "interrupted", EXIT_INTERRUPTED, "restarted on request"
+            status, code, reason = "interrupted", EXIT_INTERRUPTED, self._restarted_why
         else:
             status, code, reason = self.outcome.result(all_done=True)
         self.exit_code = code
@@ -362,7 +362,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     def _restart_group(self, cmd: dict) -> None:
         if self.outcome.stop is not None:
             return
-        self._restart = True
+        self._restart, self._restarted_why = True, "restarted on request"
         self.say("restarting every rank" + ("" if self.group.alive() else " now"))
         for r in self.group.alive():
             if r.slot == cmd.get("kill"):

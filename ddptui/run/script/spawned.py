@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import psutil
 
+from ddptui.contract.safe_text import plain
+
 HELLO_BYTES = 4096  # a hello is one short JSON line
 MAX_RANKS = 1 << 16
 GONE_GRACE_S = 2.0  # a rank's process gone, its exit code not told by the launcher: unknown then
@@ -27,12 +29,14 @@ UNKNOWN = 255  # the exit code of a rank whose end nobody told
 class RankDoor:
     """A Unix socket in a folder of its own (0700). Each connection starts with one JSON line: a
     rank's stream ({pid, rank, world, stream, gpu}), then its bytes; or the launcher's, then a
-    line per child that ended ({ended, code}). `arrived(hello, fd)` and `ended(pid, code)` are
-    called from the door's threads; `say(text)` for what is refused."""
+    line per child that ended ({ended, code}); or a rank of the run's saying that it starts
+    ranks of its own ({launches: pid, how}), answered "+". `arrived(hello, fd)`, `ended(pid,
+    code)` and `launches(pid, how)` are called from the door's threads; `say(text)` for what is
+    refused."""
 
     def __init__(self, arrived: Callable[[dict, int], None], ended: Callable[[int, int], None],
-                 say: Callable[[str], None]):
-        self.arrived, self.ended, self.say = arrived, ended, say
+                 launches: Callable[[int, str], None], say: Callable[[str], None]):
+        self.arrived, self.ended, self.launches, self.say = arrived, ended, launches, say
         self.folder = tempfile.mkdtemp(prefix="ddptui-ranks-")
         self.path = os.path.join(self.folder, "ranks.sock")
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,6 +64,12 @@ class RankDoor:
             if "launcher" in hello:
                 self._launcher_reports(conn)
                 return
+            if "launches" in hello:
+                pid, how = self._launching(hello)
+                conn.sendall(b"+")
+                conn.close()
+                self.launches(pid, how)
+                return
             checked = self.check(hello)
         except (OSError, ValueError) as e:
             self.say(f"a connection to the run's rank socket was dropped: {e}")
@@ -83,6 +93,20 @@ class RankDoor:
             raise ValueError(f"pid {pid} is not a process of this run's launcher")
         return {"pid": pid, "rank": rank, "world": world, "stream": stream, "gpu": gpu,
                 "launcher": launcher}
+
+    @staticmethod
+    def _launching(hello: dict) -> tuple[int, str]:
+        """A rank the run started (a child of its process) that calls a launcher; raises
+        ValueError."""
+        pid, how = hello.get("launches"), hello.get("how")
+        if type(pid) is not int or not isinstance(how, str) or len(how) > 300:
+            raise ValueError("bad launches hello")
+        try:
+            if psutil.Process(pid).ppid() != os.getpid():
+                raise ValueError(f"pid {pid} is not a rank of this run")
+        except psutil.Error:
+            raise ValueError(f"pid {pid} is gone") from None
+        return pid, plain(how)
 
     @staticmethod
     def _descendant(pid: int, launcher: int | None) -> bool:

@@ -258,7 +258,7 @@ def test_a_hello_at_the_rank_door_from_outside_the_launcher_is_refused():
     rank out of range, is refused."""
     from ddptui.run.script.spawned import RankDoor
 
-    door = RankDoor(lambda h, fd: None, lambda p, c: None, lambda t: None)
+    door = RankDoor(lambda h, fd: None, lambda p, c: None, lambda p, h: None, lambda t: None)
     try:
         door.launcher = os.getpid()
         with pytest.raises(ValueError, match="not a process of this run's launcher"):
