@@ -31,15 +31,19 @@ _DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|c
                            r"^(?:malloc|free|realloc)\(\): |double free or corruption", re.I)
 _SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
+_WORDS = re.compile(r"[^\W\d_]{2}")
 
 
 def crash_cause(code: int | None, lines: list[str]) -> str:
     """Why a process died, for the user: its signal when one ended it (what it printed last
     is then no cause: a warning, a worker's broken pipe), with the CUDA error or device assert
     it printed where it crashed itself (else the Python exception it printed last: gloo aborts
-    some processes at exit); else its exception's line."""
+    some processes at exit); else its exception's line (else its last line with words in it: a
+    launcher's summary ends in a row of '=')."""
     if code is None or code >= 0:
-        return lines[-1] if lines else ended_how(code)
+        raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+        said = [line.strip() for line in lines if _WORDS.search(line)]
+        return (raised or said or [ended_how(code)])[-1]
     how = ended_how(code)
     if -code not in SELF_INFLICTED:
         return how

@@ -12,12 +12,14 @@ from dataclasses import replace
 
 from ddptui.contract.events import PARENT, event
 from ddptui.contract.observe.endings import crash_cause
+from ddptui.contract.observe.launchers import collided
 from ddptui.contract.states import RankState
 from ddptui.run.script.group import LAUNCHER, ScriptRank
 from ddptui.run.script.launch import described
 from ddptui.run.script.spawned import RankDoor
 
 LAUNCHER_LINES = 10  # a launcher's lines shown a second, at most
+SAME_FAILURE_S = 30.0  # copies of a script that fail alike this soon after their start
 
 
 class LaunchedRanks:
@@ -37,6 +39,7 @@ class LaunchedRanks:
         rank that may be one) is whose ranks the door lets in; whether it is a launcher."""
         self._failed_rank: int | None = None
         self._launcher_second, self._launcher_said = 0, 0
+        self._attempt_t, self._crashes = time.time(), []
         first = self.group.ranks[0]
         self.door.launcher = first.pid
         if first.slot == LAUNCHER:
@@ -120,6 +123,24 @@ class LaunchedRanks:
         if hello["world"] != self.state.meta.get("world_size"):
             self._handle(event("world", PARENT, size=hello["world"],
                                ranks=list(range(hello["world"])), generation=0))
+
+    def _copies_failed(self, text: str) -> None:
+        """Copies of a script that starts its own ranks collided on its port (the first
+        failure says so), or every copy failed the same way within seconds of its start (a
+        launcher ddptui does not know: each copy made a job of its own): said once, with the
+        form that runs it once."""
+        said = collided(text, self.config.world_size, described(self.config))
+        if said and self.outcome.failure is None:
+            self.say(said, "warning")
+        self._crashes.append(text)
+        n = self.config.world_size
+        if self.config.launch or n < 2 or len(self._crashes) != n or \
+                len(set(self._crashes)) != 1 or time.time() - self._attempt_t > SAME_FAILURE_S:
+            return
+        self.say(f"all {n} copies of the script failed the same way within "
+                 f"{SAME_FAILURE_S:.0f} s of starting ({text}): a script that starts its own "
+                 f"ranks runs once: ddptui run --nproc-per-node 1 {described(self.config)}",
+                 "warning")
 
     def _blame_first(self, r: ScriptRank) -> tuple[bool, bool]:
         """Ranks that ended together, the one that caused it first: killed with k, else one

@@ -17,7 +17,6 @@ from ddptui.contract.events import PARENT, event
 from ddptui.contract.listener import ReportListener
 from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.flight import trace_prefix
-from ddptui.contract.observe.launchers import collided
 from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
@@ -39,6 +38,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
     can_restart_group = True  # s, r, k without run.elastic(), and r on a failed run
+    _restarted_why = "restarted on request"  # or: started again as its ranks' launcher
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
         self.config = config
@@ -65,7 +65,6 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.attempts = self.failures = 0  # group starts; failures --max-restarts counts
         self.outcome = Outcome()  # the current attempt's
         self._restart: bool = False  # start the group again once every rank has ended
-        self._restarted_why = "restarted on request"
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
         # A failed run waits for r or q while a dashboard shows it (in the run's own process:
@@ -280,10 +279,8 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                 text = self.world.killed[r.pid]
             self._handle(event("error", r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
+            self._copies_failed(text)
             if self.outcome.failure is None:
-                said = collided(text, self.config.world_size, described(self.config))
-                if said:
-                    self.say(said, "warning")
                 alive = {a.slot for a in self.group.alive()}
                 self._act(self.world.died(r.slot, alive, r.ended_with(text), r.exit_code))
 
