@@ -9,6 +9,7 @@ import os
 import re
 import signal
 
+from ddptui.contract.observe.output import EXCEPTION
 from ddptui.contract.observe.stacks import innermost
 
 
@@ -30,7 +31,6 @@ _DEVICE_ERROR = re.compile(r"Assertion .* failed|device-side assert|CUDA error|c
                            r"illegal (?:memory access|address|instruction)|NCCL error|"
                            r"^(?:malloc|free|realloc)\(\): |double free or corruption", re.I)
 _SOURCE_FOLDERS = re.compile(r"^/\S*/")  # an assert's /pytorch/aten/.../IndexKernel.cu:111
-_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
 _WORDS = re.compile(r"[^\W\d_]{2}")
 
 
@@ -41,7 +41,7 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
     some processes at exit); else its exception's line (else its last line with words in it: a
     launcher's summary ends in a row of '=')."""
     if code is None or code >= 0:
-        raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+        raised = [line.strip() for line in lines if EXCEPTION.match(line.strip())]
         said = [line.strip() for line in lines if _WORDS.search(line)]
         return (raised or said or [ended_how(code)])[-1]
     how = ended_how(code)
@@ -49,7 +49,7 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
         return how
     found = [line.strip() for line in lines if _DEVICE_ERROR.search(line.strip())]
     asserts = [line for line in found if "Assertion" in line]
-    raised = [line.strip() for line in lines if _EXCEPTION.match(line.strip())]
+    raised = [line.strip() for line in lines if EXCEPTION.match(line.strip())]
     cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
     where = crashed_in(lines)
     where = f" in {where}" if where else ""

@@ -1,6 +1,8 @@
 """Loss and other figures read from what a script already prints (`loss: 0.123`, `loss=0.123`,
-`'loss': 0.123`, Lightning's and Hugging Face's progress output), turned into the same step and
-epoch events as the built-in trainer sends, so the charts and the epochs table need no code.
+`'loss': 0.123`, and the lines of the libraries in shapes.py: timm, mmengine, Lightning,
+Hugging Face, accelerate, fairseq, detectron2), turned into the same step and epoch events as
+the built-in trainer sends, so the charts and the epochs table need no code. Held-out figures
+(validation, test) go to the epochs table, never to the loss chart.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import re
 import time
 from collections.abc import Callable
 
-NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
+from ddptui.contract.observe.shapes import HELD_OUT, NUMBER, SUMMARY, shape_of
+
 # A name as a word of its own (not the tail of val_loss), quoted or not, then : or =, then the
 # number, quoted or not (transformers 5 logs '0.2272'), or as torch prints it:
 # tensor(0.123, device='cuda:0').
@@ -58,6 +61,31 @@ def read_line(line: str, patterns: dict[str, re.Pattern]) -> dict[str, float]:
     return values
 
 
+# A held-out line's accuracy, whatever the library calls it (mmengine's accuracy, timm's Acc@1).
+_ACCURACY = re.compile(r"(?<![\w.])['\"]?(?:acc(?:uracy)?|top-?1|acc@?1)['\"]?\s*[:=]\s*['\"]?("
+                       + NUMBER + ")", re.I)
+
+
+def read_shaped(line: str, patterns: dict[str, re.Pattern]) -> tuple[dict[str, float], str | None]:
+    """The figures one line carries and its kind: a library's shape (shapes.py) where one knows
+    the line (a summary carries none; a held-out line's loss and accuracy are val_loss and
+    val_acc), else read generically (kind None)."""
+    shape = shape_of(line)
+    if shape is None:
+        return read_line(line, patterns), None
+    if shape.kind == SUMMARY:
+        return {}, SUMMARY
+    values = {**read_line(line, patterns), **shape.read(line)}
+    if shape.kind == HELD_OUT:
+        loss = values.pop("loss", None)
+        if loss is not None:
+            values.setdefault("val_loss", loss)
+        m = _ACCURACY.search(line)
+        if m and "val_acc" not in values and _float(m.group(1)) is not None:
+            values["val_acc"] = float(m.group(1))
+    return values, shape.kind
+
+
 def _float(text: str) -> float | None:
     try:
         return float(text)
@@ -85,15 +113,20 @@ class MetricReader:
         self._row_from = 0  # an epoch-less script: the iteration its current eval row began at
 
     def line(self, text: str, final: bool) -> None:
-        values = read_line(text, self.patterns)
+        values, kind = read_shaped(text, self.patterns)
         if not values:
             return
-        moved = "epoch" in values and self._epoch_moves(int(values["epoch"]), values)
+        # A line read generically that moves the epoch on still speaks of the one that ended
+        # (Lightning's bar keeps the last validation's figures); a library's shape names the
+        # epoch its figures belong to.
+        carried = kind is None
+        moved = "epoch" in values and self._epoch_moves(int(values["epoch"]),
+                                                        values if carried else {})
         if "loss" in values and math.isfinite(values["loss"]):
             self.points += 1
             self._epoch_losses.append(values["loss"])
             self._unsent.append(values["loss"])
-        if not moved:  # the figures of a line that moved the epoch on went to the last one
+        if not (moved and carried):
             self._epoch_figures.update({k: v for k, v in values.items()
                                         if k not in ("loss", "epoch", "step")})
         self._latest.update(values)
@@ -152,8 +185,7 @@ class MetricReader:
             return False
         if epoch <= self.epoch:
             return False
-        # The line that moves the epoch on still speaks of the one that ended: Hugging Face's
-        # evaluation says 'epoch': 1.0 once epoch 0 is done, Lightning's bar keeps val_loss.
+        # What the line says of the epoch that ended (`values`: a line read generically).
         self._epoch_figures.update({k: x for k, x in values.items()
                                     if k not in ("loss", "epoch", "step")})
         self.finish_epoch()

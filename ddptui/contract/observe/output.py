@@ -185,12 +185,19 @@ def _write_all(fd: int, data: bytes) -> None:
         pass
 
 
+EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b(?::|$)")
+
+
 def last_traceback(lines: list[str], keep: int = 8) -> list[str]:
-    """The last lines of the last Python traceback among `lines` (its exception last), or the
-    last non-empty lines when there is none."""
+    """The last lines of the last Python traceback among `lines`, up to its exception's line
+    (a launcher's report that follows it, torchrun's, is not the traceback), or the last
+    non-empty lines when there is none."""
     # torch.distributed's excepthook prefixes every line of a rank's traceback with [rankN]:
     lines = [_RANK_PREFIX.sub("", line) for line in lines]
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
     body = lines[starts[-1]:] if starts else lines
     body = [line for line in body if line.strip()]
+    raised = [i for i, line in enumerate(body) if EXCEPTION.match(line.strip())]
+    if starts and raised:
+        body = body[:raised[-1] + 1]
     return body[-keep:]
