@@ -40,8 +40,9 @@ def describe(ev: dict) -> str | None:
 
 def _epoch_line(ev: dict) -> str:
     s = ev.get("settings") or {}
-    val = (f"  val_loss {ev['val_loss']:.4f}  val_acc {100 * ev['val_acc']:.1f}%"
-           if ev.get("val_acc") is not None else "")
+    # Either may come alone (mmengine and accelerate print an accuracy, fairseq a loss).
+    val = (f"  val_loss {ev['val_loss']:.4f}" if ev.get("val_loss") is not None else "") + \
+        (f"  val_acc {100 * ev['val_acc']:.1f}%" if ev.get("val_acc") is not None else "")
     # A rank's own event is per rank; the run state's merged row sums its `ranks`.
     n = ev.get("ranks")
     if ev.get("source") == "output":  # read from a script's output: no rates, no settings
