@@ -80,3 +80,17 @@ def test_a_cpu_runs_csv_says_prefetch_n_a_as_its_table_does():
     rows = list(csv.DictReader(io.StringIO(out.getvalue())))
     assert rows and {r["prefetch"] for r in rows} == {"n/a"}
     assert all(float(r["samples_per_s"]) > 0 for r in rows)
+
+
+def test_a_scripts_run_runs_once_a_rank_does_and_a_row_with_one_held_out_figure_reads():
+    """The header said STARTING beside rows that said stalled; an epoch with a validation
+    accuracy and no loss (mmengine's, accelerate's) stopped a headless run on its line."""
+    state = RunState({"script": "train.py", "world_size": 2})
+    state.apply(event("run", PARENT, status="started", script="train.py"))
+    assert state.status == "starting"
+    state.apply(event("rank", 1, state="stalled", reason="no output for 60 s"))
+    assert state.status == "running"
+    state.apply(event("epoch", 0, epoch=1, seconds=2.0, samples=0, samples_per_s=0.0,
+                      data_wait=0.0, settings={}, train_loss=None, val_acc=0.375,
+                      source="output"))
+    assert any("val_acc 37.5%" in line and "val_loss" not in line for line in _said(state))

@@ -369,3 +369,18 @@ def test_chart_axes_in_a_real_terminal(tmp_path):
         tmux("send-keys", "-t", session, "q")
     finally:
         end_tmux(session)
+
+
+def test_the_loss_axis_of_one_point_reads_in_four_figures():
+    """A script that printed one loss so far (6.265) got plotext's own ticks:
+    6.2650000000000006."""
+    import plotext
+
+    from ddptui.dashboard.view.widgets.charts import draw_loss
+
+    draw_loss(plotext, {"loss": {0: [(3.0, 6.265)]}, "marks": []}, 60.0, 40)
+    plotext.plotsize(60, 20)
+    shown = plotext.build()
+    assert "6.265" in shown and "6.2650000000000006" not in shown
+    labels = [word for word in plotext.uncolorize(shown).split() if word.endswith("┤")]
+    assert labels and all(len(w.rstrip("┤").lstrip("│")) <= 6 for w in labels), labels

@@ -3,6 +3,7 @@ axis, over time since launch, with world and settings changes marked where they 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -111,15 +112,18 @@ def draw_loss(plt, charts: dict, span: float, points: int) -> None:
     """Each rank's loss (thin), the lowest rank's smoothed (bold), y labelled, x in time."""
     _start(plt, span)
     lines = charts["loss"]
+    shown: list[float] = []
     for i, (rank, line) in enumerate(lines.items()):
         xs, ys = _xy(bins(line, points))
         if xs:
             label = f"rank {rank}" if len(lines) <= 4 else ("ranks" if i == 0 else None)
             plt.plot(xs, ys, marker="braille", color=RANK_COLORS[i % len(RANK_COLORS)],
                      label=label)
+            shown += ys
     if lines:
         xs, ys = _xy(smooth(bins(next(iter(lines.values())), points)))
         plt.plot(xs, ys, marker="hd", color="white", label="smoothed")
+    _loss_axis(plt, [y for y in shown if math.isfinite(y)])
     plt.ylabel("loss")
     _marks(plt, charts["marks"])
 
@@ -153,6 +157,19 @@ def _start(plt, span: float) -> None:
 def _marks(plt, marks: list[tuple[float, str]]) -> None:
     for t, _label in marks:
         plt.vline(t, MARK_COLOR)
+
+
+def _loss_axis(plt, ys: list[float]) -> None:
+    """Five ticks over the losses shown, labelled to four figures: plotext's own ticks for one
+    point (or a flat line) read 6.2650000000000006."""
+    if not ys:
+        return
+    lo, hi = min(ys), max(ys)
+    pad = (hi - lo) * 0.05 or abs(hi) * 0.05 or 0.5
+    lo, hi = lo - pad, hi + pad
+    plt.ylim(lo, hi)
+    ticks = [lo + (hi - lo) * i / 4 for i in range(5)]
+    plt.yticks(ticks, [f"{v:.4g}" for v in ticks])
 
 
 def _count(v: float) -> str:

@@ -56,13 +56,16 @@ class RunHeader(Static):
         line1 = Text.assemble(("ddptui ", "bold"), (meta["script"], "bold cyan"),
                               f" · {world} × {kind}{restart}  ", (f" {status} ",
                                                                   _status_style(status)))
-        losses = [r.loss for r in v.ranks if r.loss is not None]
+        printing = [r for r in v.ranks if r.loss is not None]
+        losses = [r.loss for r in printing]
         counting = [r for r in v.ranks if r.iteration]  # a script that names no epochs
         where = f"step {max(r.step for r in counting)}" if counting else v.progress.where
         parts = [where if v.epochs or losses else "no figures printed yet",
                  f"elapsed {duration(v.elapsed)}"]
-        if losses:
-            parts.append(f"loss {sum(losses) / len(losses):.4f} (mean of ranks)")
+        if losses:  # most scripts print on rank 0 alone
+            whose = f"rank {printing[0].rank}" if len(losses) == 1 else "mean of ranks" \
+                if len(losses) == len(v.ranks) else f"mean of {len(losses)} ranks"
+            parts.append(f"loss {sum(losses) / len(losses):.4f} ({whose})")
         if v.throughput:
             parts.append(f"{v.throughput:,.0f} samples/s")
         elif counting and counting[0].steps_per_s:
