@@ -277,10 +277,8 @@ class ProcessEvent(Event):
     rss: Annotated[int | None, "resident memory, MiB"]
     gpu_mem: NotRequired[Annotated[int | None, "its memory on its GPU, MiB (null: none "
                                                      "or unknown)"]]
-    opt_steps: NotRequired[Annotated[int, "optimizer steps it has taken (torch.optim's global "
-                                          "hook): a sign of life that needs no output"]]
-    moves: NotRequired[Annotated[int, "times its main thread was seen to have moved on (a "
-                                      "loop going round; a hang never moves)"]]
+    opt_steps: NotRequired[Annotated[int, "optimizer steps it took (torch.optim's global hook)"]]
+    moves: NotRequired[Annotated[int, "times its main thread moved on (a hang never does)"]]
 
 
 class ErrorEvent(Event):

@@ -213,11 +213,9 @@ class RunState:
     def _on_rank(self, ev: schema.RankEvent, rank: int, t: float) -> None:
         r = self._rank(rank)
         state = RankState.of(ev.get("state", r.state))
-        # A verdict on a rank, or a script's rank running, says the run runs (the header said
-        # STARTING beside rows that said stalled); the built-in loop's first step says it.
         if self.status == "starting" and (state in (RankState.STALLED, RankState.WAITING) or
                                           state == RankState.RUNNING and self.meta.get("script")):
-            self.status = "running"
+            self.status = "running"  # as its rows say (the built-in loop's: its first step)
         if state != r.state:
             r.state, r.state_t = state, t
             r.reason = ""

@@ -36,6 +36,9 @@ FORMS = """your own script (torchrun's contract and command line, no code change
   ddptui run train.py --gpus 0,1 -- --lr 0.1     (ddptui options after the script, then --)
   ddptui run --gpus all --metric acc --metric top5=top-5:\\s*([\\d.]+) train.py
   three lines in the script add per-rank loss and samples: see README, "Your own script"
+  Lightning, the Hugging Face Trainer and Keras get ddptui's callback where the script has none
+  a script that starts its own ranks (mp.spawn, Lightning's ddp_spawn, accelerate launch) runs
+  once, as their launcher, each rank shown (found in the script, or when it launches)
 """
 
 
