@@ -54,7 +54,7 @@ def run_lightning(args) -> None:
     import torch.nn.functional as F
     import torchvision
 
-    from ddptui.rank.integrations.lightning import DdptuiCallback
+    from ddptui.integrations.lightning import DdptuiCallback
 
     window = Window(args.warmup, args.steps)
 
@@ -88,7 +88,7 @@ def run_transformers(args) -> None:
     import torchvision
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from ddptui.rank.integrations.transformers import DdptuiCallback
+    from ddptui.integrations.transformers import DdptuiCallback
 
     window = Window(args.warmup, args.steps)
 

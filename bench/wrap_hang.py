@@ -1,4 +1,4 @@
-"""A hung rank under `python -m ddptui.rank.wrap`, on two torchrun "nodes" of one GPU each on one
+"""A hung rank under `python -m ddptui.wrap`, on two torchrun "nodes" of one GPU each on one
 machine, as `ddptui attach` sees it: the stall verdicts, the stacks, each rank's NCCL flight
 recorder and the cross-node blame it gives, then `k` through the wrapper, each rank's end as
 attach tells it, a job that cannot go on, and `K`, the whole job's end.
@@ -52,7 +52,7 @@ def nodes(env: dict, cwd: str, gpus: int) -> list[subprocess.Popen]:
     return [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         f"127.0.0.1:{rdzv}", "--rdzv-id", f"hang-{rdzv}", "-m", "ddptui.rank.wrap", SCRIPT,
+         f"127.0.0.1:{rdzv}", "--rdzv-id", f"hang-{rdzv}", "-m", "ddptui.wrap", SCRIPT,
          "--epochs", "50", "--samples", "4096", "--hang-at-epoch", "1"],
         env=dict(env, **({"CUDA_VISIBLE_DEVICES": str(n)} if gpus else {})), cwd=cwd,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -1,4 +1,4 @@
-"""`python -m ddptui.rank.wrap` under torchrun against the same torchrun without it, on two torchrun
+"""`python -m ddptui.wrap` under torchrun against the same torchrun without it, on two torchrun
 "nodes" of one GPU each on one machine, alternating, with `ddptui attach` listening.
 
 python bench/wrap_overhead.py --rounds 4 --out results.json
@@ -32,7 +32,7 @@ def free_port() -> int:
 def two_nodes(wrapped: bool, script_args: list[str], env: dict, cwd: str) -> float:
     """One run: node 0 on GPU 0, node 1 on GPU 1, c10d rendezvous on localhost."""
     rdzv = free_port()
-    target = ["-m", "ddptui.rank.wrap", SCRIPT] if wrapped else [SCRIPT]
+    target = ["-m", "ddptui.wrap", SCRIPT] if wrapped else [SCRIPT]
     nodes = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",

@@ -50,7 +50,7 @@ EXAMPLES = f"""examples:
   ddptui web --control                        # the newest run's dashboard in browser tabs
   ddptui attach                               # the newest run's dashboard again (or: attach NAME)
   ddptui attach --listen 0.0.0.0:29600        # ranks of torchrun/srun jobs run with --report
-  torchrun ... -m ddptui.rank.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
+  torchrun ... -m ddptui.wrap train.py ARGS   # ... or an unmodified script (DDPTUI_REPORT)
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
   ddptui replay runs/2026-11-22T10-00-00.jsonl --csv epochs.csv   # the epochs table as CSV
@@ -87,7 +87,7 @@ def build_parser() -> Parser:
                         "(default: the newest)")
     attach.add_argument("--listen", nargs="?", const=f"127.0.0.1:{ATTACH_PORT}", metavar="HOST:PORT",
                         help="listen for ranks started by torchrun or srun with --report, or "
-                        f"under python -m ddptui.rank.wrap (alone: 127.0.0.1:{ATTACH_PORT}; "
+                        f"under python -m ddptui.wrap (alone: 127.0.0.1:{ATTACH_PORT}; "
                         "0.0.0.0:PORT for other machines)")
     attach.add_argument("--headless", action="store_true",
                         help=HEADLESS_HELP)
@@ -97,7 +97,7 @@ def build_parser() -> Parser:
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
     attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
-                        help="ranks under python -m ddptui.rank.wrap: flag one stalled after S "
+                        help="ranks under python -m ddptui.wrap: flag one stalled after S "
                         f"seconds stopped, idle or silent (default {STALL_S:.0f}); one that "
                         "stops reporting is unreachable after 5 s")
     attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",

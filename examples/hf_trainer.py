@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainingArguments
 
-from ddptui.rank.integrations.transformers import DdptuiCallback
+from ddptui.integrations.transformers import DdptuiCallback
 
 
 class Classifier(torch.nn.Module):

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
 
-from ddptui.rank.integrations.keras import DdptuiCallback  # noqa: E402
+from ddptui.integrations.keras import DdptuiCallback  # noqa: E402
 
 
 def data(samples: int, seed: int) -> TensorDataset:

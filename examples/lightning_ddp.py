@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddptui
-from ddptui.rank.integrations.lightning import DdptuiCallback
+from ddptui.integrations.lightning import DdptuiCallback
 
 
 class Classifier(L.LightningModule):

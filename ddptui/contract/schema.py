@@ -145,12 +145,12 @@ class RankEvent(Event):
                                                            "with it now)"]]
     world_rank: NotRequired[Annotated[int, "its rank in the world it entered"]]
     api: NotRequired[Annotated[str, "a script rank that called `ddptui.init()`: ddptui.init; "
-                                    "one under `python -m ddptui.rank.wrap`: ddptui.rank.wrap"]]
+                                    "one under `python -m ddptui.wrap`: ddptui.rank.wrap"]]
     control: NotRequired[Annotated[list, "the orders that script rank takes (pause, checkpoint, "
                                          "stop, settings, elastic)"]]
     alone: NotRequired[Annotated[bool, "that script rank has no process group: it takes the "
                                        "dashboard's orders itself, not agreed at one step"]]
-    local_rank: NotRequired[Annotated[int, "a rank under `python -m ddptui.rank.wrap`: its LOCAL_RANK "
+    local_rank: NotRequired[Annotated[int, "a rank under `python -m ddptui.wrap`: its LOCAL_RANK "
                                            "on its node"]]
     seconds: NotRequired[Annotated[float, "stalled or waiting: seconds since its last step"]]
     process: NotRequired[Annotated[str, "stalled: its process state (running, sleeping, "
@@ -260,7 +260,7 @@ class OutputEvent(Event):
 
 
 class LinesEvent(Event):
-    """A rank under `python -m ddptui.rank.wrap`: its whole lines since the last, about once a
+    """A rank under `python -m ddptui.wrap`: its whole lines since the last, about once a
     second; attach appends them to that rank's .rankN.out beside its log (not to the log)."""
 
     lines: Annotated[list, "the lines, in order (stdout and stderr as they came)"]
@@ -364,7 +364,7 @@ class RestartCommand(Command):
 
 
 class SidecarCommand(Command):
-    """attach to a wrapped rank's sidecar (`python -m ddptui.rank.wrap`), which acts from outside the
+    """attach to a wrapped rank's sidecar (`python -m ddptui.wrap`), which acts from outside the
     rank: `kill` (k: SIGKILL at once), `end` (K, the whole job: SIGTERM, SIGKILL after `grace`)."""
 
     grace: NotRequired[Annotated[float, "end: seconds from the SIGTERM to the SIGKILL"]]

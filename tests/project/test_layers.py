@@ -35,8 +35,22 @@ def test_import_ddptui_in_a_users_script_is_light():
     assert "ddptui.rank.api.session" not in loaded
 
 
+def test_the_names_users_type_import_and_bring_no_dashboard():
+    """README's names (`from ddptui.integrations.transformers import DdptuiCallback`,
+    `python -m ddptui.wrap`) whatever the folders inside: moving them broke every script and
+    job line written for them. They load the rank's side alone."""
+    loaded = _imported_after("from ddptui.integrations.transformers import DdptuiCallback; "
+                             "import ddptui.wrap")
+    assert "ddptui.rank.integrations.transformers" in loaded and "ddptui.rank.wrap.runner" not in loaded
+    assert not {m for m in loaded if m.split(".")[0] == "textual" or
+                m.startswith(("ddptui.dashboard", "ddptui.run."))}
+    r = subprocess.run([sys.executable, "-m", "ddptui.wrap"], capture_output=True, text=True,
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and r.stderr.startswith("usage: python -m ddptui.wrap SCRIPT.py")
+
+
 def test_a_wrapped_ranks_sidecar_starts_without_torch():
-    """The sidecar beside each rank under `python -m ddptui.rank.wrap` only watches: torch would cost
+    """The sidecar beside each rank under `python -m ddptui.wrap` only watches: torch would cost
     it 1.8 CPU-s and a few hundred MB a rank."""
     assert "torch" not in _imported_after("import ddptui.rank.wrap.sidecar")
 

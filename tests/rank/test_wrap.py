@@ -1,4 +1,4 @@
-"""`python -m ddptui.rank.wrap` between torchrun (or srun) and an unmodified script: the script runs
+"""`python -m ddptui.wrap` between torchrun (or srun) and an unmodified script: the script runs
 as without it, and `ddptui attach` gets each rank with its node, its loss lines, its process,
 its stacks on request, its exception, and a stall or unreachable verdict."""
 
@@ -32,7 +32,7 @@ def _node(node_rank: int, rdzv: int, env: dict, cwd) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank",
          str(node_rank), "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-         f"127.0.0.1:{rdzv}", "--rdzv-id", "wrap-test", "-m", "ddptui.rank.wrap", PLAIN, *SMALL],
+         f"127.0.0.1:{rdzv}", "--rdzv-id", "wrap-test", "-m", "ddptui.wrap", PLAIN, *SMALL],
         env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -76,7 +76,7 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
 @pytest.mark.timeout(180)
 def test_a_launcher_under_the_wrapper_reports_each_rank_it_spawns_on_every_node(keyed_env,
                                                                             tmp_path):
-    """HRNet's form of a multi-node job: each node runs `python -m ddptui.rank.wrap train.py
+    """HRNet's form of a multi-node job: each node runs `python -m ddptui.wrap train.py
     --dist-url tcp://NODE0:PORT`, whose mp.spawn starts that node's ranks. attach gets every
     spawned rank of every node, each with its own pid, loss and end, and not the launchers
     (each was one rank 0 before, its workers' output merged in it)."""
@@ -85,7 +85,7 @@ def test_a_launcher_under_the_wrapper_reports_each_rank_it_spawns_on_every_node(
     attach = _attach(listen, log, keyed_env)
     port = str(local_port())
     nodes = [subprocess.Popen(
-        [sys.executable, "-m", "ddptui.rank.wrap", SPAWNS, "--nprocs", "1", "--nodes", "2",
+        [sys.executable, "-m", "ddptui.wrap", SPAWNS, "--nprocs", "1", "--nodes", "2",
          "--node-rank", str(n), "--port", port],
         env=dict(keyed_env, DDPTUI_REPORT=listen, GROUP_RANK=str(n)), cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
@@ -117,7 +117,7 @@ def test_a_hung_wrapped_rank_is_flagged_k_kills_it_each_end_is_told_and_a_silent
     scratch.mkdir()
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "ddptui.rank.wrap", PLAIN, *SMALL, "--epochs", "50", "--hang-at-epoch", "1"],
+         "-m", "ddptui.wrap", PLAIN, *SMALL, "--epochs", "50", "--hang-at-epoch", "1"],
         env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}", TMPDIR=str(scratch)), cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -194,7 +194,7 @@ def test_a_rank_stuck_holding_the_gil_is_stalled_with_its_stacks_not_unreachable
     log = tmp_path / "a.jsonl"
     attach = Attach(("127.0.0.1", port), REPORT_KEY.encode(), str(log), "test", stall_after=2.0)
     attach.start()
-    rank = subprocess.Popen([sys.executable, "-m", "ddptui.rank.wrap", str(script)],
+    rank = subprocess.Popen([sys.executable, "-m", "ddptui.wrap", str(script)],
                             env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -220,7 +220,7 @@ def test_under_srun_the_wrapper_gives_torchruns_variables_and_a_failing_rank_its
     attach = _attach(listen, log, keyed_env)
     master = local_port()
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "ddptui.rank.wrap", PLAIN, *SMALL, "--fail-at-epoch", "1"],
+        [sys.executable, "-m", "ddptui.wrap", PLAIN, *SMALL, "--fail-at-epoch", "1"],
         env=dict(keyed_env, SLURM_PROCID=str(rank), SLURM_NTASKS="2", SLURM_LOCALID=str(rank),
                  SLURM_NODEID="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
                  DDPTUI_REPORT=listen), cwd=tmp_path, stdout=subprocess.PIPE,
@@ -254,7 +254,7 @@ def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env
     first.start()
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "ddptui.rank.wrap", PLAIN, *SMALL, "--epochs", "400"],
+         "-m", "ddptui.wrap", PLAIN, *SMALL, "--epochs", "400"],
         env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -283,12 +283,12 @@ def test_an_attach_restarted_mid_run_picks_every_wrapped_rank_up_again(keyed_env
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["nosuch.py"], "ddptui.rank.wrap: no such script: nosuch.py"),
-    (["-m", "nosuch_module"], "ddptui.rank.wrap: module not found: nosuch_module"),
-    (["-m", "nosuch_package.train"], "ddptui.rank.wrap: module not found: nosuch_package.train"),
-    (["-m", "tests.helpers"], "ddptui.rank.wrap: tests.helpers is a package with no __main__ module "
+    (["nosuch.py"], "ddptui.wrap: no such script: nosuch.py"),
+    (["-m", "nosuch_module"], "ddptui.wrap: module not found: nosuch_module"),
+    (["-m", "nosuch_package.train"], "ddptui.wrap: module not found: nosuch_package.train"),
+    (["-m", "tests.helpers"], "ddptui.wrap: tests.helpers is a package with no __main__ module "
                               "to run"),
-    ([], "usage: python -m ddptui.rank.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"),
+    ([], "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"),
 ])
 def test_a_script_or_module_that_cannot_start_is_one_line_and_exit_2(argv, said, capsys,
                                                                      monkeypatch):
@@ -326,7 +326,7 @@ async def test_K_ends_a_hung_job_sigterm_then_sigkill_after_the_grace(keyed_env,
     app = DashboardApp(attach)
     job = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "ddptui.rank.wrap", str(script)],
+         "-m", "ddptui.wrap", str(script)],
         env=dict(keyed_env, DDPTUI_REPORT=f"127.0.0.1:{port}"), cwd=tmp_path,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

@@ -58,17 +58,17 @@ class Attach(RunSource):
         threading.Thread(target=self._judge, name="attach-watch", daemon=True).start()
 
     def stacks(self, rank: int) -> None:
-        """A wrapped rank's stacks (python -m ddptui.rank.wrap); others report through their loop."""
+        """A wrapped rank's stacks (python -m ddptui.wrap); others report through their loop."""
         if rank in self._watch.silence:
             self._ask_stacks(rank)
         else:
-            self._note("warning", f"rank {rank} was not started under python -m ddptui.rank.wrap: "
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
                        "it cannot be asked for its stacks (docs/cluster.md)")
 
     def kill_rank(self, rank: int) -> None:
         """k: a wrapped rank kills itself (SIGKILL); its launcher then does what it does."""
         if rank not in self._watch.silence:
-            self._note("warning", f"rank {rank} was not started under python -m ddptui.rank.wrap: "
+            self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
                        "kill it where it runs (docs/cluster.md)")
         elif self._link.send(rank, {"op": "kill"}):
             self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "

@@ -1,5 +1,5 @@
-"""`python -m ddptui.rank.wrap SCRIPT [ARGS]` (or `-m MODULE [ARGS]`) between a launcher and an
-unmodified script: `torchrun ... -m ddptui.rank.wrap train.py`, `srun python -m ddptui.rank.wrap train.py`.
+"""`python -m ddptui.wrap SCRIPT [ARGS]` (or `-m MODULE [ARGS]`) between a launcher and an
+unmodified script: `torchrun ... -m ddptui.wrap train.py`, `srun python -m ddptui.wrap train.py`.
 
 The script runs as `__main__` as without it (its argv, exit code, signals, exceptions); with
 DDPTUI_REPORT=HOST:PORT each rank also reports to `ddptui attach` (ddptui/rank/wrap/rankwatch.py).
@@ -15,7 +15,7 @@ import traceback
 from ddptui.contract.observe.launchers import parse, source_of, starts_ranks
 from ddptui.contract.observe.target import module_problem
 
-USAGE = "usage: python -m ddptui.rank.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
+USAGE = "usage: python -m ddptui.wrap SCRIPT.py [ARGS...] | -m MODULE [ARGS...]"
 # srun's variables as torchrun's, for a script that reads torchrun's (env:// rendezvous).
 SLURM = {"RANK": "SLURM_PROCID", "WORLD_SIZE": "SLURM_NTASKS", "LOCAL_RANK": "SLURM_LOCALID",
          "LOCAL_WORLD_SIZE": "SLURM_NTASKS_PER_NODE", "GROUP_RANK": "SLURM_NODEID"}
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     module = argv[0] == "-m"
     target, args = (argv[1], argv[2:]) if module else (argv[0], argv[1:])
     if not module and not os.path.isfile(target):
-        print(f"ddptui.rank.wrap: no such script: {target}", file=sys.stderr)
+        print(f"ddptui.wrap: no such script: {target}", file=sys.stderr)
         return 2
     for name, slurm in SLURM.items():
         if name not in os.environ and slurm in os.environ:
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     # As `python -m pkg.mod` would, this imports pkg (with the environment and argv above).
     missing = module_problem(target) if module else None
     if missing:
-        print(f"ddptui.rank.wrap: {missing}", file=sys.stderr)
+        print(f"ddptui.wrap: {missing}", file=sys.stderr)
         return 2
     watch = _watch(target, module)
     if not module:  # as `python train.py`: its folder first on the path
@@ -108,7 +108,7 @@ def _watch(target: str, module: bool):
     if launch:
         from ddptui.rank.wrap.spawned import report_ranks
 
-        print(f"ddptui.rank.wrap: {launch.found(name)}: each rank it starts reports to attach",
+        print(f"ddptui.wrap: {launch.found(name)}: each rank it starts reports to attach",
               file=sys.stderr)
         report_ranks(name)
         return None

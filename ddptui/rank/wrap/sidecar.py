@@ -1,4 +1,4 @@
-"""The watcher beside a rank under `python -m ddptui.rank.wrap`, in a process of its own: it holds the
+"""The watcher beside a rank under `python -m ddptui.wrap`, in a process of its own: it holds the
 link to `ddptui attach` and does from outside the rank what must work while the rank is stuck.
 
 It forwards what the rank's own threads send (its output, loss, exception: ddptui/rank/wrap/rankwatch.py),
@@ -39,7 +39,7 @@ class Sidecar:
     def __init__(self, args: argparse.Namespace):
         self.args, self.rank, self.pid = args, args.rank, args.pid
         self.link = RemoteLink(parse_address(args.report, "DDPTUI_REPORT"), load_key()[0],
-                               node_name(), lambda text: print(f"ddptui.rank.wrap: rank {args.rank}: "
+                               node_name(), lambda text: print(f"ddptui.wrap: rank {args.rank}: "
                                                                f"{text}", file=sys.stderr))
         self._lock = threading.Lock()
         self._halt = threading.Event()
