@@ -5,6 +5,7 @@ changes (a recovering member may take seconds to take its old world down). No pr
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -12,10 +13,19 @@ from ddptui.run.actions import Flag, Kill, Say
 from ddptui.run.builtin.watchdog import Member, Watchdog
 
 
+# A member's stand-in: like a rank, it has its stacks handler before anyone asks (a process
+# with none is not asked: the signal's default would end it).
+MEMBER = ("import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *_: None); "
+          "print('ready', flush=True); time.sleep(60)")
+
+
 @pytest.fixture
 def pids():
-    """Two processes to stand for the members (SIGUSR1, the stacks request, ends them)."""
-    procs = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]
+    """Two processes to stand for the members."""
+    procs = [subprocess.Popen([sys.executable, "-c", MEMBER], stdout=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    for p in procs:
+        assert p.stdout.readline() == "ready\n"
     yield [p.pid for p in procs]
     for p in procs:
         p.kill()
