@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 
 import psutil  # noqa: E402
 
-from ddptui.contract.jsonl import read_events  # noqa: E402
+from ddptui.contract.jsonl import read_records  # noqa: E402
 from ddptui.dashboard.background import connect  # noqa: E402
 
 
@@ -68,7 +68,7 @@ def main() -> None:
     pid = int(re.search(r"\(pid (\d+)\)", out)[1])
     sock = os.path.join(tmp, "ddptui", f"{pid}.sock")
     os.environ["XDG_RUNTIME_DIR"] = tmp
-    first_step_s = until(lambda: any(e["kind"] == "step" for e in read_events(log)), 300,
+    first_step_s = until(lambda: any(e["kind"] == "step" for e in read_records(log)), 300,
                          "a first step")
     result = {"detach_returned_s": round(detach_s, 2), "first_step_after_s": round(first_step_s, 2)}
 
@@ -80,24 +80,24 @@ def main() -> None:
     if ranks >= 2:
         def world(size: int):
             return lambda: any(e["kind"] == "world" and e.get("generation") and e["size"] == size
-                               for e in read_events(log)[seen:])
-        seen = len(read_events(log))
+                               for e in read_records(log)[seen:])
+        seen = len(read_records(log))
         killed = time.time()
         viewer.kill_rank(1)
         until(world(ranks - 1), 60, "a smaller world after k")
-        formed = next(e["t"] for e in read_events(log)[seen:]
+        formed = next(e["t"] for e in read_records(log)[seen:]
                       if e["kind"] == "world" and e.get("generation"))
         result["k_to_smaller_world_s"] = round(formed - killed, 2)
-        seen = len(read_events(log))
+        seen = len(read_records(log))
         asked = time.time()
         viewer.restart_rank(1)
         until(world(ranks), 180, "the whole world again after r")
-        formed = next(e["t"] for e in read_events(log)[seen:]
+        formed = next(e["t"] for e in read_records(log)[seen:]
                       if e["kind"] == "world" and e.get("generation") and e["size"] == ranks)
         result["r_to_whole_world_s"] = round(formed - asked, 2)
     viewer.close()  # d: the run goes on
-    step = max(e.get("global_step", 0) for e in read_events(log) if e["kind"] == "step")
-    until(lambda: max(e.get("global_step", 0) for e in read_events(log)
+    step = max(e.get("global_step", 0) for e in read_records(log) if e["kind"] == "step")
+    until(lambda: max(e.get("global_step", 0) for e in read_records(log)
                       if e["kind"] == "step") > step + 20, 60, "steps after d")
     result["ran_on_after_d"] = True
 
@@ -106,7 +106,7 @@ def main() -> None:
     result["attach_again_state_s"] = round(time.monotonic() - started, 3)
     result["events_on_screen"] = len(again.state.lines_after(0))
     again.start()
-    pids = {e["pid"] for e in read_events(log) if e.get("pid")} | {pid}
+    pids = {e["pid"] for e in read_records(log) if e.get("pid")} | {pid}
     started = time.monotonic()
     again.stop(code=130)  # q, y
     until(again.done.is_set, 120, "the run's end")

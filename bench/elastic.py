@@ -18,7 +18,7 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from ddptui.contract.jsonl import read_events
+from ddptui.contract.jsonl import read_records
 from ddptui.contract.options.config import DeviceOptions
 from ddptui.contract.options.parser import Parser
 from ddptui.contract.options.training import add_training_options, config_from_args
@@ -30,7 +30,7 @@ class Bench:
         self.sup, self.log = sup, log
 
     def events(self, kind: str | None = None) -> list[dict]:
-        return [e for e in read_events(self.log) if kind is None or e["kind"] == kind]
+        return [e for e in read_records(self.log) if kind is None or e["kind"] == kind]
 
     def wait(self, predicate, what: str, timeout: float = 180) -> None:
         deadline = time.time() + timeout

@@ -25,7 +25,7 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from ddptui.contract.events import decode
+from ddptui.contract.protocol.codec import event_of, parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MOMENTS = (("join", 0.0), ("world", 0.0), ("join", 0.15), ("world", 0.2), ("join", 0.3),
@@ -73,7 +73,8 @@ class Log:
                 chunk = f.read()
             whole = chunk[:chunk.rfind("\n") + 1]
             self._at += len(whole.encode())
-            self.events += [e for e in map(decode, whole.splitlines()) if e is not None]
+            self.events += [e for e in map(parse, whole.splitlines())
+                        if e is not None and event_of(e) is not None]
         return self.events
 
 

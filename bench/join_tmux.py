@@ -20,11 +20,11 @@ import sys
 import tempfile
 import time
 
-from ddptui.contract.jsonl import read_events
+from ddptui.contract.jsonl import read_records
 
 
 def events(log: str) -> list[dict]:
-    return read_events(log) if os.path.exists(log) else []  # a half-written line is skipped
+    return read_records(log) if os.path.exists(log) else []  # a half-written line is skipped
 
 
 def wait(log: str, predicate, what: str, timeout: float = 300) -> list[dict]:

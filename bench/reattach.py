@@ -25,7 +25,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ddptui.contract.events import PARENT  # noqa: E402
+from ddptui.contract.protocol.codec import event_of  # noqa: E402
+from ddptui.contract.protocol.events import PARENT  # noqa: E402
+from ddptui.contract.protocol.updates import Hello  # noqa: E402
 from ddptui.contract.socket.host import RunHost  # noqa: E402
 from ddptui.contract.socket.viewers import frame  # noqa: E402
 from ddptui.contract.state.snapshot import dump  # noqa: E402
@@ -87,11 +89,12 @@ def serve(args) -> None:
     started = time.perf_counter()
     n, t0 = 0, time.time() - args.hours * 3600  # the hour ends now, and the run goes on
     for ev in events(args.ranks, args.hz, args.hours * 3600, t0, first=True):
-        source.state.apply(ev)
+        source.state.apply(event_of(ev))
         n += 1
     fold_s = time.perf_counter() - started
     started = time.perf_counter()
-    snapshot = frame({"type": "hello", "snapshot": dump(source.state)})
+    snapshot = frame(Hello(name="bench", pid=0, log=args.log, faces={},
+                           snapshot=dump(source.state)))
     dump_s = time.perf_counter() - started
     host = RunHost(source, args.socket, "bench")
     host.start()
@@ -101,7 +104,7 @@ def serve(args) -> None:
     while True:  # live: hz events a second per rank, as the hour had
         t = time.monotonic()
         for ev in events(args.ranks, args.hz, 1.0, time.time(), step=step):
-            source.state.apply(ev)
+            source.state.apply(event_of(ev))
         step += args.hz * 3 // 4
         time.sleep(max(0.0, 1.0 - (time.monotonic() - t)))
 

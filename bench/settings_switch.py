@@ -13,7 +13,7 @@ import sys
 import time
 
 from ddptui.cli import resolve_devices
-from ddptui.contract.jsonl import read_events
+from ddptui.contract.jsonl import read_records
 from ddptui.contract.options.config import DeviceOptions
 from ddptui.contract.options.parser import Parser
 from ddptui.contract.options.training import add_training_options, config_from_args
@@ -66,7 +66,7 @@ def main() -> int:
         print(f"| {e['epoch']} | {e['start_step']}-{e['end_step']} | {e['world_size']} | "
               f"{s['prefetch']} | {s['workers']} | {s['cudnn_benchmark']} | "
               f"{e['samples_per_s']:,.0f} | {100 * e['data_wait']:.0f}% |")
-    first = [e for e in read_events(log) if e["kind"] == "step"]
+    first = [e for e in read_records(log) if e["kind"] == "step"]
     if first:
         print(f"launch -> first step: {first[0]['t'] - sup.state.started_t:.1f} s")
     return code

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from ddptui.contract.jsonl import read_events
+from ddptui.contract.jsonl import read_records
 
 RUNNING: set[subprocess.Popen] = set()  # the runs under way, ended with the soak
 
@@ -50,7 +50,7 @@ def run_once(args, model: str, data: str, gpus: str, root: str, n: int) -> dict:
     RUNNING.add(p)
     err = p.communicate()[1]
     RUNNING.discard(p)
-    evs = read_events(log) if os.path.exists(log) else []
+    evs = read_records(log) if os.path.exists(log) else []
     crashed = [e["reason"] for e in evs if e["kind"] == "rank" and e.get("state") == "crashed"]
     ended = [e for e in evs if e["kind"] == "run" and e.get("status") in ("done", "failed")]
     epochs = {e["epoch"] for e in evs if e["kind"] == "epoch" and not e.get("partial")}

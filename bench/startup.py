@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ddptui.contract.jsonl import read_events
+from ddptui.contract.jsonl import read_records
 
 
 def run_once(root: str, gpus: str, work: str, n: int) -> dict:
@@ -32,7 +32,7 @@ def run_once(root: str, gpus: str, work: str, n: int) -> dict:
     t0 = time.time()
     p = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
     end = time.time() - t0
-    steps = [e["t"] for e in read_events(log) if e["kind"] == "step" and e["rank"] == 0] \
+    steps = [e["t"] for e in read_records(log) if e["kind"] == "step" and e["rank"] == 0] \
         if os.path.exists(log) else []
     return {"root": root, "run": n, "exit": p.returncode, "end_s": round(end, 2),
             "first_step_s": round(steps[0] - t0, 2) if steps else None}

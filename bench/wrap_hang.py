@@ -26,7 +26,7 @@ import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from ddptui.contract.jsonl import read_events  # noqa: E402
+from ddptui.contract.jsonl import read_records  # noqa: E402
 from ddptui.dashboard.sources.attach import Attach  # noqa: E402
 from ddptui.run.ports import free_port  # noqa: E402
 
@@ -34,7 +34,7 @@ SCRIPT = os.path.join(ROOT, "examples", "plain_ddp.py")
 
 
 def events(log: str) -> list[dict]:
-    return read_events(log) if os.path.exists(log) else []  # a half-written line is skipped
+    return read_records(log) if os.path.exists(log) else []  # a half-written line is skipped
 
 
 def wait_for(log: str, test, timeout: float) -> dict | None:

@@ -12,7 +12,8 @@ import signal
 import sys
 
 from ddptui.contract.environment import cuda_defaults, nccl_defaults
-from ddptui.contract.events import event
+from ddptui.contract.protocol.codec import encode
+from ddptui.contract.protocol.events import Notice
 from ddptui.contract.rankspec import RankSpec
 from ddptui.rank.compat import enable_cuda_sanitizer, leave_forkserver_alive_pipe, run_exit_handlers
 from ddptui.rank.elastic.lifeline import die_with_parent, watch_parent
@@ -81,7 +82,7 @@ def run_rank(spec: RankSpec, channel, inbox) -> None:
     if spec.physical_gpu is not None:
         gpu_environment(spec)
     if spec.rank == 0 and not spec.standby:
-        channel.send(event("message", 0, level="info", text="importing torch"))
+        channel.send_bytes(encode(Notice(rank=0, level="info", text="importing torch")).encode())
     import torch
 
     from ddptui.rank.elastic import world

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ddptui.contract.options.config import RunConfig
 from ddptui.contract.options.errors import UsageError
 from ddptui.rank.elastic import world
-from ddptui.rank.elastic.control import Mailbox
+from ddptui.rank.elastic.control import Mailbox, OrderPipe
 from ddptui.rank.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from ddptui.rank.sampler import ShardedBatchSampler
 from ddptui.rank.telemetry.reporter import StepMeter
@@ -61,7 +61,7 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
         p.checkpoints = Writer(config.checkpoint.dir, lambda path, saved: announce_checkpoint(
             me, path, saved))
     if inbox is not None:  # live commands (ddptui run or attach)
-        p.mailbox = Mailbox(inbox, lambda order: on_urgent(order, p))
+        p.mailbox = Mailbox(OrderPipe(inbox), lambda order: on_urgent(order, p))
         if me.device.type == "cuda":  # NCCL's collectives waiting on a dead peer return
             p.mailbox.abort = lambda: world.abort(lambda text: me.say(text, "warning"))
         if supervised and config.checkpoint.snapshot_every:  # recovery needs our supervisor's orders

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ddptui.contract.protocol import events
+
 if TYPE_CHECKING:  # the parts hold the writer: for type checkers only
     from ddptui_trainer.parts import Parts
     from ddptui_trainer.rank import Rank
@@ -178,5 +180,5 @@ def save(p: Parts) -> None:
 
 def announce_checkpoint(me: Rank, path: str, state: dict) -> None:
     """On the writing thread, once the file is durable."""
-    me.reporter.emit("checkpoint", path=path, epoch=state["sampler"]["epoch"],
-                     step=state["sampler"]["steps_done"], global_step=state["global_step"])
+    me.reporter.emit(events.Checkpoint(rank=me.reporter.rank, path=path, epoch=state["sampler"]["epoch"],
+                     step=state["sampler"]["steps_done"], global_step=state["global_step"]))

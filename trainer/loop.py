@@ -12,7 +12,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ddptui.contract.wording import count, describe
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.orders import Order, WorldOrder
+from ddptui.contract.wording import count, epoch_line
 from ddptui.rank.elastic.snapshot import WorldLost
 from ddptui_trainer import member
 from ddptui_trainer.checkpoint import save
@@ -22,7 +24,7 @@ from ddptui_trainer.reports import report_bad, report_change, report_kept, repor
 VAL_AHEAD = 50  # steps before the epoch's end at which the validation workers start loading
 
 
-def on_urgent(order: dict, p: Parts) -> None:
+def on_urgent(order: Order, p: Parts) -> None:
     """On the mailbox thread, as soon as the supervisor says a peer died."""
     if p.snapshots is not None:
         p.snapshots.lost_if_recovering(order)
@@ -49,8 +51,8 @@ def run_epochs(p: Parts) -> bool:
             report_kept(p, epoch, old_world, redone)
             p.me.say(f"recovered on {count(p.me.world_size, 'rank')}: back to global step "
                      f"{p.state.global_step}, {redone} steps to redo",
-                     redone=redone, global_step=p.state.global_step)
-            if order.get("stop"):  # a stop that could not wait for a stalled rank
+                     kind=events.Rollback, redone=redone, global_step=p.state.global_step)
+            if order.stop:  # a stop that could not wait for a stalled rank
                 p.orders.stop = True
             continue
         if outcome != "next":
@@ -58,7 +60,7 @@ def run_epochs(p: Parts) -> bool:
     return True
 
 
-def recover(p: Parts, order: dict) -> int:
+def recover(p: Parts, order: WorldOrder) -> int:
     """world.recover, again from the next order while members die during it."""
     while True:
         try:
@@ -219,7 +221,7 @@ def end_epoch(p: Parts, epoch: int) -> None:
         p.state.best_val_acc = max(p.state.best_val_acc, val[1])
     ev = report_segment(p, epoch, **extra)
     if p.me.echo and p.me.is_main:
-        print(describe({"kind": "epoch", "rank": 0, **ev}), flush=True)
+        print(epoch_line(ev), flush=True)
     p.sampler.set_epoch(epoch + 1)
     if epoch + 1 < p.config.train.epochs:
         apply_pending(p, epoch + 1)
@@ -236,5 +238,6 @@ def apply_pending(p: Parts, epoch: int, step: int = 0) -> None:
     torch.backends.cudnn.benchmark = p.state.settings["cudnn_benchmark"]
     p.loaders.apply(p.state.settings)
     if p.me.is_main:
-        p.me.reporter.emit("settings", settings=dict(p.state.settings), epoch=epoch, step=step,
-                           status="applied")
+        p.me.reporter.emit(events.Settings(rank=p.me.reporter.rank,
+                                           settings=dict(p.state.settings), epoch=epoch, step=step,
+                           status="applied"))

@@ -9,6 +9,8 @@ import time
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.orders import Join, Order, WorldOrder
 from ddptui.rank.elastic import change
 from ddptui.rank.elastic.control import Control
 from ddptui.rank.elastic.snapshot import state_tensors
@@ -16,7 +18,7 @@ from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 
 
-def reform(p: Parts, order: dict) -> bool:
+def reform(p: Parts, order: WorldOrder) -> bool:
     """Apply an agreed leave or join; False when this rank is the one leaving."""
     p.me.pulse.phase = "world"
     leftover = p.control.finish()
@@ -30,14 +32,14 @@ def join(p: Parts) -> bool:
     member's death after that is recovered from before the first step: run_epochs)."""
     p.me.pulse.phase = "world"
     order = p.mailbox.wait_urgent(None)
-    if order is None or order.get("op") != "join":
+    if not isinstance(order, Join):
         return False
     p.state.changed_at = time.time()
     change.join(LoopMember(p), order)
     return True
 
 
-def recover(p: Parts, order: dict) -> int:
+def recover(p: Parts, order: WorldOrder) -> int:
     """After a peer died: re-form from the survivors and roll back to the newest point they all
     hold and know to be good; returns the number of steps that will be redone."""
     p.me.pulse.phase = "world"
@@ -127,7 +129,7 @@ class LoopMember:
         load_host_state(self.p, self.p.snapshots.restore(target))
         return redone
 
-    def settle(self, group, order: dict, leftover: list[dict]) -> None:
+    def settle(self, group, order: WorldOrder, leftover: list[Order]) -> None:
         """Shards, lr, DDP, control, a fresh rollback point."""
         p = self.p
         p.sampler.set_world(p.me.rank, p.me.world_size)
@@ -144,10 +146,10 @@ class LoopMember:
         p.me.announce("running", world_rank=p.me.rank)
         if p.me.is_main:
             p.mailbox.requeue(leftover)
-            p.me.reporter.emit("world", size=p.me.world_size, ranks=order["members"],
-                               generation=order.get("gen"), epoch=p.sampler.epoch,
-                               step=p.sampler.steps_done, global_step=p.state.global_step,
-                               base_lr=p.scheduler.base_lrs[0])
+            p.me.reporter.emit(events.World(
+                rank=p.me.reporter.rank, size=p.me.world_size, ranks=order.members,
+                generation=order.gen, epoch=p.sampler.epoch, step=p.sampler.steps_done,
+                global_step=p.state.global_step, base_lr=p.scheduler.base_lrs[0]))
         if p.snapshots is not None:
             p.snapshots.take(p.state.global_step, host_state(p), agreed=True)
         p.state.mark("settle")

@@ -4,6 +4,7 @@ settings wait in the loop's state for the epoch's end.
 
 from __future__ import annotations
 
+from ddptui.contract.protocol import events
 from ddptui.rank.elastic.agreed import AgreedOrders
 from ddptui_trainer.checkpoint import save
 from ddptui_trainer.parts import Parts
@@ -27,8 +28,9 @@ class LoopOrders(AgreedOrders):
         p = self.p
         p.state.pending.update(new)
         if p.me.is_main:
-            p.me.reporter.emit("settings", settings={**p.state.settings, **p.state.pending},
-                               epoch=p.sampler.epoch + 1, status="pending", request=request)
+            p.me.reporter.emit(events.Settings(rank=p.me.reporter.rank,
+                                               settings={**p.state.settings, **p.state.pending},
+                               epoch=p.sampler.epoch + 1, status="pending", request=request))
 
     def has_pending(self) -> bool:
         return bool(self.p.state.pending)

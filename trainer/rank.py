@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddptui.contract.protocol import events
 from ddptui.rank.telemetry.heartbeat import Pulse
 from ddptui.rank.telemetry.reporter import Reporter
 
@@ -37,13 +38,15 @@ class Rank:
         # The physical GPU by its nvidia-smi index: the rank sees it as cuda:0.
         device = f"GPU {self.physical_gpu}" if self.device.type == "cuda" and \
             self.physical_gpu is not None else str(self.device)
-        self.reporter.emit("rank", state=state, pid=os.getpid(), device=device,
-                           gpu=self.physical_gpu, host=os.uname().nodename, **fields)
+        self.reporter.emit(events.Rank(rank=self.reporter.rank, state=state, pid=os.getpid(), device=device,
+                           gpu=self.physical_gpu, host=os.uname().nodename, **fields))
 
-    def say(self, text: str, level: str = "info", **fields) -> None:
-        """Progress for the user: rank 0 reports it; warnings come from every rank."""
+    def say(self, text: str, level: str = "info", kind: type[events.Notice] = events.Notice,
+            **fields) -> None:
+        """Progress for the user: rank 0 reports it; warnings come from every rank. `kind`: a
+        line that tells more, with its `fields` (the data's facts, a corrupt sample)."""
         if self.is_main or level != "info":
-            self.reporter.emit("message", level=level, text=text, **fields)
+            self.reporter.emit(kind(rank=self.reporter.rank, level=level, text=text, **fields))
             if self.echo:
                 print(text if level == "info" else f"rank {self.rank}: {level}: {text}",
                       file=sys.stdout if level == "info" else sys.stderr, flush=True)

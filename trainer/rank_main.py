@@ -17,6 +17,7 @@ from ddptui.contract.channel import load_key, parse_address
 from ddptui.contract.gpu import DeviceSampler, physical_index
 from ddptui.contract.options.config import RunConfig
 from ddptui.contract.options.errors import DataError, UsageError
+from ddptui.contract.protocol import events
 from ddptui.contract.rankspec import RankSpec
 from ddptui.contract.tensorboard import TensorBoardSink
 from ddptui.contract.wording import count
@@ -60,13 +61,14 @@ def main(spec: RankSpec, *, channel=None, inbox=None, forming: world.Forming | N
         code = 0
     except (UsageError, DataError) as e:
         text = _one_line(e)
-        me.reporter.emit("message", level="error", text=text, usage=True)
+        me.reporter.emit(events.Usage(rank=me.reporter.rank, level="error", text=text))
         if spec.echo or channel is None:
             print(f"error: {text}", file=sys.stderr, flush=True)
         code = 2
     except Exception as e:
         traceback.print_exc()
-        me.reporter.emit("message", level="error", text=f"{type(e).__name__}: {_one_line(e)}")
+        me.reporter.emit(events.Notice(rank=me.reporter.rank,
+                                       level="error", text=f"{type(e).__name__}: {_one_line(e)}"))
     finally:
         for thread in watchers:
             thread.stop()
@@ -107,9 +109,10 @@ def _announce_world(config: RunConfig, me: Rank, link: RemoteLink | None) -> Non
     me.announce("running")
     me.say(f"process group ready: {count(me.world_size, 'rank')} on {dist.get_backend()}")
     if link is not None and me.is_main:
-        me.reporter.emit("run", status="started", model=config.model.name, data=config.data.spec,
+        me.reporter.emit(events.Run(rank=me.reporter.rank,
+                                    status="started", model=config.model.name, data=config.data.spec,
                          epochs=config.train.epochs, world_size=me.world_size,
-                         device_kind=me.device.type, batch_size=config.train.batch_size)
+                         device_kind=me.device.type, batch_size=config.train.batch_size))
 
 
 def _close(me: Rank, link: RemoteLink | None, code: int) -> None:
@@ -119,7 +122,8 @@ def _close(me: Rank, link: RemoteLink | None, code: int) -> None:
     if link is not None:
         me.announce("done" if code == 0 else "crashed", exit_code=code)
         if me.is_main:
-            me.reporter.emit("run", status="done" if code == 0 else "failed", exit_code=code)
+            me.reporter.emit(events.Run(rank=me.reporter.rank,
+                                        status="done" if code == 0 else "failed", exit_code=code))
     me.reporter.close()
 
 
@@ -127,10 +131,11 @@ def _watchers(config: RunConfig, me: Rank, supervised: bool) -> list:
     """The rank's reporting threads: under ddptui run a heartbeat (the parent samples the GPUs);
     under torchrun or srun a device sampler per GPU it drives (DataParallel drives them all)."""
     if supervised:
-        return [Heartbeat(me.pulse, me.reporter.emit)]
+        return [Heartbeat(me.pulse, me.reporter.rank, me.reporter.emit)]
     gpus = list(config.devices.gpus) if config.devices.strategy == "dp" and me.device.type == "cuda" \
         else [me.physical_gpu]
-    return [DeviceSampler(me.reporter.emit, lambda t: me.say(t, "warning"), g) for g in gpus]
+    return [DeviceSampler(me.reporter.rank, me.reporter.emit, lambda t: me.say(t, "warning"), g)
+            for g in gpus]
 
 
 def _agree_on_control(me: Rank, inbox, group):
@@ -186,11 +191,11 @@ def describe_start(p: Parts) -> None:
     params, steps = count_parameters(p.model), p.sampler.steps_done + len(p.sampler)
     me.say(f"{config.model.name}: {params / 1e6:.1f}M parameters, {bundle.num_classes} "
            f"classes, {bundle.num_train} training samples, {steps} steps per epoch",
-           steps_per_epoch=steps, num_train=bundle.num_train,
+           kind=events.Facts, steps_per_epoch=steps, num_train=bundle.num_train,
            num_classes=bundle.num_classes, params=params)
     if me.is_main:
-        me.reporter.emit("settings", settings=dict(p.state.settings), epoch=p.sampler.epoch,
-                         status="applied")
+        me.reporter.emit(events.Settings(rank=me.reporter.rank, settings=dict(p.state.settings),
+                                         epoch=p.sampler.epoch, status="applied"))
     if me.device.type != "cuda" and p.state.settings["prefetch"] and config.data.decode != "gpu":
         me.say("prefetcher needs CUDA: CPU ranks load batches directly")
     if config.devices.strategy == "dp":
@@ -199,6 +204,6 @@ def describe_start(p: Parts) -> None:
     if p.loaders.bundle.collate is not None:  # --decode gpu: JPEGs to the rank
         codec = p.loaders.prepare.codec.name
         where = "on the GPU" if me.device.type == "cuda" else "in the rank process (CPU rank)"
-        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}", decoder=codec)
+        me.say(f"--decode gpu: JPEGs decoded {where} by {codec}", kind=events.Facts, decoder=codec)
 
 

@@ -9,6 +9,7 @@ import time
 import torch
 
 from ddptui.contract.options.errors import DataError
+from ddptui.contract.protocol import events
 from ddptui.contract.wording import count
 from ddptui_trainer.parts import Parts
 
@@ -22,7 +23,7 @@ def report_segment(p: Parts, epoch: int, partial: bool = False, world_size: int 
               world_size=world_size or p.me.world_size, global_step=p.state.global_step,
               bad_samples=p.loaders.bad_in(epoch), **p.meter.epoch_summary())
     ev.update(extra)
-    p.me.reporter.emit("epoch", **ev)
+    p.me.reporter.emit(events.Epoch(rank=p.me.reporter.rank, **ev))
     return ev
 
 
@@ -43,8 +44,8 @@ def report_bad(p: Parts) -> None:
     bad = p.loaders.bad
     for path, why in bad.read():
         p.me.say(f"skipped corrupt sample {path}: {why} ({len(bad.seen)} on this rank, "
-                 f"at most {bad.limit})", "warning", bad_sample=len(bad.seen), path=path,
-                 limit=bad.limit)
+                 f"at most {bad.limit})", "warning", kind=events.BadSample,
+                 bad_sample=len(bad.seen), path=path, limit=bad.limit)
         if not p.me.reporter.channel and len(bad.seen) > bad.limit:
             raise DataError(f"{len(bad.seen)} corrupt samples, more than --max-bad-samples "
                             f"{bad.limit}; the last: {path}")
@@ -61,7 +62,8 @@ def report_change(p: Parts) -> None:
     phases = {name: round(t - before, 3)
               for (_, before), (name, t) in zip(marks, marks[1:], strict=False)}
     p.state.changed_at, p.state.change_marks = None, []
-    p.me.reporter.emit("message", level="info", change_s=round(seconds, 3), phases=phases,
-                       world_size=p.me.world_size, global_step=p.state.global_step,
-                       text=f"first step on {count(p.me.world_size, 'rank')} {seconds:.2f} s after the "
-                       "world changed")
+    p.me.reporter.emit(events.WorldCost(
+        rank=p.me.reporter.rank, level="info", change_s=round(seconds, 3), phases=phases,
+        world_size=p.me.world_size, global_step=p.state.global_step,
+        text=f"first step on {count(p.me.world_size, 'rank')} {seconds:.2f} s after the world "
+             "changed"))

@@ -4,13 +4,14 @@ key, the handshake (HMAC challenge both ways), and size-capped JSON messages. No
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import stat
 from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
 
-from ddptui.contract.events import decode, encode
+from ddptui.contract.protocol.codec import encode, message_of
+from ddptui.contract.protocol.events import Event
+from ddptui.contract.protocol.orders import Order
 
 KEY_ENV = "DDPTUI_AUTHKEY"
 KEY_FILE_ENV = "DDPTUI_AUTHKEY_FILE"
@@ -72,12 +73,12 @@ def handshake(conn: Connection, key: bytes) -> None:
     answer_challenge(conn, key)
 
 
-def send(conn: Connection, message: dict) -> None:
+def send(conn: Connection, message: Event | Order) -> None:
     conn.send_bytes(encode(message).encode())
 
 
-def receive(conn: Connection) -> dict | None:
-    """The next message: an event, or a command ({"op": ...}); None for one that does not parse.
+def receive(conn: Connection) -> Event | Order | None:
+    """The next message: an event, or an order; None for one that does not decode.
     Raises EOFError when the peer is gone, MessageTooLong for an oversized message, OSError when
     the connection fails."""
     try:
@@ -86,15 +87,4 @@ def receive(conn: Connection) -> dict | None:
         if "bad message length" in str(e):  # multiprocessing's word for over maxlength
             raise MessageTooLong(f"message over {MAX_MESSAGE} bytes") from None
         raise
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        return None
-    ev = decode(text)
-    if ev is not None:
-        return ev
-    try:
-        msg = json.loads(text)
-    except ValueError:
-        return None
-    return msg if isinstance(msg, dict) and isinstance(msg.get("op"), str) else None
+    return message_of(data)

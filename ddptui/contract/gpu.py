@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import psutil
 
+from ddptui.contract.protocol.events import Gpu
+
 
 def physical_index(local_rank: int) -> int | None:
     """The NVML (nvidia-smi) index of this process's GPU `local_rank`, through
@@ -25,12 +27,12 @@ def physical_index(local_rank: int) -> int | None:
     return int(ids[local_rank]) if local_rank < len(ids) and ids[local_rank].isdigit() else None
 
 class DeviceSampler(threading.Thread):
-    """Calls emit("gpu", ...) every `interval` seconds until stopped."""
+    """Calls record(Gpu(...)) for rank `rank` every `interval` seconds until stopped."""
 
-    def __init__(self, emit: Callable[..., None], warn: Callable[[str], None],
+    def __init__(self, rank: int, record: Callable[[Gpu], None], warn: Callable[[str], None],
                  physical_gpu: int | None, interval: float = 0.5):
         super().__init__(name="device-sampler", daemon=True)
-        self.emit, self.warn = emit, warn
+        self.rank, self.record, self.warn = rank, record, warn
         self.physical_gpu = physical_gpu
         self.interval = interval
         self._halt = threading.Event()
@@ -45,13 +47,13 @@ class DeviceSampler(threading.Thread):
         while not self._halt.wait(self.interval):
             if nvml is not None:
                 try:
-                    self.emit("gpu", **nvml())
+                    self.record(Gpu(rank=self.rank, **nvml()))
                     continue
                 except Exception as e:  # a GPU fallen off the bus must not stop training
                     self.warn(f"NVML reading failed, reporting CPU figures instead: {e}")
                     nvml = None
             cpu, rss = self._tree.read(os.getpid())
-            self.emit("gpu", gpu=self.physical_gpu, cpu_percent=cpu, rss=rss)
+            self.record(Gpu(rank=self.rank, gpu=self.physical_gpu, cpu_percent=cpu, rss=rss))
 
     def _open_nvml(self) -> Callable[[], dict] | None:
         try:

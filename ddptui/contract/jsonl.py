@@ -7,7 +7,8 @@ import contextlib
 import errno
 import os
 
-from ddptui.contract.events import decode, encode
+from ddptui.contract.protocol.codec import decode, encode, event_of, parse
+from ddptui.contract.protocol.events import Event
 
 
 class JsonlWriter:
@@ -20,7 +21,7 @@ class JsonlWriter:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self.failed: str | None = None  # why a line could not be written, once one could not
 
-    def write(self, ev: dict, last: bool = False) -> bool:
+    def write(self, ev: Event, last: bool = False) -> bool:
         """Append `ev` as one whole line; False where it could not be (a full disk): nothing of
         it is left in the file, and the log takes no more lines after that, but a `last` one
         (the run's end, where it still fits)."""
@@ -46,7 +47,14 @@ class JsonlWriter:
             self._fd = -1
 
 
-def read_events(path: str) -> list[dict]:
+def read_events(path: str) -> list[Event]:
     """All valid events of a log, in file order."""
     with open(path, encoding="utf-8", errors="replace") as f:
         return [ev for ev in map(decode, f) if ev is not None]
+
+
+def read_records(path: str) -> list[dict]:
+    """The log as its JSON objects (for tools that read the log's lines): each line that
+    decodes to an event, as written."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return [obj for obj in map(parse, f) if obj is not None and event_of(obj) is not None]

@@ -12,6 +12,8 @@ from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
 from ddptui.contract.channel import MessageTooLong, handshake, receive, send
+from ddptui.contract.protocol.events import Event, Rank
+from ddptui.contract.protocol.orders import Order
 from ddptui.contract.states import RankState
 
 # The rank states a process announces itself in.
@@ -21,7 +23,7 @@ TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)
 class ReportListener:
     """start() accepts on a thread; record(ev) is called from the connections' threads."""
 
-    def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[dict], None],
+    def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[Event], None],
                  note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None):
         self.key, self.record, self.note, self.closed = key, record, note, closed
         self._listener = Listener(address)  # no authkey here: each handshake runs in its thread
@@ -73,14 +75,14 @@ class ReportListener:
         with self._lock:
             return set(self._conns)
 
-    def order(self, cmd: dict) -> bool:
+    def order(self, cmd: Order) -> bool:
         """An order for the whole run: to the world's rank 0, which agrees it with the others at
         one step; to every rank when they have no process group to agree through."""
         if not self._alone:
             return self.send(self.leader, cmd)
         return all([self.send(rank, cmd) for rank in sorted(self.connected())])
 
-    def send(self, rank: int, cmd: dict) -> bool:
+    def send(self, rank: int, cmd: Order) -> bool:
         """Send a command to `rank`; False (and a warning in the log) when it cannot be."""
         with self._lock:
             conn = self._conns.get(rank)
@@ -119,20 +121,20 @@ class ReportListener:
         try:
             while True:
                 ev = receive(conn)
-                if ev is None or "kind" not in ev:
-                    continue  # malformed: dropped, the dashboard goes on
-                ranks.add(ev["rank"])
-                if ev["kind"] == "rank" and isinstance(ev.get("pid"), int):
-                    pids.add(ev["pid"])
+                if not isinstance(ev, Event):
+                    continue  # malformed, or not an event: dropped, the dashboard goes on
+                ranks.add(ev.rank)
+                if isinstance(ev, Rank) and ev.pid is not None:
+                    pids.add(ev.pid)
                 with self._lock:
                     # A process that announces itself for a rank takes its orders from now
                     # on: a standby for rank 1 says it is warm while the rank 1 that left may
                     # still be connected, and the join order must reach the standby.
-                    if ev["kind"] == "rank" and ev.get("state") in TAKES_OVER:
-                        self._conns[ev["rank"]] = conn
+                    if isinstance(ev, Rank) and ev.state in TAKES_OVER:
+                        self._conns[ev.rank] = conn
                     else:
-                        self._conns.setdefault(ev["rank"], conn)
-                    self._alone = self._alone or bool(ev.get("alone"))
+                        self._conns.setdefault(ev.rank, conn)
+                    self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
                 self.record(ev)
         except MessageTooLong:
             self.note("warning", f"dropped the connection from {peer}: message over the size "

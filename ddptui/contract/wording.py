@@ -3,42 +3,46 @@ way every message counts and writes a setting."""
 
 from __future__ import annotations
 
-from ddptui.contract.events import PARENT
+from ddptui.contract.protocol.events import (
+    PARENT,
+    Checkpoint,
+    Error,
+    Event,
+    Notice,
+    Rank,
+    Run,
+    Settings,
+)
 
 
-def describe(ev: dict) -> str | None:
+def describe(ev: Event) -> str | None:
     """A human line for the events a log pane or a headless console shows; None for the rest."""
-    who = "" if ev["rank"] == PARENT else f"rank {ev['rank']}: "
+    who = "" if ev.rank == PARENT else f"rank {ev.rank}: "
     match ev:
-        case {"kind": "message"}:
-            level = ev.get("level", "info")
-            return f"{who}{'' if level == 'info' else level + ': '}{ev.get('text', '')}"
-        case {"kind": "epoch"}:
-            return _epoch_line(ev)
-        case {"kind": "settings"}:
-            s = ev.get("settings") or {}
-            body = ", ".join(f"{k} {onoff(v)}" for k, v in s.items())
-            if ev.get("status") == "requested":
+        case Notice(level=level, text=text):
+            return f"{who}{'' if level == 'info' else level + ': '}{text}"
+        case Settings():
+            body = ", ".join(f"{k} {onoff(v)}" for k, v in ev.settings.items())
+            if ev.status == "requested":
                 return (f"settings requested: {body} (every rank applies them at the next "
                         "epoch; a: now)")
-            step = f" step {ev['step']}" if ev.get("step") else ""
-            return (f"settings {ev.get('status', 'applied')} from epoch {ev.get('epoch')}{step}: "
-                    f"{body}")
-        case {"kind": "checkpoint"}:
-            return f"checkpoint written: {ev.get('path')}"
-        case {"kind": "rank"}:
-            reason = f" ({ev['reason']})" if ev.get("reason") else ""
-            standby = f", standby {ev['standby']}" if isinstance(ev.get("standby"), str) else ""
-            return f"rank {ev['rank']} {ev.get('state')}{reason}{standby}"
-        case {"kind": "error"}:
-            return (f"rank {ev['rank']} failed (exit code {ev.get('exit_code')}): "
-                    f"{ev.get('text', '')}")
-        case {"kind": "run", "status": "paused" | "resumed"}:
-            return f"run {ev['status']} at step {ev.get('global_step')}"
+            step = f" step {ev.step}" if ev.step else ""
+            return f"settings {ev.status or 'applied'} from epoch {ev.epoch}{step}: {body}"
+        case Checkpoint():
+            return f"checkpoint written: {ev.path}"
+        case Rank():
+            reason = f" ({ev.reason})" if ev.reason else ""
+            standby = f", standby {ev.standby}" if isinstance(ev.standby, str) else ""
+            return f"rank {ev.rank} {ev.state}{reason}{standby}"
+        case Error():
+            return f"rank {ev.rank} failed (exit code {ev.exit_code}): {ev.text}"
+        case Run(status="paused" | "resumed"):
+            return f"run {ev.status} at step {ev.global_step}"
     return None
 
 
-def _epoch_line(ev: dict) -> str:
+def epoch_line(ev: dict) -> str:
+    """An epoch's row (contract/state/epochs.py: merged across its ranks) in one line."""
     s = ev.get("settings") or {}
     # Either may come alone (mmengine and accelerate print an accuracy, fairseq a loss).
     val = (f"  val_loss {ev['val_loss']:.4f}" if ev.get("val_loss") is not None else "") + \

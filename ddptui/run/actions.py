@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddptui.contract.protocol.events import Event
+from ddptui.contract.protocol.orders import Order
 from ddptui.run.outcome import EXIT_FAILED
 
 
@@ -14,7 +16,7 @@ class Tell:
     """Send `order` to the slot's current process (a reform to the leader, urgent ones direct)."""
 
     slot: int
-    order: dict
+    order: Order
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,13 @@ class Say:
 
     text: str
     level: str = "info"
-    fields: dict = field(default_factory=dict)  # what a screen reads of it (a rank's stacks)
+
+
+@dataclass(frozen=True)
+class Record:
+    """An event of the run's own that says more than a line (a rank's stacks)."""
+
+    event: Event
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,7 @@ class Flag:
     slot: int
     state: str
     reason: str
-    fields: dict = field(default_factory=dict)
+    fields: dict = field(default_factory=dict)  # the verdict's figures, as its `rank` event names them
 
 
-Action = Tell | Say | Kill | Fail | Standby | Joining | Flag
+Action = Tell | Say | Record | Kill | Fail | Standby | Joining | Flag

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ddptui.contract.protocol.events import PARENT, InputWait, Step
 from ddptui.contract.stalls.health import SLOW_WINDOW, Stragglers
 
 INPUT_BOUND = 0.10  # of a step spent waiting for input: the input holds the rank back
@@ -59,7 +60,7 @@ def knob(p: Pipeline, wait: float) -> tuple[str | None, str]:
 
 class InputWatch:
     """observe() every step event, fresh() when a rank's pipeline starts again, check() twice a
-    second: a line to say (text, fields) when the world becomes input-bound, or keeps up again."""
+    second: an InputWait to say when the world becomes input-bound, or keeps up again."""
 
     def __init__(self, window: int = WINDOW, hold: int = HOLD):
         self.hold = hold
@@ -68,13 +69,13 @@ class InputWatch:
         self.said: tuple | None = None  # input-bound, as said: (ranks, the pipeline then)
         self._streak: tuple[str | None, int] = (None, 0)  # (what is wanted, checks in a row)
 
-    def observe(self, ev: dict) -> None:
-        slot, steps = ev["rank"], max(1, ev.get("steps", 1))
+    def observe(self, ev: Step) -> None:
+        slot, steps = ev.rank, max(1, ev.steps or 1)
         # An epoch's first batch waits for the loader's workers to start: not the steady rate.
-        if slot in self.skip or ev.get("step", 0) <= steps or ev.get("data_wait") is None:
+        if slot in self.skip or ev.step <= steps or ev.data_wait is None:
             self.skip.discard(slot)
             return
-        self.recent.add(slot, steps, ev.get("step_ms") or 0.0, ev["data_wait"])
+        self.recent.add(slot, steps, ev.step_ms or 0.0, ev.data_wait)
 
     def fresh(self, slots) -> None:
         """Their pipelines start again (settings applied, the world changed, a resume)."""
@@ -91,8 +92,8 @@ class InputWatch:
                 out[slot] = input_ms / step_ms if step_ms else 0.0
         return out
 
-    def check(self, members: list[int], pipeline: Pipeline) -> tuple[str, str, dict] | None:
-        """(text, level, fields) to say, once a change has held `hold` checks in a row."""
+    def check(self, members: list[int], pipeline: Pipeline) -> InputWait | None:
+        """What to say, once a change has held `hold` checks in a row."""
         shares = self.shares(members)
         if not members or len(shares) < len(members):
             return None
@@ -106,15 +107,16 @@ class InputWatch:
         self._streak = (None, 0)
         if wanted == "keeps up":
             self.said = None
-            return (f"input keeps up again: {100 * worst:.0f}% of a step at most waiting for "
-                    f"data", "info", {"input_wait": {"ranks": [], "data_wait": round(worst, 3)}})
+            return InputWait(rank=PARENT, level="info", ranks=[], data_wait=round(worst, 3),
+                             text=f"input keeps up again: {100 * worst:.0f}% of a step at most "
+                                  "waiting for data")
         self.said = (waiting, pipeline)
         key, why = knob(pipeline, worst)
         text = (f"input holds rank{'s' if len(waiting) > 1 else ''} "
                 f"{', '.join(map(str, waiting))} back: up to {100 * worst:.0f}% of a step "
                 f"waiting for data; " + (f"{key} may help: {why}" if key else why))
-        return text, "warning", {"input_wait": {"ranks": waiting, "data_wait": round(worst, 3),
-                                                "knob": key}}
+        return InputWait(rank=PARENT, level="warning", text=text, ranks=waiting,
+                         data_wait=round(worst, 3), knob=key)
 
     def _wanted(self, worst: float, waiting: list[int], pipeline: Pipeline) -> str | None:
         """"bound" or "keeps up" where that is news, else None."""

@@ -11,9 +11,19 @@ are told to form the world only once it says it is prepared.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ddptui.contract.protocol.orders import (
+    ChangeSettings,
+    Host,
+    Join,
+    Order,
+    Recover,
+    Reform,
+    WorldOrder,
+)
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count
 from ddptui.run.actions import Fail, Joining, Kill, Say, Standby, Tell
@@ -32,7 +42,7 @@ class Membership:
     new_address: Callable[[], str]
     timeout: float = CHANGE_TIMEOUT_S
     confirmed: list[int] = field(default_factory=list)
-    change: dict | None = None  # the order not confirmed yet
+    change: WorldOrder | None = None  # the order not confirmed yet
     deadline: float = 0.0
     announced: set[int] = field(default_factory=set)  # members that entered the new world
     deferred: list[tuple[str, int]] = field(default_factory=list)
@@ -43,26 +53,26 @@ class Membership:
     generation: int = 0
     asked: dict[str, int] = field(default_factory=dict)  # settings request id -> its leader
     prepared_joins: bool = False
-    held: dict | None = None  # the members' reform order, until its joiner is prepared
+    held: WorldOrder | None = None  # the members' reform order, until its joiner is prepared
 
     def __post_init__(self):
         self.members = sorted(self.members)
         self.confirmed = list(self.members)
 
-    def to_leader(self, cmd: dict) -> list[Tell]:
+    def to_leader(self, cmd: Order) -> list[Tell]:
         """A command for every rank goes to the world's rank 0, the authority that offers it to
         each rank at an agreed step."""
         if not self.members:
             return []
-        if cmd.get("request"):
-            self.asked[cmd["request"]] = self.members[0]
+        if isinstance(cmd, ChangeSettings):
+            self.asked[cmd.request] = self.members[0]
         return [Tell(self.members[0], cmd)]
 
     def ask_again(self, unanswered: dict[str, dict]) -> list[Tell]:
         """Settings requests still unanswered by a leader that has left the world (stopped, or
         died with them in its pipe) go to the new leader; rank 0's answer names each."""
         self.asked = {rid: slot for rid, slot in self.asked.items() if rid in unanswered}
-        again = [{"op": "settings", "settings": settings, "request": rid}
+        again = [ChangeSettings(settings=settings, request=rid)
                  for rid, settings in unanswered.items()
                  if self.members and self.asked.get(rid, self.members[0]) not in self.members]
         return [tell for cmd in again for tell in self.to_leader(cmd)]
@@ -78,11 +88,11 @@ class Membership:
             self.wanted.discard(slot)
             return [Say(f"rank {slot} is the last rank: q ends the run instead", "warning")]
         leader = self.members[0]  # the current world's rank 0 offers it to every rank
-        order = self._order("reform", [s for s in self.members if s != slot], now)
+        order = self._order(Reform, [s for s in self.members if s != slot], now)
         self.leaving.add(slot)
         return [Tell(leader, order),
                 Say(f"stopping rank {slot}: it leaves at the next agreed step, the other "
-                    f"{count(len(order['members']), 'rank')} go on")]
+                    f"{count(len(order.members), 'rank')} go on")]
 
     def restart(self, slot: int, standby_alive: bool, now: float) -> list:
         """A stopped or crashed slot joins from its standby (now if warm, else once it is);
@@ -116,14 +126,14 @@ class Membership:
 
     def prepared(self, slot: int, now: float) -> list:
         """The joiner ran its script up to run.elastic(): the members form the world now."""
-        if self.held is None or self.held.get("joiner") != slot:
+        if self.held is None or self.held.joiner != slot:
             return []
         order, self.held = self.held, None
         self.deadline = now + self.timeout
         return [Tell(self.confirmed[0], order)]
 
     def world_confirmed(self, generation: int, now: float) -> list:
-        if self.change is None or generation != self.change["gen"]:
+        if self.change is None or generation != self.change.gen:
             return []
         self.change = None
         self.confirmed = list(self.members)
@@ -142,7 +152,7 @@ class Membership:
         """A process of the slot died. A member's death re-forms the world from the members
         still alive (the joiner and a leaver of an unconfirmed change are not among them: they
         are ended and go back to standing by); a standby's death is only reported."""
-        joiner = self.change.get("joiner") if self.change else None
+        joiner = self.change.joiner if self.change else None
         if self.held is not None and slot == joiner:
             return self._join_called_off(slot, why, now)
         in_world = slot in self.members or slot in self.confirmed or slot in self.leaving
@@ -167,7 +177,7 @@ class Membership:
             return [Fail(f"rank {slot} {why}")]
         self.ready.discard(slot)
         self.out[slot] = (RankState.CRASHED, why)
-        order = self._order("recover", survivors, now)
+        order = self._order(Recover, survivors, now)
         actions += [Tell(s, order) for s in survivors]
         actions.append(Say(f"rank {slot} {why}: going on with {count(len(survivors), 'rank')} "
                            "from their last common step", "warning"))
@@ -181,10 +191,10 @@ class Membership:
         re-form without them, go back to their last common point and stop there."""
         base = self._member_slots()
         survivors = sorted((base & alive) - set(slots) - self.leaving
-                           - {self.change.get("joiner") if self.change else None})
+                           - {self.change.joiner if self.change else None})
         if not survivors:
             return []
-        order = self._order("recover", survivors, now, stop=True)
+        order = self._order(Recover, survivors, now, stop=True)
         return [Tell(s, order) for s in survivors]
 
     def tick(self, now: float) -> list:
@@ -214,13 +224,13 @@ class Membership:
         since: such a slot's live process is its standby, which no recover order may name."""
         return (set(self.members) | set(self.confirmed)) - set(self.out)
 
-    def _order(self, op: str, members: list[int], now: float, in_order: bool = False,
-               **extra) -> dict:
+    def _order(self, kind: type[WorldOrder], members: list[int], now: float,
+               in_order: bool = False, **extra) -> WorldOrder:
         """`members` in world-rank order; by slot unless `in_order`."""
         self.generation += 1
-        order = {"op": op, "members": members if in_order else sorted(members),
-                 "gen": self.generation, "init": self.new_address(), **extra}
-        self.members = order["members"]
+        order = kind(members=members if in_order else sorted(members), gen=self.generation,
+                     init=self.new_address(), **extra)
+        self.members = order.members
         self.change = order
         self.deadline = now + self.timeout
         self.announced = set()
@@ -241,11 +251,15 @@ class Membership:
         self.wanted.discard(slot)
         self.ready.discard(slot)
         if self.prepared_joins:  # last: never rank 0, whose init_process_group opens a store
-            order = self._order("reform", self.members + [slot], now, in_order=True,
+            order = self._order(Reform, self.members + [slot], now, in_order=True,
                                 joiner=slot, prepare=True)
             self.held, self.deadline = order, float("inf")  # its script takes what it takes
-            return actions + [Tell(leader, {**order, "op": "host"}),
-                              Tell(slot, {**order, "op": "join"}), Joining(slot)]
-        order = self._order("reform", self.members + [slot], now, joiner=slot)
-        return actions + [Tell(leader, order), Tell(slot, {**order, "op": "join"}),
-                          Joining(slot)]
+            return actions + [Tell(leader, _as(Host, order)), Tell(slot, _as(Join, order)),
+                              Joining(slot)]
+        order = self._order(Reform, self.members + [slot], now, joiner=slot)
+        return actions + [Tell(leader, order), Tell(slot, _as(Join, order)), Joining(slot)]
+
+
+def _as(kind: type[WorldOrder], order: WorldOrder) -> WorldOrder:
+    """The same change, as an order of another kind (a join for the joiner)."""
+    return kind(**{f.name: getattr(order, f.name) for f in dataclasses.fields(order)})

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ddptui.contract.protocol.events import BadSample, Notice, Usage
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 EXIT_PIPE = 141  # 128 + SIGPIPE: whoever read our output stopped (| head), as for any command
 
@@ -32,23 +34,23 @@ class Outcome:
     def ending(self) -> bool:
         return bool(self.stop or self.failure)
 
-    def message(self, ev: dict) -> str | None:
+    def message(self, ev: Notice) -> str | None:
         """Note a rank's message; returns why the run must stop, if it must (bad samples)."""
-        if ev.get("level") == "error":
-            self.errors[ev["rank"]] = ev.get("text", "")
-            if ev.get("usage") and self.usage_error is None:
-                self.usage_error = ev.get("text", "bad input")
-        if ev.get("bad_sample") is not None:
-            self.bad.add(ev.get("path", ""))
-            limit = ev.get("limit", 0)
+        if ev.level == "error":
+            self.errors[ev.rank] = ev.text
+            if isinstance(ev, Usage) and self.usage_error is None:
+                self.usage_error = ev.text or "bad input"
+        if isinstance(ev, BadSample):
+            self.bad.add(ev.path or "")
+            limit = ev.limit or 0
             if len(self.bad) > limit and self.stop is None:
                 return (f"{len(self.bad)} corrupt samples, more than --max-bad-samples {limit}; "
-                        f"the last: {ev.get('path')}")
+                        f"the last: {ev.path}")
         return None
 
-    def known_bad(self, ev: dict) -> bool:
+    def known_bad(self, ev: Notice) -> bool:
         """Another rank already named this corrupt sample."""
-        return ev.get("bad_sample") is not None and ev.get("path") in self.bad
+        return isinstance(ev, BadSample) and ev.path in self.bad
 
     def fail(self, code: int, reason: str) -> bool:
         """The first failure wins (and none after a stop was asked for)."""

@@ -10,18 +10,41 @@ import queue
 import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
-from ddptui.contract.events import PARENT, event, settings_request
 from ddptui.contract.jsonl import JsonlWriter
+from ddptui.contract.protocol.events import PARENT, Event, Notice, Rank, Run
+from ddptui.contract.protocol.orders import (
+    Apply,
+    AskStacks,
+    KillRank,
+    Order,
+    Pause,
+    RestartRank,
+    Resume,
+    Stop,
+    StopRank,
+    TakeCheckpoint,
+    settings_request,
+)
 from ddptui.contract.state.source import RunSource
-from ddptui.run.actions import Action, Fail, Flag, Joining, Kill, Say, Standby, Tell
+from ddptui.run.actions import Action, Fail, Flag, Joining, Kill, Record, Say, Standby, Tell
 from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Ending
+
+
+@dataclass(frozen=True)
+class _Note:
+    """A line another thread asks the run's thread to log (queued beside the orders)."""
+
+    text: str
+    level: str
 
 
 class OwnedRun(RunSource):
     """Subclasses set `log_path`, `state`, `outcome`, `_thread` (their main loop), `sampler`
     once it exists, `_own` (the commands the thread carries out itself, by op) and `_handle`
-    (every event: state, then log); `_order` sends what the ranks carry out."""
+    (every event: state, then log); `_order` sends what the ranks carry out. `_own` is keyed
+    by order class."""
 
     def __init__(self):
         self.done = threading.Event()
@@ -44,13 +67,13 @@ class OwnedRun(RunSource):
 
     # -- what every rank carries out at an agreed step --------------------------------------
     def pause(self) -> None:
-        self._order({"op": "pause"}, event("run", PARENT, status="pausing"))
+        self._order(Pause(), Run(rank=PARENT, status="pausing"))
 
     def resume(self) -> None:
-        self._order({"op": "resume"}, event("run", PARENT, status="resuming"))
+        self._order(Resume(), Run(rank=PARENT, status="resuming"))
 
     def checkpoint(self) -> None:
-        self._order({"op": "checkpoint"})
+        self._order(TakeCheckpoint())
 
     def change_settings(self, request: str | None = None, **settings) -> None:
         """Ask for new input-pipeline settings; every rank applies them at the next epoch.
@@ -60,9 +83,9 @@ class OwnedRun(RunSource):
 
     def apply_now(self) -> None:
         """Pending settings take effect at the next agreed step instead of the next epoch."""
-        self._order({"op": "apply"})
+        self._order(Apply())
 
-    def _order(self, cmd: dict, note: dict | None = None) -> None:
+    def _order(self, cmd: Order, note: Event | None = None) -> None:
         """Send `cmd` on to the ranks; `note` (what was asked) goes on screen once it is sent."""
         if note is not None:
             self.state.apply(note)
@@ -73,37 +96,41 @@ class OwnedRun(RunSource):
              reason: str = "") -> None:
         """Orderly end, as the run knows how (ranks agree on a step, or get the signal torchrun
         would send); a second call ends every process at once."""
-        self._commands.put({"op": "stop", "status": status, "code": code, "reason": reason})
+        self._commands.put(Stop(status=status, code=code, reason=reason))
 
     # -- rank by rank (a script's: under run.elastic, or `t`) ---------------------------------
     def stop_rank(self, rank: int) -> None:
         """The rank leaves at an agreed step; the others go on re-sharded as one fewer."""
-        self._commands.put({"op": "stop_rank", "slot": rank})
+        self._commands.put(StopRank(rank=rank))
 
     def restart_rank(self, rank: int) -> None:
         """A stopped or crashed rank joins again (as soon as its standby is warm); a running one
         leaves and joins again."""
-        self._commands.put({"op": "restart_rank", "slot": rank})
+        self._commands.put(RestartRank(rank=rank))
 
     def kill_rank(self, rank: int) -> None:
         """SIGKILL the rank (a stalled one above all): crash recovery follows."""
-        self._commands.put({"op": "kill_rank", "slot": rank})
+        self._commands.put(KillRank(rank=rank))
 
     def stacks(self, rank: int) -> None:
         """Ask the rank for every thread's Python stack."""
-        self._commands.put({"op": "stacks", "slot": rank})
+        self._commands.put(AskStacks(rank=rank))
 
-    def say(self, text: str, level: str = "info", **fields) -> None:
+    def say(self, text: str, level: str = "info") -> None:
         """A message of ddptui's own, in the log and the event pane (the run's thread only)."""
-        self._handle(event("message", PARENT, level=level, text=text, **fields))
+        self.record(Notice(rank=PARENT, level=level, text=text))
 
-    def _log(self, ev: dict) -> None:
+    def record(self, ev: Event) -> None:
+        """An event of ddptui's own that says more than a line (the run's thread only)."""
+        self._handle(ev)
+
+    def _log(self, ev: Event) -> None:
         """Into the log, whole lines only. A log that cannot be written (a full disk) ends the
         run in order, said once on screen: its last `run` event still goes in where it fits,
         and `log_lost` says why for the run's record (ls)."""
         if self._writer is None:
             return
-        last = ev["kind"] == "run" and ev.get("exit_code") is not None
+        last = isinstance(ev, Run) and ev.exit_code is not None
         if self._writer.write(ev, last=last) or self.log_lost:
             return
         self.log_lost = f"its log {self.log_path} cannot be written: {self._writer.failed}"
@@ -116,7 +143,7 @@ class OwnedRun(RunSource):
         if self.done.is_set():
             self.state.say(text, level)
         else:
-            self._commands.put({"op": "say", "text": text, "level": level})
+            self._commands.put(_Note(text, level))
 
     # -- the membership's decisions (ddptui/run/membership.py), carried out by the thread --------
     def _act(self, actions: list[Action]) -> None:
@@ -124,8 +151,10 @@ class OwnedRun(RunSource):
             match a:
                 case Tell(slot, order):
                     self._tell(slot, order)
-                case Say(text, level, fields):
-                    self.say(text, level, **fields)
+                case Say(text, level):
+                    self.say(text, level)
+                case Record(ev):
+                    self.record(ev)
                 case Kill(slot, why):
                     self._kill(slot, why)
                 case Standby(slot):
@@ -139,26 +168,27 @@ class OwnedRun(RunSource):
 
     def _flag(self, slot: int, state: str, reason: str, fields: dict) -> None:
         """A health verdict on a slot, as its `rank` event."""
-        self._handle(event("rank", slot, state=state, reason=reason, **fields))
+        self._handle(Rank(rank=slot, state=state, reason=reason, **fields))
 
     # -- the commands queued for the thread: the run's own, and a stop's one sequence ----------
     def _run_commands(self) -> None:
         for cmd in self._queued():
-            if cmd["op"] == "say":
-                self.say(cmd["text"], cmd["level"])
+            if isinstance(cmd, _Note):
+                self.say(cmd.text, cmd.level)
             else:
-                self._own.get(cmd["op"], self._send)(cmd)
+                self._own.get(type(cmd), self._send)(cmd)
 
-    def _stop(self, cmd: dict) -> None:
+    def _stop(self, cmd: Stop) -> None:
         """q, Ctrl-C, SIGTERM: the first says how the run ends and winds it down; the second
         ends every process at once."""
-        if self.outcome.asked_to_stop(Ending(cmd["status"], cmd["code"], cmd["reason"])):
-            self._wind_down(cmd["code"])
+        code = EXIT_INTERRUPTED if cmd.code is None else cmd.code
+        if self.outcome.asked_to_stop(Ending(cmd.status or "interrupted", code, cmd.reason or "")):
+            self._wind_down(code)
         else:
             self._end_now()
 
     @abstractmethod
-    def _send(self, cmd: dict) -> None:
+    def _send(self, cmd: Order) -> None:
         """A command for the ranks, on to them."""
 
     @abstractmethod
@@ -171,7 +201,7 @@ class OwnedRun(RunSource):
         """End every process now."""
 
     @abstractmethod
-    def _tell(self, slot: int, order: dict) -> None:
+    def _tell(self, slot: int, order: Order) -> None:
         """Send the order to the slot's process."""
 
     @abstractmethod
@@ -190,7 +220,7 @@ class OwnedRun(RunSource):
     def _fail(self, code: int, reason: str) -> None:
         """The run is lost: every process ends."""
 
-    def _queued(self) -> Iterator[dict]:
+    def _queued(self) -> Iterator[Order | _Note]:
         """The commands the steering calls queued, oldest first (the run's thread only)."""
         while True:
             try:

@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 import psutil
 
-from ddptui.contract.events import event
 from ddptui.contract.gpu import ProcessTree
 from ddptui.contract.nvml import open_nvml
+from ddptui.contract.protocol.events import Gpu
 
 SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
 
@@ -22,7 +22,7 @@ class RunSampler:
     """sample() emits one `gpu` event per GPU of the run (or per CPU rank); host() and
     process() answer the supervisor's questions about the machine and a rank's process."""
 
-    def __init__(self, gpus: list[int] | None, emit: Callable[[dict], None],
+    def __init__(self, gpus: list[int] | None, emit: Callable[[Gpu], None],
                  warn: Callable[[str], None]):
         self.gpus = list(gpus or [])
         self.emit, self.warn = emit, warn
@@ -45,7 +45,7 @@ class RunSampler:
             for slot, (pid, _gpu) in slots.items():
                 if pid:
                     cpu, rss = self._tree.read(pid)
-                    self.emit(event("gpu", slot, gpu=None, cpu_percent=cpu, rss=rss))
+                    self.emit(Gpu(rank=slot, gpu=None, cpu_percent=cpu, rss=rss))
 
     def _sample_gpus(self, slots, run_pids: set[int]) -> None:
         owner = {gpu: slot for slot, (_pid, gpu) in slots.items() if gpu is not None}
@@ -65,8 +65,8 @@ class RunSampler:
                 held.setdefault(pid, set()).add(gpu)
             others = [[pid, mib, *self._owner(pid)] for pid, _name, mib in info.processes
                       if pid not in run_pids]
-            self.emit(event("gpu", owner.get(gpu, min(owner.values(), default=0)),
-                            others=others, **info.event_fields(), **self._rates(gpu, info)))
+            self.emit(Gpu(rank=owner.get(gpu, min(owner.values(), default=0)), others=others,
+                          **info.event_fields(), **self._rates(gpu, info)))
         self.gpu_memory, self.gpus_of = memory, held
 
     def _rates(self, gpu: int, info) -> dict:

@@ -5,6 +5,10 @@ stopped and a crashed rank. Deterministic: the same arguments give the same even
 from __future__ import annotations
 
 import math
+import time
+
+from ddptui.contract.protocol.codec import event_of
+from ddptui.contract.protocol.events import Event
 
 T0 = 1_800_000_000.0
 
@@ -137,3 +141,19 @@ def script_run(seconds: float = 60.0, hang_at: float = 40.0) -> list[dict]:
                 "gpu": 0, "reason": "in backward (DDP's gradient all-reduce): waiting for rank 1",
                 "waiting_for": [1]})
     return sorted(evs, key=lambda e: e["t"])
+
+
+def logged(kind: str, rank: int, **fields) -> Event:
+    """The event a log line `{"kind": kind, "rank": rank, ...}` holds, decoded as ddptui reads
+    one (tests write events as the log has them)."""
+    ev = event_of({"t": fields.pop("t", round(time.time(), 3)), "kind": kind, "rank": rank,
+                   **fields})
+    assert ev is not None, f"not an event: {kind} {fields}"
+    return ev
+
+
+def typed(obj: dict | Event) -> Event:
+    """A log line's event, decoded (an event already is one)."""
+    ev = obj if isinstance(obj, Event) else event_of(obj)
+    assert ev is not None, f"not an event: {obj}"
+    return ev

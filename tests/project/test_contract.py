@@ -1,107 +1,62 @@
-"""The event and command contract: docs/events.md is what ddptui/contract/schema.py says, the
-checker catches an event that breaks it (tests/helpers/runs.py's `events` runs it on every log a
-test reads), and every command the dashboard's sources send fits it."""
+"""The protocol as code: docs/events.md is what contract/protocol/ says, the one codec checks what
+it decodes (tests/helpers/runs.py's `events` decodes every log a test reads) and reads the logs
+of earlier releases, every order a dashboard and the run send goes through it whole, and no code
+outside contract/protocol/ writes an event or an order as a dict, or touches JSON or pickle
+outside the codec."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
-import typing
+import threading
 from pathlib import Path
+from typing import get_args, get_type_hints
 
-from ddptui.contract.check import command_problems, problems, reference
-from ddptui.contract.events import decode, encode, event
 from ddptui.contract.options.config import DeviceOptions, RunConfig
-from ddptui.contract.schema import COMMANDS, EVENTS
+from ddptui.contract.protocol.codec import decode, encode, event_of, order_of
+from ddptui.contract.protocol.events import Beat, Rank, Stacks, Step
+from ddptui.contract.protocol.orders import ORDERS, Order, Stop
+from ddptui.contract.protocol.reference import reference
+from ddptui.contract.states import RankState
 from ddptui.rank.elastic.agreed import AgreedOrders
 from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import ROOT
 
 DOCS = os.path.join(ROOT, "docs", "events.md")
-READERS = ("ev", "item", "cmd", "order", "msg")  # what the code names an event or a command
-EMITTERS = ("emit", "_emit", "event")  # what makes one: (kind, [rank,] **fields)
+PROTOCOL = os.path.join("ddptui", "contract", "protocol")
+CODEC = os.path.join(PROTOCOL, "codec.py")
 
 
-def _fields_read(node: ast.AST) -> list:
-    """The key of `ev["key"]` or `ev.get("key", ...)` (any of READERS), or the keys of a
-    `case {"key": ...}` pattern."""
-    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) \
-            and node.value.id in READERS and isinstance(node.slice, ast.Constant):
-        return [node.slice.value]
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-            and node.func.attr == "get" and isinstance(node.func.value, ast.Name) \
-            and node.func.value.id in READERS and node.args \
-            and isinstance(node.args[0], ast.Constant):
-        return [node.args[0].value]
-    if isinstance(node, ast.MatchMapping):
-        return [key.value for key in node.keys if isinstance(key, ast.Constant)]
-    return []
-
-
-def test_every_field_the_code_reads_of_an_event_or_command_is_declared():
-    """A misspelt field fails here, not in front of a user (the next test holds the emitting
-    side, and the checker every log the tests read)."""
-    declared = set()
-    for kind in [*EVENTS.values(), *COMMANDS.values()]:
-        declared |= set(typing.get_type_hints(kind))
+def _sources() -> list[Path]:
     root = Path(ROOT)
-    reads, unknown = 0, []
-    for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
-            for key in _fields_read(node):
-                reads += 1
-                if key not in declared:
-                    unknown.append(f"{path.relative_to(root)}:{node.lineno} {key}")
-    assert reads > 200 and unknown == []
+    return sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")])
 
 
-def test_every_event_the_code_makes_is_a_declared_kind_with_declared_fields():
-    """The emitting side, read from the code as the reading side is: `emit("kind", field=...)`,
-    `_emit(...)` and `event("kind", rank, field=...)` name a kind and fields of the schema (a
-    field passed on in `**fields` is checked on every log the tests read)."""
-    root = Path(ROOT)
-    calls, unknown = 0, []
-    for path in sorted([*root.glob("ddptui/**/*.py"), *root.glob("trainer/**/*.py")]):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if not (isinstance(node, ast.Call) and node.args and _called(node) in EMITTERS
-                    and isinstance(node.args[0], ast.Constant)):
-                continue
-            calls += 1
-            kind, where = node.args[0].value, f"{path.relative_to(root)}:{node.lineno}"
-            if kind not in EVENTS:
-                unknown.append(f"{where} {kind}")
-                continue
-            fields = set(typing.get_type_hints(EVENTS[kind]))
-            unknown += [f"{where} {kind}.{kw.arg}" for kw in node.keywords
-                        if kw.arg is not None and kw.arg not in fields]
-    assert calls > 80 and unknown == []
-
-
-def _called(call: ast.Call) -> str | None:
-    f = call.func
-    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
-
-
-def test_docs_events_md_is_generated_from_the_schema():
+def test_docs_events_md_is_written_from_the_protocols_classes():
     with open(DOCS, encoding="utf-8") as f:
         assert f.read() == reference(), \
-            "run: python -m ddptui.contract.check > docs/events.md"
+            "run: python -m ddptui.contract.protocol.reference > docs/events.md"
 
 
-def test_the_checker_names_what_breaks_the_contract():
-    step = event("step", 0, epoch=0, step=3, global_step=3, loss=None, steps=3,
-                 samples_per_s=10.5, step_ms=12, data_wait=0.0)
-    assert problems(decode(encode(step))) == []
-    assert problems({**step, "loss": "low"}) == ["step: loss='low' is not number or null"]
-    assert problems({**step, "lss": 1.0}) == ["step: lss is not in the schema"]
-    assert problems({k: v for k, v in step.items() if k != "epoch"}) == ["step: no epoch"]
-    assert problems({**step, "kind": "stepp"}) == ["unknown kind 'stepp'"]
-    assert problems(event("rank", 1, state="sleepy")) != []
-    assert problems(event("rank", 1, state="stalled", waiting_for=[0], cause="x")) == []
-    assert problems(event("beat", 0, phase="step", global_step=3, phase_s=0.5)) == []
+def test_the_codec_decodes_only_what_fits_and_reads_earlier_logs():
+    step = Step(rank=0, epoch=0, step=3, global_step=3, loss=None, steps=3, samples_per_s=10.5,
+                step_ms=12, data_wait=0.0)
+    assert decode(encode(step)) == step
+    line = step.fields()
+    assert event_of({**line, "loss": "low"}) is None  # a value of the wrong type
+    assert event_of({k: v for k, v in line.items() if k != "epoch"}) is None  # one missing
+    assert event_of({**line, "kind": "stepp"}) is None
+    assert event_of({**line, "lss": 1.0}) == step  # a field it does not know: left out
+    assert event_of(Rank(rank=1, state="stalled").fields() | {"state": "sleepy"}) is None
+    # A message of an earlier release that carried a rank's stacks is the kind that holds them.
+    old = {"t": 1.0, "kind": "message", "rank": -1, "level": "warning", "text": "rank 1 is in x",
+           "stacks_of": 1, "stacks": "File x.py"}
+    assert event_of(old) == Stacks(t=1.0, rank=-1, level="warning", text="rank 1 is in x",
+                                   stacks_of=1, stacks="File x.py")
 
 
-def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_theirs(tmp_path):
+def test_every_order_the_dashboard_and_the_run_send_goes_through_the_codec_whole(tmp_path):
     sup = Supervisor(RunConfig(devices=DeviceOptions(cpus=2)), log_path=str(tmp_path / "x.jsonl"))
     sup.pause()
     sup.resume()
@@ -114,32 +69,34 @@ def test_every_command_the_dashboard_sends_fits_and_the_ranks_serve_each_of_thei
     sup.stacks(0)
     sup.stop()
     sent = list(sup._queued())
-    assert [c["op"] for c in sent] == ["pause", "resume", "checkpoint", "settings", "apply",
-                                       "stop_rank", "restart_rank", "kill_rank", "stacks", "stop"]
-    assert [p for c in sent for p in command_problems(c)] == []
-    assert command_problems({"op": "settings", "settings": {}}) == ["settings: no request"]
+    assert [c.NAME for c in sent] == ["pause", "resume", "checkpoint", "settings", "apply",
+                                      "stop_rank", "restart_rank", "kill_rank", "stacks", "stop"]
+    assert [order_of(dict(c.fields())) for c in sent] == sent
+    assert order_of({"op": "settings", "settings": {}}) is None  # no request
     # What rank 0 offers every rank is served there (the rest are the parent's own): one set of
     # handlers, the built-in loop's and a script's.
-    ranks = [c for c in sent if c["op"] in ("pause", "resume", "checkpoint", "settings", "apply")]
+    ranks = [c for c in sent if c.NAME in ("pause", "resume", "checkpoint", "settings", "apply")]
     orders = _Recorded()
     orders.carry_out(ranks[:1])
     assert orders.paused and orders.said == [("run", "paused")]
-    orders.carry_out(ranks[1:] + [{"op": "stop"}])
+    orders.carry_out(ranks[1:] + [Stop()])
     assert not orders.paused and orders.said[1] == ("run", "resumed")
     assert orders.saved and orders.pending == {"workers": 2, "prefetch": False}
     assert orders.apply_now and orders.stop and orders.interrupted
-    orders.carry_out([{"op": "later-version"}])  # ignored, as on every rank
+    orders.carry_out([Order()])  # an order of a later version: ignored, as on every rank
 
 
 class _Recorded(AgreedOrders):
     """The kit's handlers with hooks that only record."""
 
+    rank = 0
+
     def __init__(self):
         self.said, self.saved, self.pending = [], False, {}
         super().__init__(reporter=self, mailbox=None)
 
-    def emit(self, kind: str, **fields) -> None:
-        self.said.append((kind, fields.get("status")))
+    def emit(self, ev) -> None:
+        self.said.append((ev.NAME, ev.status))
 
     def speaks(self) -> bool:
         return True
@@ -160,45 +117,82 @@ class _Recorded(AgreedOrders):
         pass
 
 
-def test_the_world_orders_fit():
+def test_the_world_orders_go_through_the_codec_whole():
     from ddptui.run.membership import Membership
 
     world = Membership([0, 1], lambda: "tcp://127.0.0.1:1")
     orders = [a.order for a in world.stop(1, 0.0) if hasattr(a, "order")]
-    assert orders and [p for o in orders for p in command_problems(o)] == []
+    assert orders and [order_of(dict(o.fields())) for o in orders] == orders
+    assert {cls.NAME for cls in ORDERS.kinds.values()} >= {"reform", "join", "recover", "host"}
 
 
-def test_the_rank_states_the_schema_allows_are_rank_state_s():
-    """schema.py cannot import events.py (which imports it): the two lists are kept equal here."""
-    from typing import get_args, get_type_hints
-
-    from ddptui.contract.schema import RankEvent
-    from ddptui.contract.states import RankState
-
-    state = get_type_hints(RankEvent, include_extras=True)["state"]
-    assert get_args(get_args(state)[0]) == tuple(s.value for s in RankState)
+def test_the_rank_states_the_protocol_allows_are_rank_state_s():
+    state = get_type_hints(Rank)["state"]
+    assert get_args(state) == tuple(s.value for s in RankState)
 
 
-def test_a_ranks_heartbeat_fits_the_contract():
-    """Beats go to the supervisor's watch only (never the log, which the events checker
-    reads): what the heartbeat thread sends is checked here."""
-    import threading
-
+def test_a_ranks_heartbeat_fits_the_protocol():
+    """Beats go to the supervisor's watch only (never the log, which the tests decode): what
+    the heartbeat thread sends is checked here."""
     from ddptui.rank.telemetry.heartbeat import Heartbeat, Pulse
 
     beats, two = [], threading.Event()
 
-    def emit(kind: str, **fields) -> None:
-        beats.append(event(kind, 0, **fields))
+    def emit(beat: Beat) -> None:
+        beats.append(beat)
         if len(beats) >= 2:
             two.set()
 
     pulse = Pulse()
     pulse.phase, pulse.step = "compute", 3
-    beat = Heartbeat(pulse, emit, interval=0.01)
+    beat = Heartbeat(pulse, 0, emit, interval=0.01)
     beat.start()
     assert two.wait(30)
     beat.stop()
     beat.join()
-    assert beats and [p for b in beats for p in problems(b)] == []
-    assert beats[-1]["phase"] == "compute" and beats[-1]["global_step"] == 3
+    assert [decode(encode(b)) for b in beats] == beats
+    assert beats[-1].phase == "compute" and beats[-1].global_step == 3
+
+
+def _literal_messages(tree: ast.AST) -> list[int]:
+    """Lines that write an order or an event as a dict ({"op": ...}, {"kind": ...}, a
+    `case {"op": ...}` pattern) or call an `event(...)` maker."""
+    found = []
+    for node in ast.walk(tree):
+        keys = node.keys if isinstance(node, (ast.Dict, ast.MatchMapping)) else []
+        if any(isinstance(k, ast.Constant) and k.value in ("op", "kind") for k in keys):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "event":
+            found.append(node.lineno)
+    return found
+
+
+def test_no_code_writes_an_order_or_an_event_as_a_dict_outside_the_protocol():
+    root = Path(ROOT)
+    found = [f"{path.relative_to(root)}:{line}" for path in _sources()
+             if not str(path.relative_to(root)).startswith(PROTOCOL)
+             for line in _literal_messages(ast.parse(path.read_text()))]
+    assert found == []
+
+
+def test_no_code_touches_json_or_pickle_outside_the_codec():
+    """Whatever crosses a process or reaches a file is written and read in one place."""
+    root = Path(ROOT)
+    found = []
+    for path in _sources():
+        if str(path.relative_to(root)) == CODEC:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            found += [f"{path.relative_to(root)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in ("json", "pickle")]
+    assert found == []
+
+
+def test_every_event_and_order_class_is_frozen():
+    from ddptui.contract.protocol.events import EVENTS
+
+    classes = [*EVENTS.kinds.values(), *ORDERS.kinds.values()]
+    assert all(dataclasses.is_dataclass(c) and c.__dataclass_params__.frozen for c in classes)

@@ -15,7 +15,8 @@ def _world(*members: int, timeout: float = 60.0) -> Membership:
 
 
 def _tells(actions) -> dict[int, dict]:
-    return {a.slot: a.order for a in actions if isinstance(a, Tell)}
+    """slot -> the order it is told, as it goes on the wire."""
+    return {a.slot: a.order.fields() for a in actions if isinstance(a, Tell)}
 
 
 def test_a_stop_is_offered_by_the_current_rank_0_and_confirmed_by_the_new_world():

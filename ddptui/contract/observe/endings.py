@@ -4,13 +4,14 @@ crashed itself, the error it printed (a CUDA error, a device assert, its excepti
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 
 from ddptui.contract.observe.output import EXCEPTION
 from ddptui.contract.observe.stacks import innermost
+from ddptui.contract.protocol.codec import decode
+from ddptui.contract.protocol.events import Run
 
 
 def ended_how(code: int | None) -> str:
@@ -66,15 +67,11 @@ def crashed_in(lines: list[str]) -> str:
     return innermost(text[at:].split("\n\n")[0], frames=2) if at >= 0 else ""
 
 
-def last_run_event(log: str) -> dict | None:
+def last_run_event(log: str) -> Run | None:
     """The run's last `run` event that ended it, from its log's tail; None if there is none."""
     for line in reversed(tail_lines(log)):
-        try:
-            ev = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(ev, dict) and ev.get("kind") == "run" and \
-                ev.get("status") in ("done", "failed", "interrupted"):
+        ev = decode(line)
+        if isinstance(ev, Run) and ev.status in ("done", "failed", "interrupted"):
             return ev
     return None
 

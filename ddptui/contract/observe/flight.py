@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import pickle
 from collections.abc import Iterable
 
 from ddptui.contract.observe.stacks import Awaited, settled_answers
+from ddptui.contract.protocol.codec import plain_data
 
 TRACE_ENTRIES = "2000"  # the ring buffer: collectives kept per rank
 DUMP_WAIT_S = 30.0  # the watchdog looks at its pipe about once a second; the dump symbolizes
@@ -140,32 +140,10 @@ def _seq(e: dict) -> int:
     return e.get("collective_seq_id") or e.get("p2p_seq_id") or 0
 
 
-def _same(value, *_type_tag):
-    return value
-
-
-# torch writes the dump with its own pickler, which wraps typed lists in calls of
-# torch.jit._pickle; they only give the value back, so they are read here without torch.
-_TORCH_LISTS = {"build_intlist", "build_doublelist", "build_boollist", "build_genericlist",
-                "build_tensorlist", "restore_type_tag"}
-_BUILTINS = {"list": list, "dict": dict, "tuple": tuple, "set": set, "frozenset": frozenset}
-
-
-class _Plain(pickle.Unpickler):
-    """The dump is plain data (dicts, lists, strings, numbers): nothing else is loaded."""
-
-    def find_class(self, module: str, name: str):
-        if module == "torch.jit._pickle" and name in _TORCH_LISTS:
-            return _same
-        if module == "builtins" and name in _BUILTINS:
-            return _BUILTINS[name]
-        raise pickle.UnpicklingError(f"not plain data: {module}.{name}")
-
-
 def _load(path: str) -> dict | None:
     try:
         with open(path, "rb") as f:
-            trace = _Plain(f).load()
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError):
+            trace = plain_data(f.read())
+    except OSError:
         return None
     return trace if isinstance(trace, dict) else None

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 
 from ddptui.contract.observe.shapes import HELD_OUT, NUMBER, SUMMARY, shape_of
+from ddptui.contract.protocol.events import Epoch, Step
 
 # A name as a word of its own (not the tail of val_loss), quoted or not, then : or =, then the
 # number, quoted or not (transformers 5 logs '0.2272'), or as torch prints it:
@@ -99,7 +100,7 @@ class MetricReader:
     each time the epoch it prints moves on."""
 
     def __init__(self, rank: int, patterns: dict[str, re.Pattern],
-                 emit: Callable[..., None], clock: Callable[[], float] = time.time):
+                 emit: Callable[[Step | Epoch], None], clock: Callable[[], float] = time.time):
         self.rank, self.patterns, self.emit, self.clock = rank, patterns, emit, clock
         self.epoch: int | None = None
         self.points = 0  # loss readings so far: the step count when the script prints none
@@ -145,11 +146,11 @@ class MetricReader:
         step = int(v.get("step", self.points))
         extra = {k: x for k, x in v.items() if k not in ("loss", "epoch", "step")}
         rate = self._steps_per_s(now, step) if "step" in v else None
-        self.emit("step", epoch=self.epoch or 0, step=step, global_step=step,
-                  loss=sum(losses) / len(losses), steps=len(losses), source="output",
-                  **({"metrics": extra} if extra else {}),
-                  **({"iteration": True} if self.epoch is None and "step" in v else {}),
-                  **({"steps_per_s": rate} if rate else {}))
+        self.emit(Step(rank=self.rank, epoch=self.epoch or 0, step=step, global_step=step,
+                       loss=sum(losses) / len(losses), steps=len(losses), source="output",
+                       metrics=extra or None,
+                       iteration=True if self.epoch is None and "step" in v else None,
+                       steps_per_s=rate or None))
 
     def _steps_per_s(self, now: float, step: int) -> float | None:
         """Steps a second since the last step event, from the step numbers printed."""
@@ -167,14 +168,15 @@ class MetricReader:
         losses = self._epoch_losses
         extra = {k: x for k, x in figures.items()
                  if k not in ("loss", "epoch", "step", "val_loss", "val_acc")}
-        self.emit("epoch", epoch=0, seconds=round(seconds, 3), samples=0, samples_per_s=0.0,
-                  data_wait=0.0, settings={}, source="output", partial=True,
-                  start_step=step, end_step=step, at_step=step,
-                  steps_per_s=round((step - self._row_from) / seconds, 3) if seconds > 0 else 0.0,
-                  train_loss=figures.get("loss") if "loss" in figures else
-                  sum(losses) / len(losses) if losses else None,
-                  val_loss=figures.get("val_loss"), val_acc=_fraction(figures.get("val_acc")),
-                  metrics=extra)
+        self.emit(Epoch(rank=self.rank, epoch=0, seconds=round(seconds, 3), samples=0,
+                        samples_per_s=0.0, data_wait=0.0, settings={}, source="output",
+                        partial=True, start_step=step, end_step=step, at_step=step,
+                        steps_per_s=round((step - self._row_from) / seconds, 3) if seconds > 0
+                        else 0.0,
+                        train_loss=figures.get("loss") if "loss" in figures else
+                        sum(losses) / len(losses) if losses else None,
+                        val_loss=figures.get("val_loss"),
+                        val_acc=_fraction(figures.get("val_acc")), metrics=extra))
         self._epoch_start, self._epoch_losses, self._row_from = now, [], step
         self._latest, self._epoch_figures = {}, {}
 
@@ -200,12 +202,14 @@ class MetricReader:
         now = self.clock()
         figures = dict(self._epoch_figures)
         losses = self._epoch_losses
-        self.emit("epoch", epoch=self.epoch, seconds=round(now - self._epoch_start, 3),
-                  samples=0, samples_per_s=0.0, data_wait=0.0, settings={},
-                  train_loss=sum(losses) / len(losses) if losses else None,
-                  val_loss=figures.pop("val_loss", None), val_acc=_fraction(
-                      figures.pop("val_acc", None)), metrics=figures, source="output",
-                  **({"partial": True, "end_step": self.points} if partial else {}))
+        self.emit(Epoch(rank=self.rank, epoch=self.epoch,
+                        seconds=round(now - self._epoch_start, 3), samples=0, samples_per_s=0.0,
+                        data_wait=0.0, settings={},
+                        train_loss=sum(losses) / len(losses) if losses else None,
+                        val_loss=figures.pop("val_loss", None),
+                        val_acc=_fraction(figures.pop("val_acc", None)), metrics=figures,
+                        source="output", partial=True if partial else None,
+                        end_step=self.points if partial else None))
         self._epoch_start, self._epoch_losses, self._epoch_figures = now, [], {}
 
 

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ddptui.contract.protocol.events import PARENT, Stacks
+
 STACKS_WAIT_S = 2.0  # a process that cannot run its signal handler (SIGSTOP) answers later
 
 
@@ -89,16 +91,21 @@ class StackRequests:
         return settled_answers(self.pending, now, _read)
 
 
-def say_stacks(say: Callable[..., None], slot: int, text: str | None, stalled: bool) -> None:
-    """The message that carries a rank's stacks to the stacks screen (`stacks_of`), or says why
+def stacks_said(slot: int, text: str | None, stalled: bool) -> Stacks:
+    """The event that carries a rank's stacks to the stacks screen (`stacks_of`), or says why
     none came; a warning for a stalled rank."""
     if text is None:
         why = "its process is stopped (SIGSTOP?)" if stalled else "no answer"
-        say(f"rank {slot}: no Python stacks: {why}", "warning", stacks_of=slot, stacks="")
-        return
+        return no_stacks(slot, why)
     where = innermost(text)
-    say(f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
-        "warning" if stalled else "info", stacks_of=slot, stacks=text)
+    return Stacks(rank=PARENT, level="warning" if stalled else "info",
+                  text=f"rank {slot} is in {where}" if where else f"rank {slot}: stacks taken",
+                  stacks_of=slot, stacks=text)
+
+
+def no_stacks(slot: int, why: str) -> Stacks:
+    return Stacks(rank=PARENT, level="warning", text=f"rank {slot}: no Python stacks: {why}",
+                  stacks_of=slot, stacks="")
 
 
 def _read(path: str) -> str | None:

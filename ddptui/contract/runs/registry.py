@@ -4,7 +4,6 @@ small record in the user's runtime folder (mode 0700), kept after its end to say
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ import psutil
 
 from ddptui.contract.observe.endings import last_run_event
 from ddptui.contract.options.errors import UsageError
+from ddptui.contract.protocol.codec import dumps, parse
 from ddptui.contract.runs.runtime_dir import RuntimeDir, safe_name
 from ddptui.contract.safe_text import escaped
 
@@ -66,7 +66,7 @@ def register(log: str, meta: dict, socket: str = "") -> str | None:
         return None
     try:
         with RuntimeDir() as folder:
-            folder.write(file, json.dumps(record.__dict__).encode())
+            folder.write(file, dumps(record.__dict__).encode())
     except OSError:
         return None
     return file
@@ -79,9 +79,11 @@ def record_end(file: str | None, status: str, reason: str) -> None:
         return
     try:
         with RuntimeDir() as folder:
-            record = json.loads(folder.read(file))
+            record = parse(folder.read(file))
+            if record is None:
+                return
             record.update(state=status, reason=reason)
-            folder.write(file, json.dumps(record).encode())
+            folder.write(file, dumps(record).encode())
     except (OSError, ValueError):
         pass
 
@@ -115,8 +117,8 @@ def runs(now: float | None = None, warn=lambda text: None) -> list[RunRecord]:
 
 def parse_record(data: bytes) -> RunRecord:
     """A record's fields, each of the type a run writes (ValueError says which is not)."""
-    fields = json.loads(data)
-    if not isinstance(fields, dict):
+    fields = parse(data)
+    if fields is None:
         raise ValueError("not a JSON object")
     for name, kind in _FIELDS.items():
         if name in fields and not (isinstance(fields[name], kind)
@@ -172,4 +174,4 @@ def is_running(record: RunRecord) -> bool:
 def end_status(log: str) -> str:
     """The last `run` event's status in the log's tail (an hour's log is tens of MB)."""
     end = last_run_event(log)
-    return str(end["status"]) if end is not None else "ended"
+    return end.status if end is not None else "ended"

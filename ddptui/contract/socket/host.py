@@ -12,9 +12,25 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from ddptui.contract.protocol.orders import (
+    Apply,
+    AskStacks,
+    ChangeSettings,
+    KillRank,
+    Order,
+    Pause,
+    ReadOnly,
+    RestartGroup,
+    RestartRank,
+    Resume,
+    Stop,
+    StopRank,
+    TakeCheckpoint,
+)
+from ddptui.contract.protocol.updates import End, Faces, Hello, Update
 from ddptui.contract.runs.registry import register, run_name
 from ddptui.contract.runs.runtime_dir import RuntimeDir
-from ddptui.contract.socket.order_check import refusal
+from ddptui.contract.socket.order_check import checked
 from ddptui.contract.socket.viewers import (
     MAX_ORDER,
     ORDER_NESTING,
@@ -87,7 +103,7 @@ class RunHost:
         with self.source.state.lock:
             self.source.state.listener = None
             viewers, self._viewers = self._viewers, []
-        end = frame({"type": "end", "exit_code": self.source.exit_code})
+        end = frame(End(exit_code=self.source.exit_code))
         for v in viewers:
             v.send(end)
             v.finish()
@@ -119,13 +135,12 @@ class RunHost:
             viewer = _Viewer(conn, pid, self._order, self.source.note)
             state = self.source.state
             with state.lock:  # no change is lost or sent twice between the snapshot and the stream
-                viewer.send(frame({"type": "hello", "name": self.name, "pid": os.getpid(),
-                                   "log": self.source.log_path, "faces": self._faces,
-                                   "snapshot": dump(state)}))
+                viewer.send(frame(Hello(name=self.name, pid=os.getpid(), log=self.source.log_path,
+                                        faces=self._faces, snapshot=dump(state))))
                 self._viewers.append(viewer)
             viewer.start()
 
-    def _publish(self, update: dict) -> None:
+    def _publish(self, update: Update) -> None:
         """Each change to the run state (called under its lock): to every viewer, encoded once."""
         if not self._viewers:
             return
@@ -150,7 +165,7 @@ class RunHost:
             if faces != self._faces:
                 self._faces = faces
                 with self.source.state.lock:
-                    self._publish({"type": "faces", "faces": faces})
+                    self._publish(Faces(faces=faces))
             with self.source.state.lock:
                 self._viewers = [v for v in self._viewers if not v.gone.is_set()]
 
@@ -161,38 +176,48 @@ class RunHost:
                 "after_kill": s.after_kill}
 
     # -- orders --------------------------------------------------------------------------------
-    def _order(self, viewer: _Viewer, order: dict | None) -> None:
+    def _order(self, viewer: _Viewer, message: dict | None) -> None:
         """A dashboard's message: carried out when the run can take it, else one line saying
         why (nothing an order does may end its dashboard's reader, or the run)."""
         try:
-            why = refusal(order, self.source)
-            if why is None and viewer.read_only:
-                why = f"{order['op']}: this dashboard may only watch (read-only)"
-            elif why is None and order["op"] == "read_only":
+            order, why = checked(message, self.source)
+            if order is not None and why is None and viewer.read_only:
+                why = f"{order.NAME}: this dashboard may only watch (read-only)"
+            elif isinstance(order, ReadOnly) and why is None:
                 viewer.read_only = True
                 return
-            elif why is None:
+            elif order is not None and why is None:
                 self._carry_out(order)
                 return
         except Exception as e:  # a bug of ours: that order is lost, the run goes on
             why = f"{type(e).__name__}: {e}"
         self.source.note(f"a dashboard's message was dropped: {why} (dashboard pid {viewer.pid})")
 
-    def _carry_out(self, order: dict) -> None:
-        s, op = self.source, order["op"]
-        match op:
-            case "settings":
-                s.change_settings(request=order["request"], **order["settings"])
-            case "stop":
-                s.stop(code=order["code"])
-            case "restart_group":
-                s.restart_group(kill=order["kill"])
-            case "stop_rank" | "restart_rank" | "kill_rank" | "stacks":
-                getattr(s, op)(order["rank"])
-            case "apply":
+    def _carry_out(self, order: Order) -> None:
+        s = self.source
+        match order:
+            case ChangeSettings():
+                s.change_settings(request=order.request, **order.settings)
+            case Stop():
+                s.stop(code=130 if order.code is None else order.code)
+            case RestartGroup():
+                s.restart_group(kill=order.kill)
+            case StopRank():
+                s.stop_rank(order.rank)
+            case RestartRank():
+                s.restart_rank(order.rank)
+            case KillRank():
+                s.kill_rank(order.rank)
+            case AskStacks():
+                s.stacks(order.rank)
+            case Apply():
                 s.apply_now()
-            case _:  # pause, resume, checkpoint
-                getattr(s, op)()
+            case Pause():
+                s.pause()
+            case Resume():
+                s.resume()
+            case TakeCheckpoint():
+                s.checkpoint()
 
 
 class _Viewer:

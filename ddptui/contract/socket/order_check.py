@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import os
 
+from ddptui.contract.protocol.codec import order_of
+from ddptui.contract.protocol.orders import (
+    ChangeSettings,
+    Order,
+    RankOrder,
+    RestartGroup,
+    Stop,
+)
 from ddptui.contract.socket.dashboards import malformed
 from ddptui.contract.state.source import RunSource
 
 WORKERS_CAP = 64  # DataLoader workers a rank may be given live, whatever the host
 MAX_REQUEST = 64  # characters of a settings request's id
-RANK_OPS = ("stop_rank", "restart_rank", "kill_rank", "stacks")
 NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
          "apply": "settings"}
 
@@ -22,32 +29,37 @@ def max_workers() -> int:
     return min(WORKERS_CAP, max(16, os.cpu_count() or 1))
 
 
-def refusal(order: dict | None, run: RunSource) -> str | None:
+def checked(message: dict | None, run: RunSource) -> tuple[Order | None, str | None]:
+    """A dashboard's message as the order `run` takes (None), or why it cannot take it."""
+    why = malformed(message)
+    order = order_of(message) if why is None else None
+    if order is None:
+        return None, why or "not an order this run takes"
+    return order, refusal(order, run)
+
+
+def refusal(order: Order, run: RunSource) -> str | None:
     """Why `run` cannot take `order` as it is, or None when it can."""
-    why = malformed(order)
-    if why:
-        return why
-    assert order is not None
-    op = order["op"]
+    op = order.NAME
     refused = run.refuse(NEEDS[op]) if op in NEEDS else None
     if refused:
         return f"{op}: {refused}"
-    match op:
-        case "settings":
+    match order:
+        case ChangeSettings():
             return _settings(order)
-        case "stop" if not 0 <= order["code"] <= 255:
-            return f"stop: exit code {order['code']} is not 0-255"
-        case "restart_group" if not run.can_restart_group:
+        case Stop(code=int(code)) if not 0 <= code <= 255:
+            return f"stop: exit code {code} is not 0-255"
+        case RestartGroup() if not run.can_restart_group:
             return "restart_group: this run restarts rank by rank, not as a group"
-        case "restart_group" if order["kill"] is not None and not _known(order["kill"], run):
-            return f"restart_group: there is no rank {order['kill']} to kill"
-        case _ if op in RANK_OPS and not _known(order["rank"], run):
-            return f"{op}: there is no rank {order['rank']} in this run"
+        case RestartGroup(kill=int(kill)) if not _known(kill, run):
+            return f"restart_group: there is no rank {kill} to kill"
+        case RankOrder() if not _known(order.rank, run):
+            return f"{op}: there is no rank {order.rank} in this run"
     return None
 
 
-def _settings(order: dict) -> str | None:
-    settings, request = order["settings"], order["request"]
+def _settings(order: ChangeSettings) -> str | None:
+    settings, request = order.settings, order.request
     if not settings:
         return "settings: nothing to change"
     if not 0 < len(request) <= MAX_REQUEST or not request.isprintable():

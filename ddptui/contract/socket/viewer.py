@@ -11,8 +11,25 @@ import threading
 
 import psutil
 
-from ddptui.contract.events import PARENT, event, settings_request
 from ddptui.contract.observe.endings import last_run_event
+from ddptui.contract.protocol.codec import event_of, update_of
+from ddptui.contract.protocol.events import PARENT, Event, Run
+from ddptui.contract.protocol.orders import (
+    Apply,
+    AskStacks,
+    KillRank,
+    Order,
+    Pause,
+    ReadOnly,
+    RestartGroup,
+    RestartRank,
+    Resume,
+    Stop,
+    StopRank,
+    TakeCheckpoint,
+    settings_request,
+)
+from ddptui.contract.protocol.updates import Applied, End, Faces, Hello, HostReadings, Said
 from ddptui.contract.socket.viewers import MAX_UPDATE, Lines, connect, frame
 from ddptui.contract.state.snapshot import load
 from ddptui.contract.state.source import RunSource
@@ -36,24 +53,24 @@ class Viewer(RunSource):
         self.sock = connect(path)
         self._messages = iter(Lines(self.sock, MAX_UPDATE))  # hello first, then the changes
         hello = self._hello()
-        self.name, self.pid, self.log_path = hello["name"], hello["pid"], hello["log"]
-        self.state = load(hello["snapshot"])
-        self.faces: dict = hello["faces"]
+        self.name, self.pid, self.log_path = hello.name, hello.pid, hello.log
+        self.state = load(hello.snapshot)
+        self.faces: dict = hello.faces
         self.done = threading.Event()
         self.exit_code: int | None = None
         self.lost = False  # the connection ended without the run's end
         self._orders: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe in a signal handler
         if read_only:  # the first thing the run hears of it
-            self._orders.put({"op": "read_only"})
+            self._orders.put(ReadOnly())
         self._process = _process(self.pid)
         self._threads = [threading.Thread(target=self._follow, name="viewer", daemon=True),
                          threading.Thread(target=self._send, name="orders", daemon=True),
                          threading.Thread(target=self._watch_process, name="run-process",
                                           daemon=True)]
 
-    def _hello(self) -> dict:
-        first = next(self._messages, None)
-        if first and first.get("type") == "hello":
+    def _hello(self) -> Hello:
+        first = update_of(next(self._messages, None))
+        if isinstance(first, Hello):
             return first
         self.sock.close()
         raise RunGone("the run ended before it could be shown")
@@ -75,7 +92,7 @@ class Viewer(RunSource):
     def _follow(self) -> None:
         try:
             for m in self._messages:
-                self._take(m or {})
+                self._take(update_of(m))
         except OSError:
             pass
         finally:
@@ -96,25 +113,25 @@ class Viewer(RunSource):
             end = last_run_event(self.log_path)
             if end is None:
                 return  # its log says nothing of an end: lost, as on EOF
-            self.exit_code = end.get("exit_code")
+            self.exit_code = end.exit_code
             self.state.say("the run's process ended; its log says how", "warning")
             self.done.set()
             with contextlib.suppress(OSError):  # the reader sees the end of it
                 self.sock.shutdown(socket.SHUT_RDWR)
             return
 
-    def _take(self, m: dict) -> None:
-        match m.get("type"):
-            case "event":
-                self.state.apply(m["ev"])
-            case "say":
-                self.state.say(m["text"], m["level"], m["t"])
-            case "host":
-                self.state.set_host(m["host"])
-            case "faces":
-                self.faces = m["faces"]
-            case "end":
-                self.exit_code = m.get("exit_code")
+    def _take(self, m) -> None:
+        match m:
+            case Applied(ev=ev) if (applied := event_of(ev)) is not None:
+                self.state.apply(applied)
+            case Said(text=text, level=level, t=t):
+                self.state.say(text, level, t)
+            case HostReadings(host=host):
+                self.state.set_host(host)
+            case Faces(faces=faces):
+                self.faces = faces
+            case End(exit_code=code):
+                self.exit_code = code
                 self.done.set()
 
     def _send(self) -> None:
@@ -124,15 +141,15 @@ class Viewer(RunSource):
             except OSError:
                 return
 
-    def _order(self, op: str, note: dict | None = None, **fields) -> None:
+    def _order(self, order: Order, note: Event | None = None) -> None:
         if note is not None and not self.read_only:  # on screen at once, as in the run's
             self.state.apply(note)
-        self._orders.put({"op": op, **fields})
+        self._orders.put(order)
 
     # -- the RunSource calls: each an order to the run's process ------------------------------
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         if not self.done.is_set():
-            self._order("stop", code=code)
+            self._order(Stop(code=code))
 
     def refuse(self, action: str) -> str | None:
         return self.faces.get("refuse", {}).get(action)
@@ -146,35 +163,35 @@ class Viewer(RunSource):
         return said if isinstance(said, str) else super().after_kill
 
     def pause(self) -> None:
-        self._order("pause", event("run", PARENT, status="pausing"))
+        self._order(Pause(), Run(rank=PARENT, status="pausing"))
 
     def resume(self) -> None:
-        self._order("resume", event("run", PARENT, status="resuming"))
+        self._order(Resume(), Run(rank=PARENT, status="resuming"))
 
     def checkpoint(self) -> None:
-        self._order("checkpoint")
+        self._order(TakeCheckpoint())
 
     def change_settings(self, request: str | None = None, **settings) -> None:
         requested, cmd = settings_request(settings, request)
-        self._order("settings", requested, settings=settings, request=cmd["request"])
+        self._order(cmd, requested)
 
     def apply_now(self) -> None:
-        self._order("apply")
+        self._order(Apply())
 
     def stop_rank(self, rank: int) -> None:
-        self._order("stop_rank", rank=rank)
+        self._order(StopRank(rank=rank))
 
     def restart_rank(self, rank: int) -> None:
-        self._order("restart_rank", rank=rank)
+        self._order(RestartRank(rank=rank))
 
     def kill_rank(self, rank: int) -> None:
-        self._order("kill_rank", rank=rank)
+        self._order(KillRank(rank=rank))
 
     def restart_group(self, kill: int | None = None) -> None:
-        self._order("restart_group", kill=kill)
+        self._order(RestartGroup(kill=kill))
 
     def stacks(self, rank: int) -> None:
-        self._order("stacks", rank=rank)
+        self._order(AskStacks(rank=rank))
 
 
 def _process(pid: int) -> psutil.Process | None:

@@ -4,14 +4,14 @@ who may use it, and the framing (a JSON object a line, bounded); what crosses it
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import stat
 import struct
 from collections.abc import Iterator
 
-from ddptui.contract.events import encode
+from ddptui.contract.protocol.codec import encode, parse
+from ddptui.contract.protocol.wire import Wire
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
@@ -71,7 +71,7 @@ def peer(sock: socket.socket) -> tuple[int, int]:
     return pid, uid
 
 
-def frame(message: dict) -> bytes:
+def frame(message: Wire | dict) -> bytes:
     return encode(message).encode()
 
 
@@ -100,9 +100,5 @@ class Lines:
 def _object(line: bytes, nesting: int | None = None) -> dict | None:
     if nesting is not None and line.count(b"{") + line.count(b"[") > nesting:
         return None
-    try:
-        value = json.loads(line)
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
+    return parse(line)
 

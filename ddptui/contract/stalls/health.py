@@ -10,6 +10,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
+from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.stalls.scripts import FROZEN
 from ddptui.contract.states import RankState
 
@@ -146,7 +147,7 @@ class Stragglers:
         input_ms = sum(s * ms * wait for s, ms, wait in q) / steps
         return step_ms, input_ms
 
-    def judge(self, members: list[int], gpus: dict[int, dict]) -> dict[int, str]:
+    def judge(self, members: list[int], gpus: dict[int, Gpu]) -> dict[int, str]:
         """slot -> the likely cause, for members slower than SLOW_FACTOR x the others' median.
         `gpus`: slot -> {"held_down": [...], "others": [[pid, MiB, user, name], ...]} from NVML."""
         figures = {s: f for s in members if (f := self.figures(s)) is not None}
@@ -166,19 +167,19 @@ class Stragglers:
 
 
 def _cause(slot: int, step_ms: float, input_ms: float, input_med: float, step_med: float,
-           gpus: dict[int, dict]) -> str:
+           gpus: dict[int, Gpu]) -> str:
     if input_ms - input_med >= (SLOW_FACTOR - 1) * step_med:
         return (f"data-wait: {input_ms:.0f} ms a step waiting for input against "
                 f"{input_med:.0f} ms on the others (its input pipeline)")
-    return _gpu_cause(gpus.get(slot, {})) or (
+    return _gpu_cause(gpus.get(slot)) or (
         f"compute: {step_ms:.0f} ms a step against {step_med:.0f} ms on the others")
 
 
-def _gpu_cause(gpu: dict) -> str:
-    if gpu.get("held_down"):
-        return "GPU clocks held down: " + ", ".join(gpu["held_down"])
-    if gpu.get("others"):
+def _gpu_cause(gpu: Gpu | None) -> str:
+    if gpu is not None and gpu.held_down:
+        return "GPU clocks held down: " + ", ".join(gpu.held_down)
+    if gpu is not None and gpu.others:
         procs = ", ".join(f"pid {o[0]}" + (f" {o[3]} of {o[2]}" if len(o) > 3 else "") +
-                          f" ({o[1]} MiB)" for o in gpu["others"])
+                          f" ({o[1]} MiB)" for o in gpu.others)
         return f"another process on its GPU: {procs}"
     return ""

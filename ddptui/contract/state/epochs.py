@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddptui.contract.protocol.events import Epoch
+
 
 @dataclass
 class EpochRow:
@@ -16,39 +18,31 @@ class EpochRow:
     ranks: dict = field(default_factory=dict)  # rank -> its epoch event
     said: bool = False  # its line is in the events
 
-    def merged(self) -> dict:
+    def merged(self, cpu: bool = False) -> dict:
         """The row of every rank's event; a figure no rank knew is None (a script's rows read
-        from its output have no rates, no input wait)."""
-        evs = list(self.ranks.values())
+        from its output have no rates, no input wait). `cpu`: the prefetcher, a CUDA side
+        stream, is n/a."""
+        evs: list[Epoch] = list(self.ranks.values())
         first = self.ranks.get(0, evs[0])
-        world = first.get("world_size", len(evs))
-        measured = [e for e in evs if e.get("source") != "output"]
-        rate = sum(e.get("samples_per_s", 0) for e in measured) if measured else None
+        world = first.world_size or len(evs)
+        measured = [e for e in evs if e.source != "output"]
+        rate = sum(e.samples_per_s for e in measured) if measured else None
         if rate is not None and len(evs) < world:  # a rank died before it could report:
             rate *= world / len(evs)  # lockstep, so scale
+        settings = dict(first.settings)
+        if cpu and settings:
+            settings["prefetch"] = "n/a"
         return {
-            "epoch": self.epoch,
-            "start_step": self.start_step,
-            "restart": self.restart,
-            "end_step": first.get("end_step"),
-            "partial": bool(first.get("partial")),
-            "settings": first.get("settings") or {},
-            "samples_per_s": rate,
-            "bad_samples": sum(e.get("bad_samples") or 0 for e in evs),
-            "at_quit": bool(first.get("at_quit")),
-            "rolled_back": first.get("rolled_back"),
-            "data_wait": (sum(e.get("data_wait", 0) for e in measured) / len(measured)
+            "epoch": self.epoch, "start_step": self.start_step, "restart": self.restart,
+            "end_step": first.end_step, "partial": bool(first.partial), "settings": settings,
+            "samples_per_s": rate, "bad_samples": sum(e.bad_samples or 0 for e in evs),
+            "at_quit": bool(first.at_quit), "rolled_back": first.rolled_back,
+            "data_wait": (sum(e.data_wait for e in measured) / len(measured)
                           if measured else None),
-            "train_loss": first.get("train_loss"),
-            "val_loss": first.get("val_loss"),
-            "val_acc": first.get("val_acc"),
-            "seconds": max(e.get("seconds", 0) for e in evs),
-            "world_size": world,
-            "ranks": len(evs),
-            "source": first.get("source"),
-            "metrics": first.get("metrics") or {},
-            "at_step": first.get("at_step"),
-            "steps_per_s": first.get("steps_per_s"),
+            "train_loss": first.train_loss, "val_loss": first.val_loss, "val_acc": first.val_acc,
+            "seconds": max(e.seconds for e in evs), "world_size": world, "ranks": len(evs),
+            "source": first.source, "metrics": first.metrics or {}, "at_step": first.at_step,
+            "steps_per_s": first.steps_per_s,
         }
 
 
@@ -72,13 +66,13 @@ class LiveEpoch:
         live.update(step=step, loss=loss, progress=progress, iteration=steps_per_s is not None,
                     steps_per_s=steps_per_s or 0.0)
 
-    def ended(self, ev: dict, t: float) -> None:
+    def ended(self, ev: Epoch, t: float) -> None:
         """An epoch event: the whole epoch ended, or a part of it (the row goes on after it)."""
         live = self.now
-        if live is None or live["epoch"] != ev["epoch"]:
+        if live is None or live["epoch"] != ev.epoch:
             return
-        if ev.get("partial"):
-            self.now = {**live, "start_step": ev.get("end_step") or 0, "n": 0, "rate_sum": 0.0,
+        if ev.partial:
+            self.now = {**live, "start_step": ev.end_step or 0, "n": 0, "rate_sum": 0.0,
                         "wait_sum": 0.0, "t0": t}
         else:
             self.now = None

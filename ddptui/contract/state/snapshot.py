@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import fields
 
+from ddptui.contract.protocol.codec import event_of
 from ddptui.contract.state.epochs import EpochRow
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.timeline import Recent, Timeline
@@ -24,7 +25,8 @@ def dump(state: RunState) -> dict:
     out = {name: getattr(state, name) for name in PLAIN}
     out["ranks"] = [_rank(r) for r in state.ranks.values()]
     out["devices"] = [_device(d) for d in state.devices.values()]
-    out["epochs"] = [[list(key), {**vars(row), "ranks": list(row.ranks.items())}]
+    out["epochs"] = [[list(key), {**vars(row), "ranks": [[rank, ev.fields()] for rank, ev in
+                                                         row.ranks.items()]}]
                      for key, row in state.epochs.items()]
     out["loss_lines"] = [[rank, vars(line)] for rank, line in state.loss_lines.items()]
     out["rate_line"], out["wait_line"] = vars(state.rate_line), vars(state.wait_line)
@@ -51,7 +53,9 @@ def load(data: dict, live: bool = True) -> RunState:
         view = DeviceView(**{**d, "history": history})
         state.devices[view.key] = view
     for key, row in data["epochs"]:
-        state.epochs[tuple(key)] = EpochRow(**{**row, "ranks": dict(row["ranks"])})
+        ranks = {rank: event_of(ev) for rank, ev in row["ranks"]}
+        state.epochs[tuple(key)] = EpochRow(**{**row, "ranks": {rank: ev for rank, ev in
+                                                                ranks.items() if ev}})
     for rank, line in data["loss_lines"]:
         state.loss_lines[rank] = _timeline(line)
     state.rate_line, state.wait_line = _timeline(data["rate_line"]), _timeline(data["wait_line"])

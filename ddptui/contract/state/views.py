@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
+from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.state.timeline import Recent
 from ddptui.contract.states import RankState
 
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
+STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline
 
 
@@ -83,6 +85,25 @@ class DeviceView:
     # (t, util or CPU%, memory %, power W) over the last minutes; a list in views
     history: Recent | list = field(default_factory=lambda: Recent(GPU_HISTORY_S))
 
+    def take(self, ev: Gpu) -> None:
+        """A reading of this device; a figure it does not give keeps its last value."""
+        self.rank, self.seen_t = ev.rank, ev.t
+        for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss",
+                     "sm_clock", "mem_clock", "held_down", "others", "pcie_tx", "pcie_rx",
+                     "nvlink_tx", "nvlink_rx"):
+            if getattr(ev, name) is not None:
+                setattr(self, name, getattr(ev, name))
+        mem = 100 * self.mem_used / self.mem_total if self.mem_used is not None and self.mem_total \
+            else None
+        self.history.add(ev.t, self.util if self.util is not None else self.cpu_percent, mem,
+                         self.power_w)
+
+    def copy(self, now: float, over: bool) -> DeviceView:
+        """For a view: its history copied, and stale once its readings stopped or the run is
+        `over` (a finished run's last reading, a GPU at 100%, must not read as the present)."""
+        return replace(self, history=self.history.copy(), age=max(0.0, now - self.seen_t),
+                       stale=over or now - self.seen_t > STALE_S)
+
     def order(self) -> tuple[int, str, int]:
         """GPUs before CPU ranks, then by node and number."""
         node, _, name = self.key.rpartition(" ")
@@ -135,3 +156,15 @@ class RunView(Vitals):
     reason: str  # why it failed or stopped
     checkpoint_t: float | None  # when the last checkpoint was written
     host: dict  # the host's CPU and memory (CPU runs)
+
+
+def progress_of(ranks: list[RankView], meta: dict, status: str) -> Progress:
+    """Epoch, step and the fraction of the run done, from the member furthest on; the fraction
+    comes from the ranks' own sampler, so it stays right when a smaller world takes more steps
+    per epoch."""
+    r = max(ranks, key=lambda r: (r.global_step, -r.rank)) if ranks else RankView(0)
+    epochs = int(meta.get("epochs") or 0)
+    done = min(1.0, (r.epoch + min(r.progress, 1.0)) / epochs) if epochs else 0.0
+    if status == "done":
+        done = 1.0
+    return Progress(r.epoch, epochs, r.step, int(meta.get("steps_per_epoch") or 0), done)

@@ -9,10 +9,21 @@ import os
 import threading
 import time
 
-from ddptui.contract.events import PARENT, event, settings_request
 from ddptui.contract.jsonl import JsonlWriter
 from ddptui.contract.listener import ReportListener
 from ddptui.contract.observe.endings import JOB_GRACE_S
+from ddptui.contract.protocol.events import PARENT, Event, Lines, Notice, Rank, Run
+from ddptui.contract.protocol.orders import (
+    Apply,
+    AskStacks,
+    EndWrapped,
+    KillWrapped,
+    Order,
+    Pause,
+    Resume,
+    TakeCheckpoint,
+    settings_request,
+)
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import STALL_S
 from ddptui.contract.state.runstate import RunState
@@ -45,7 +56,7 @@ class Attach(RunSource):
         self._writer: JsonlWriter | None = None
         self._finished = False
         self._world_size: int | None = None  # as rank 0 said at its start
-        self._ends: dict[int, dict] = {}  # rank -> the event of its end
+        self._ends: dict[int, Rank] = {}  # rank -> the event of its end
         self._concluded = False  # the job's end said, from every rank's
         self._lock = threading.RLock()  # the listener's threads and the watch's
         self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
@@ -70,7 +81,7 @@ class Attach(RunSource):
         if rank not in self._watch.silence:
             self._note("warning", f"rank {rank} was not started under python -m ddptui.wrap: "
                        "kill it where it runs (docs/cluster.md)")
-        elif self._link.send(rank, {"op": "kill"}):
+        elif self._link.send(rank, KillWrapped()):
             self._note("warning", f"k: rank {rank} kills itself through its wrapper (SIGKILL); "
                        "its launcher now does what it does (torchrun: --max-restarts or the "
                        "end of the job; srun: the end of the step)")
@@ -83,7 +94,7 @@ class Attach(RunSource):
             live = sorted(set(self._watch.silence) - set(self._ends))
             others = sorted(r.rank for r in self.state.view().ranks
                             if r.rank not in self._watch.silence and not r.state.is_final)
-        asked = [r for r in live if self._link.send(r, {"op": "end", "grace": self.grace})]
+        asked = [r for r in live if self._link.send(r, EndWrapped(grace=self.grace))]
         if asked:
             self._note("warning", f"K: ending the job: SIGTERM to {count(len(asked), 'rank')} "
                        f"({', '.join(map(str, asked))}) through their wrappers, SIGKILL "
@@ -96,26 +107,26 @@ class Attach(RunSource):
             self._note("warning", "K: no rank of the job is running")
 
     def _ask_stacks(self, rank: int) -> bool:
-        return self._link.send(rank, {"op": "stacks"})
+        return self._link.send(rank, AskStacks(rank=rank))
 
-    def _received(self, ev: dict) -> None:
-        if ev["kind"] == "lines":  # a wrapped rank's output, kept as ddptui run keeps it
+    def _received(self, ev: Event) -> None:
+        if isinstance(ev, Lines):  # a wrapped rank's output, kept as ddptui run keeps it
             self._keep_lines(ev)
             return
         with self._lock:
             self._watch.observe(ev, time.time())
             self._record(ev)
 
-    def _keep_lines(self, ev: dict) -> None:
-        path = f"{os.path.splitext(self.log_path)[0]}.rank{ev['rank']}.out"
-        text = "".join(f"{plain(line)}\n" for line in ev.get("lines") or [])
-        if ev.get("dropped"):
-            text += f"[ddptui: {ev['dropped']} lines left out here: over 500 a second]\n"
+    def _keep_lines(self, ev: Lines) -> None:
+        path = f"{os.path.splitext(self.log_path)[0]}.rank{ev.rank}.out"
+        text = "".join(f"{plain(str(line))}\n" for line in ev.lines)
+        if ev.dropped:
+            text += f"[ddptui: {ev.dropped} lines left out here: over 500 a second]\n"
         try:
             with open(path, "a") as f:
                 f.write(text)
         except OSError as e:
-            self._note("warning", f"cannot keep rank {ev['rank']}'s output in {path}: {e}")
+            self._note("warning", f"cannot keep rank {ev.rank}'s output in {path}: {e}")
 
     def _judge(self) -> None:
         while not self.done.wait(CHECK_EVERY_S):
@@ -133,18 +144,18 @@ class Attach(RunSource):
 
     # -- steering: commands go to the world's rank 0, which agrees them with the others --------
     def pause(self) -> None:
-        if self._command({"op": "pause"}):
-            self._record(event("run", PARENT, status="pausing"))
+        if self._command(Pause()):
+            self._record(Run(rank=PARENT, status="pausing"))
 
     def resume(self) -> None:
-        if self._command({"op": "resume"}):
-            self._record(event("run", PARENT, status="resuming"))
+        if self._command(Resume()):
+            self._record(Run(rank=PARENT, status="resuming"))
 
     def checkpoint(self) -> None:
-        self._command({"op": "checkpoint"})
+        self._command(TakeCheckpoint())
 
     def apply_now(self) -> None:
-        self._command({"op": "apply"})
+        self._command(Apply())
 
     def change_settings(self, request: str | None = None, **settings) -> None:
         requested, cmd = settings_request(settings, request)
@@ -157,23 +168,23 @@ class Attach(RunSource):
     def restart_rank(self, rank: int) -> None:
         self._note("warning", DELEGATED.format(rank=rank))
 
-    def _command(self, cmd: dict) -> bool:
+    def _command(self, cmd: Order) -> bool:
         return self._link.order(cmd)
 
-    def _record(self, ev: dict) -> None:
+    def _record(self, ev: Event) -> None:
         self.state.apply(ev)
-        if ev["kind"] == "run" and ev.get("status") in ("done", "failed"):
+        if isinstance(ev, Run) and ev.status in ("done", "failed"):
             self._finished = True
-            self.exit_code = 0 if ev["status"] == "done" else 1
+            self.exit_code = 0 if ev.status == "done" else 1
         if self._writer and not self.done.is_set():
             self._writer.write(ev)
-        if ev["kind"] == "run" and ev.get("status") == "started" and ev["rank"] != PARENT:
-            self._world_size, self._ends = ev.get("world_size"), {}
-        elif ev["kind"] == "rank" and ev["rank"] != PARENT:
-            if ev.get("state") in ("done", "crashed"):
-                self._ends.setdefault(ev["rank"], ev)
-            elif ev.get("state") == "running" and ev.get("pid"):  # its launcher started it again
-                self._ends.pop(ev["rank"], None)
+        if isinstance(ev, Run) and ev.status == "started" and ev.rank != PARENT:
+            self._world_size, self._ends = ev.world_size, {}
+        elif isinstance(ev, Rank) and ev.rank != PARENT:
+            if ev.state in ("done", "crashed"):
+                self._ends.setdefault(ev.rank, ev)
+            elif ev.state == "running" and ev.pid:  # its launcher started it again
+                self._ends.pop(ev.rank, None)
 
     def _job_end(self) -> None:
         """Where every rank of the job ended: the job's end, with its first failure as torchrun's root
@@ -182,23 +193,23 @@ class Attach(RunSource):
         if self._concluded or not self._world_size or len(self._ends) < self._world_size:
             return
         self._concluded = True
-        failed = sorted((e for e in self._ends.values() if e["state"] == "crashed"),
-                        key=lambda e: e["t"])
+        failed = sorted((e for e in self._ends.values() if e.state == "crashed"),
+                        key=lambda e: e.t)
         if not failed:
             if not self._finished:
-                self._record(event("run", PARENT, status="done", exit_code=0,
-                                   reason="every rank ended"))
+                self._record(Run(rank=PARENT, status="done", exit_code=0,
+                                 reason="every rank ended"))
             return
         first = failed[0]
-        if self._finished and self.exit_code == 1 and first["rank"] == 0:
+        if self._finished and self.exit_code == 1 and first.rank == 0:
             return  # rank 0 said so, and it failed first
-        self._record(event("run", PARENT, status="failed", exit_code=1,
-                           reason=f"rank {first['rank']}: {first.get('reason') or 'failed'} (the "
-                                  f"first of {count(len(failed), 'rank')} that failed)"))
+        self._record(Run(rank=PARENT, status="failed", exit_code=1,
+                         reason=f"rank {first.rank}: {first.reason or 'failed'} (the first of "
+                                f"{count(len(failed), 'rank')} that failed)"))
 
     def _note(self, level: str, text: str) -> None:
         with self._lock:
-            self._record(event("message", PARENT, level=level, text=text))
+            self._record(Notice(rank=PARENT, level=level, text=text))
 
     def _check_finished(self) -> None:
         """Every connection has closed, so every event of the job is here: where every rank

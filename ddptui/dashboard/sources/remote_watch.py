@@ -8,9 +8,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddptui.contract.events import PARENT, event
 from ddptui.contract.observe.flight import behind
 from ddptui.contract.observe.output import library_log
+from ddptui.contract.protocol.events import (
+    PARENT,
+    Event,
+    Gpu,
+    Lines,
+    Notice,
+    Output,
+    Process,
+    Rank,
+    Stacks,
+    Step,
+)
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
@@ -22,13 +33,13 @@ STUCK_AFTER_S = 2.0
 class RemoteWatch:
     """observe() every event attach receives; check() twice a second (attach's thread)."""
 
-    def __init__(self, stall_after: float, record: Callable[[dict], None],
+    def __init__(self, stall_after: float, record: Callable[[Event], None],
                  ask_stacks: Callable[[int], bool]):
         self.stalls = ScriptStalls(stall_after)
         self.record, self.ask_stacks = record, ask_stacks
         self.heard: dict[int, float] = {}  # rank -> when any event of it last came
         self.silence: dict[int, Silence] = {}  # rank -> its output (and steps)
-        self.process: dict[int, dict] = {}  # rank -> its last process event
+        self.process: dict[int, Process] = {}  # rank -> its last process event
         self.gpu_util: dict[int, float] = {}
         self.flags: dict[int, tuple[str, float]] = {}  # rank -> (state, since)
         self.stacks: dict[int, str] = {}  # a stalled rank's stacks since its verdict
@@ -40,46 +51,52 @@ class RemoteWatch:
         self.waiting: dict[int, tuple[str, list[int]]] = {}
         self._said_stuck: tuple = ()
 
-    def observe(self, ev: dict, now: float) -> None:
-        rank, kind = ev["rank"], ev["kind"]
+    def observe(self, ev: Event, now: float) -> None:
+        rank = ev.rank
         if rank == PARENT:
             return
         # Only a wrapped rank sends its process figures (an attach started mid-run learns it so)
-        if kind == "rank" and ev.get("api") == "ddptui.rank.wrap" or \
-                kind == "process" and rank not in self.silence:
+        if isinstance(ev, Rank) and ev.api == "ddptui.rank.wrap" or \
+                isinstance(ev, Process) and rank not in self.silence:
             self.silence[rank] = Silence(now)
             self.ended.pop(rank, None)
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
         self.heard[rank] = now
-        node = ev.get("node") or ev.get("host")  # the host, and the launcher's node rank
-        if kind == "rank" and node:
-            self.places[rank] = f"node {node}, local {ev.get('local_rank', '?')}"
-        if kind == "rank" and ev.get("state") in ("done", "crashed"):
-            why = (ev.get("reason") or "failed") if ev["state"] == "crashed" else None
-            self.ended[rank] = (why, now)
-        elif kind == "step" or kind in ("output", "lines") and _the_scripts_own(ev):
-            self.silence[rank].heard(now)
-            if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
-                self._clear(rank, "making progress again")
-        elif kind == "process":
-            self._alive(rank, self.process.get(rank, {}), ev, now)
-            self.process[rank] = ev
-        elif kind == "gpu" and ev.get("util") is not None:
-            self.gpu_util[rank] = ev["util"]
-        elif kind == "message" and ev.get("stacks_of") == rank and rank in self.flags:
-            if ev.get("flight"):
-                self.traces[rank] = ev["flight"]
-            else:
-                self.stacks[rank] = ev.get("stacks") or ""
-            self._blame()
+        match ev:
+            case Rank():
+                self._rank(ev, now)
+            case Step() | Output() | Lines() if isinstance(ev, Step) or _the_scripts_own(ev):
+                self.silence[rank].heard(now)
+                if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
+                    self._clear(rank, "making progress again")
+            case Process():
+                self._alive(rank, self.process.get(rank), ev, now)
+                self.process[rank] = ev
+            case Gpu() if ev.util is not None:
+                self.gpu_util[rank] = ev.util
+            case Stacks() if ev.stacks_of == rank and rank in self.flags:
+                if ev.flight:
+                    self.traces[rank] = ev.flight
+                else:
+                    self.stacks[rank] = ev.stacks
+                self._blame()
 
-    def _alive(self, rank: int, before: dict, ev: dict, now: float) -> None:
+    def _rank(self, ev: Rank, now: float) -> None:
+        node = ev.node or ev.host  # the host, and the launcher's node rank
+        if node:
+            local = "?" if ev.local_rank is None else ev.local_rank
+            self.places[ev.rank] = f"node {node}, local {local}"
+        if ev.state in ("done", "crashed"):
+            why = (ev.reason or "failed") if ev.state == "crashed" else None
+            self.ended[ev.rank] = (why, now)
+
+    def _alive(self, rank: int, before: Process | None, ev: Process, now: float) -> None:
         """Its vitals moved on: an optimizer step is as good as a line of output; its main
         thread moving on keeps a rank that said something going (ddptui/run/script/watch.py)."""
-        steps, moves = ev.get("opt_steps"), ev.get("moves")
-        stepped = steps is not None and steps > (before.get("opt_steps") or 0)
-        moved = moves is not None and moves > (before.get("moves") or 0)
+        steps, moves = ev.opt_steps, ev.moves
+        stepped = steps is not None and steps > ((before and before.opt_steps) or 0)
+        moved = moves is not None and moves > ((before and before.moves) or 0)
         if stepped or moved and self.silence[rank].last is not None:
             self.silence[rank].heard(now)
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
@@ -100,7 +117,7 @@ class RemoteWatch:
             p = self.process.get(rank)
             if p is None or rank in self.flags:
                 continue
-            verdict = self.stalls.judge(Reading(rank, p["status"], p.get("cpu_percent") or 0.0,
+            verdict = self.stalls.judge(Reading(rank, p.status, p.cpu_percent or 0.0,
                                                 self.gpu_util.get(rank), silence.last,
                                                 silence.longest), now)
             if verdict is not None:
@@ -125,7 +142,7 @@ class RemoteWatch:
         waited = {c for r in held for c in self.waiting.get(r, ("", []))[1]}
         first = min(dead, key=lambda r: (r not in waited, r))
         where = {self.waiting[r][0] for r in held if r in self.waiting}
-        self.record(event("message", PARENT, level="error", text=(
+        self.record(Notice(rank=PARENT, level="error", text=(
             f"{_ranks(held)} {'waits' if len(held) == 1 else 'wait'}"
             f"{' ' + where.pop() if len(where) == 1 else ''} for rank {first}, which ended "
             f"({dead[first]}): the job cannot go on; K ends it")))
@@ -145,12 +162,12 @@ class RemoteWatch:
                               for c in culprits)
             self.flags[rank] = (RankState.WAITING, self.flags[rank][1])
             self.waiting[rank] = (f"in {where}", culprits)
-            self.record(event("rank", rank, state=RankState.WAITING, reason=f"in {where}: waiting for "
-                              f"rank {names}", waiting_for=culprits))
+            self.record(Rank(rank=rank, state=RankState.WAITING,
+                             reason=f"in {where}: waiting for rank {names}", waiting_for=culprits))
 
     def _flag(self, rank: int, state: str, now: float, reason: str, **fields) -> None:
         self.flags[rank] = (state, now)
-        self.record(event("rank", rank, state=state, reason=reason, **fields))
+        self.record(Rank(rank=rank, state=state, reason=reason, **fields))
 
     def _clear(self, rank: int, reason: str) -> None:
         self.flags.pop(rank, None)
@@ -158,13 +175,13 @@ class RemoteWatch:
         self.traces.pop(rank, None)
         self.waiting.pop(rank, None)
         self.stalls.forget(rank)
-        self.record(event("rank", rank, state=RankState.RUNNING, reason=reason))
+        self.record(Rank(rank=rank, state=RankState.RUNNING, reason=reason))
 
 
-def _the_scripts_own(ev: dict) -> bool:
+def _the_scripts_own(ev: Output | Lines) -> bool:
     """Whether an output or lines event holds a line of the script's own: torch's and NCCL's
     logging is not its pace (asking a stalled rank for its flight recorder makes torch log)."""
-    lines = (ev.get("lines") or []) if ev["kind"] == "lines" else [ev.get("text") or ""]
+    lines = ev.lines if isinstance(ev, Lines) else [ev.text]
     return any(not library_log(plain(line)) for line in lines)
 
 

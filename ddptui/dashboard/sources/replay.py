@@ -9,7 +9,8 @@ import threading
 import time
 from collections.abc import Iterator
 
-from ddptui.contract.events import decode
+from ddptui.contract.protocol.codec import decode, event_of
+from ddptui.contract.protocol.events import Event
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 
@@ -40,7 +41,7 @@ class Replay(RunSource):
     def __init__(self, path: str, speed: float = 1.0, events: list[dict] | None = None):
         self.log_path = path
         self.speed = speed
-        self.events = events  # given (tests), or None: read from `path` while playing
+        self.events = events  # its lines given as JSON objects (tests), or None: read from `path`
         self.state = RunState({"log": path}, live=False)
         self.done = threading.Event()
         self.exit_code: int | None = None
@@ -59,9 +60,9 @@ class Replay(RunSource):
         try:
             for ev in self._read():
                 if first_t is None:
-                    first_t = ev["t"]
+                    first_t = ev.t
                 if self.speed > 0:
-                    due = start_wall + (ev["t"] - first_t) / self.speed
+                    due = start_wall + (ev.t - first_t) / self.speed
                     if self._halt.wait(max(0.0, due - time.monotonic())):
                         break
                 elif self._halt.is_set():
@@ -73,9 +74,9 @@ class Replay(RunSource):
             self.exit_code = self.state.exit_code or 0
             self.done.set()
 
-    def _read(self) -> Iterator[dict]:
+    def _read(self) -> Iterator[Event]:
         if self.events is not None:
-            yield from self.events
+            yield from (ev for ev in map(event_of, self.events) if ev is not None)
             return
         with open(self.log_path, encoding="utf-8", errors="replace") as f:
             for number, line in enumerate(f, 1):

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.orders import Order, WorldOrder
 from ddptui.contract.wording import count
 from ddptui.rank.api.joiner import Joiner
 from ddptui.rank.api.rankside import RankSide
@@ -65,7 +67,7 @@ class Elastic:
         self.cuda = self.device.type == "cuda"
         self.eager = world.made_eagerly()  # each world is formed as the script formed its first
         self.rollback = Rollback(state_fn, load_fn, model.module, self.cuda)
-        self.order: dict | None = None  # a recover order, carried out at the next safe point
+        self.order: WorldOrder | None = None  # a recover order, carried out at the next safe point
         model.before_forward = self.rollback.before_forward
         orders.on_reform = self.reform
 
@@ -145,7 +147,7 @@ class Elastic:
             raise WorldLost("a peer died")
 
     # -- world changes (ddptui/rank/elastic/change.py, the built-in loop's too) -----------------
-    def reform(self, order: dict) -> None:
+    def reform(self, order: WorldOrder) -> None:
         """An agreed leave (s): the members re-form at the same step; the one leaving exits."""
         leftover = self.orders.finish(agreeing=True)
         if not change.reform(self, order, leftover):
@@ -174,8 +176,8 @@ class Elastic:
         redone = change.recover(self, order)
         me = self.me
         me.say(f"recovered on {count(me.world_size, 'rank')}: back to global step "
-               f"{me.global_step}, {redone} steps to redo", redone=redone,
-               global_step=me.global_step)
+               f"{me.global_step}, {redone} steps to redo", kind=events.Rollback,
+               redone=redone, global_step=me.global_step)
 
     # -- change.Member ---------------------------------------------------------------------------
     mailbox = property(lambda self: self.me.mailbox)
@@ -223,18 +225,18 @@ class Elastic:
         me.figures.rewind(me.global_step)
         return redone
 
-    def settle(self, group, order: dict, leftover: list[dict]) -> None:
+    def settle(self, group, order: WorldOrder, leftover: list[Order]) -> None:
         """DDP, the agreement group, the loaders' shards, a point."""
         me = self.me
         self.orders.enter_world(me.rank, me.world_size, group)
         self.model.rebuild(in_sync=True)
-        me.reporter.emit("rank", state="running", world_rank=me.rank)
+        me.reporter.emit(events.Rank(rank=me.reporter.rank, state="running", world_rank=me.rank))
         if me.rank == 0:
             me.mailbox.requeue(leftover)
-            me.reporter.emit("world", size=me.world_size, ranks=order["members"],
-                             generation=order.get("gen"), epoch=me.epoch or 0,
-                             step=me.global_step - me.figures.epoch_steps0,
-                             global_step=me.global_step)
+            me.reporter.emit(events.World(
+                rank=me.reporter.rank, size=me.world_size, ranks=order.members,
+                generation=order.gen, epoch=me.epoch or 0,
+                step=me.global_step - me.figures.epoch_steps0, global_step=me.global_step))
         # A joiner not yet in its epochs stands where the member that sent its state stood: a
         # death before its next point rolls it back there, into the epoch the world is in.
         joined = me.resume if me.epoch is None and me.resume is not None else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 
+from ddptui.contract.protocol import events
 from ddptui.rank.telemetry.lagmeter import LagMeter
 from ddptui.rank.telemetry.reporter import Reporter, row_figures
 
@@ -66,11 +67,12 @@ class Figures:
         if not self.steps:
             return
         elapsed = max(now - self.start, 1e-9)
-        self.reporter.emit("step", epoch=self.epoch or 0, step=global_step - self.epoch_steps0,
+        self.reporter.emit(events.Step(rank=self.reporter.rank,
+                                       epoch=self.epoch or 0, step=global_step - self.epoch_steps0,
                            global_step=global_step, loss=self.meter.read(), steps=self.steps,
                            samples_per_s=round(self.samples / elapsed, 2),
                            step_ms=round(1000 * elapsed / self.steps, 3),
-                           data_wait=round(min(1.0, waited / elapsed), 4))
+                           data_wait=round(min(1.0, waited / elapsed), 4)))
         self.begin_interval()
 
     def end_epoch(self, global_step: int, settings: dict, world_size: int,
@@ -87,11 +89,12 @@ class Figures:
                     waited: float, **extra) -> None:
         """The `epoch` event for the steps since the part began, as the built-in trainer's."""
         self.segment_waited += waited  # the steps since the last step event count too
-        self.reporter.emit("epoch", epoch=self.epoch, steps=global_step - self.segment_steps0,
+        self.reporter.emit(events.Epoch(rank=self.reporter.rank,
+                                        epoch=self.epoch, steps=global_step - self.segment_steps0,
                            start_step=self.segment_steps0 - self.epoch_steps0,
                            end_step=global_step - self.epoch_steps0, partial=partial,
                            settings=settings, train_loss=self.meter.epoch_mean(),
                            world_size=world_size, **extra,
                            **row_figures(self.segment_samples,
                                          time.perf_counter() - self.segment_start,
-                                         self.segment_waited))
+                                         self.segment_waited)))

@@ -13,6 +13,8 @@ import urllib.parse
 
 import torch.distributed as dist
 
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.orders import Join
 from ddptui.rank.api.rankside import RankSide
 from ddptui.rank.elastic import store
 
@@ -29,7 +31,7 @@ class Joiner:
     said by run.elastic(), or by a watch of the main thread once your script waits inside
     torch.distributed before that."""
 
-    def __init__(self, me: RankSide, order: dict, world_store: dist.TCPStore):
+    def __init__(self, me: RankSide, order: Join, world_store: dist.TCPStore):
         self.me, self.order, self.store = me, order, world_store
         self._said = threading.Event()
         self._lock = threading.Lock()
@@ -42,7 +44,7 @@ class Joiner:
             if self._said.is_set():
                 return
             self._said.set()
-        self.me.reporter.emit("rank", state="restarting", standby="prepared")
+        self.me.reporter.emit(events.Rank(rank=self.me.reporter.rank, state="restarting", standby="prepared"))
 
     def _watch(self, main: int | None) -> None:
         since = None
@@ -69,17 +71,18 @@ def await_join(me: RankSide) -> Joiner:
     script forms its process group, for ddptui's order to join; the script then forms the
     order's world from the environment set here. The run ended first: the script exits."""
     order = me.mailbox.wait_urgent(None)
-    if order is None or order.get("op") != "join":
+    if not isinstance(order, Join):
         me.close()
         raise SystemExit(0)
-    members = order["members"]
+    members = order.members
     me.rank, me.world_size = members.index(me.slot), len(members)
-    url = urllib.parse.urlsplit(order["init"])
+    url = urllib.parse.urlsplit(order.init)
     # Non-blocking NCCL: the communicator the script makes lazily can be aborted (world.py), and
     # its set-up ends when a member died in it (TORCH_NCCL_NONBLOCKING_TIMEOUT).
     os.environ.update(RANK=str(me.rank), WORLD_SIZE=str(me.world_size),
                       MASTER_ADDR=url.hostname or "127.0.0.1", MASTER_PORT=str(url.port),
                       TORCH_NCCL_USE_COMM_NONBLOCKING="1")
-    came = store.come_early(order["init"], me.world_size)
-    me.reporter.emit("rank", state="restarting", pid=os.getpid(), standby="preparing")
+    came = store.come_early(order.init, me.world_size)
+    me.reporter.emit(events.Rank(rank=me.reporter.rank,
+                                 state="restarting", pid=os.getpid(), standby="preparing"))
     return Joiner(me, order, came)

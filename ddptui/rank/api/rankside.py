@@ -14,6 +14,7 @@ import torch
 
 from ddptui.contract.channel import load_key, parse_address
 from ddptui.contract.gpu import DeviceSampler, physical_index
+from ddptui.contract.protocol import events
 from ddptui.rank.api.figures import Figures
 from ddptui.rank.elastic.control import Mailbox
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
@@ -49,7 +50,8 @@ class RankSide:
         self.mailbox = Mailbox(self.link.inbox)
         self.figures = Figures(self.reporter, interval)
         self._threads = [] if self.supervised else [DeviceSampler(
-            self.reporter.emit, lambda text: self.say(text, "warning"), physical_gpu())]
+            self.reporter.rank, self.reporter.emit, lambda text: self.say(text, "warning"),
+            physical_gpu())]
 
     def announce(self, standby: bool) -> None:
         """The rank's first event (and, under torchrun, the run's), and its samplers started."""
@@ -57,13 +59,14 @@ class RankSide:
         device = f"GPU {gpu}" if gpu is not None else "cpu"
         # A standby keeps the controls its slot had until run.elastic() says them again.
         state = {"state": "standby"} if standby else {"state": "running", "control": CONTROLS}
-        self.reporter.emit("rank", pid=os.getpid(), device=device, gpu=gpu,
-                           host=socket.gethostname(), api="ddptui.init", **state)
+        self.reporter.emit(events.Rank(rank=self.reporter.rank, pid=os.getpid(), device=device, gpu=gpu,
+                           host=socket.gethostname(), api="ddptui.init", **state))
         if self.rank == 0 and not self.supervised:  # under torchrun: attach learns the job
-            self.reporter.emit("run", status="started", model=os.path.basename(sys.argv[0]),
+            self.reporter.emit(events.Run(rank=self.reporter.rank,
+                                          status="started", model=os.path.basename(sys.argv[0]),
                                script=" ".join(sys.argv), data="", epochs=0,
                                world_size=self.world_size,
-                               device_kind="cuda" if device.startswith("GPU") else "cpu")
+                               device_kind="cuda" if device.startswith("GPU") else "cpu"))
         for thread in self._threads:
             thread.start()
 
@@ -72,9 +75,12 @@ class RankSide:
         return [*CONTROLS, *(["settings"] if self.loaders else []),
                 *(["elastic"] if elastic else [])]
 
-    def say(self, text: str, level: str = "info", **fields) -> None:
+    def say(self, text: str, level: str = "info", kind: type[events.Notice] = events.Notice,
+            **fields) -> None:
+        """A line for the dashboard (rank 0's progress, every rank's warnings); `kind`: one
+        that tells more, with its `fields` (a rollback)."""
         if self.rank == 0 or level != "info":
-            self.reporter.emit("message", level=level, text=text, **fields)
+            self.reporter.emit(kind(rank=self.reporter.rank, level=level, text=text, **fields))
 
     def position(self) -> dict:
         """Where the run is: what a rollback point keeps and a joining rank takes up."""
@@ -99,7 +105,8 @@ class RankSide:
         """This rank leaves the world at an agreed step (s): it says so and exits with 0."""
         self.finished = True
         self.send_step()
-        self.reporter.emit("rank", state="stopped", reason=reason, pid=os.getpid())
+        self.reporter.emit(events.Rank(rank=self.reporter.rank,
+                                       state="stopped", reason=reason, pid=os.getpid()))
         self.close()
         raise SystemExit(0)
 

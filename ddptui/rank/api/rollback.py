@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ddptui.contract.protocol.orders import Order
 from ddptui.rank.compat import tree_flatten, tree_unflatten
 from ddptui.rank.elastic.snapshot import Snapshots
 
@@ -75,7 +76,7 @@ class Rollback:
         if self.points is not None:
             self.points.step_done(step)
 
-    def on_urgent(self, order: dict) -> None:
+    def on_urgent(self, order: Order) -> None:
         """On the mailbox thread, as soon as ddptui says a peer died."""
         if self.points is not None:
             self.points.lost_if_recovering(order)

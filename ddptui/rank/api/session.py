@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ddptui.contract.protocol import events
 from ddptui.rank.api.rankside import RankSide
 from ddptui.rank.api.steering import Orders
 
@@ -158,11 +159,12 @@ class Run:
         me.loaders.append(live)
         if len(me.loaders) == 1:  # the first one's settings are the run's
             live.on_applied = self._orders.applied
-            me.reporter.emit("rank", state="running",
-                             control=me.controls(self._elastic is not None))
+            me.reporter.emit(events.Rank(rank=me.reporter.rank, state="running",
+                             control=me.controls(self._elastic is not None)))
             if me.rank == 0:
-                me.reporter.emit("settings", settings=dict(live.settings), epoch=me.epoch or 0,
-                                 status="applied")
+                me.reporter.emit(events.Settings(rank=me.reporter.rank,
+                                                 settings=dict(live.settings), epoch=me.epoch or 0,
+                                 status="applied"))
         return live
 
     def ddp(self, module: torch.nn.Module, **kwargs) -> torch.nn.Module:
@@ -189,7 +191,8 @@ class Run:
         self._elastic = Elastic(self._me, self._orders, state_dict_fn, load_state_dict_fn,
                                 self._model, every or POINT_EVERY)
         self._elastic.start(self._joining)
-        self._me.reporter.emit("rank", state="running", control=self._me.controls(True))
+        self._me.reporter.emit(events.Rank(rank=self._me.reporter.rank,
+                                           state="running", control=self._me.controls(True)))
 
     def guard(self) -> contextlib.AbstractContextManager:
         """`with run.guard():` around a step (forward, backward, optimizer step, run.step): when
@@ -213,9 +216,9 @@ class Run:
         me.finished = True
         me.send_step()
         me.end_epoch()
-        me.reporter.emit("rank", state="done", pid=os.getpid())
+        me.reporter.emit(events.Rank(rank=me.reporter.rank, state="done", pid=os.getpid()))
         if me.rank == 0 and not me.supervised:
-            me.reporter.emit("run", status="done", exit_code=0)
+            me.reporter.emit(events.Run(rank=me.reporter.rank, status="done", exit_code=0))
         self._close()
 
     def _at_exit(self) -> None:

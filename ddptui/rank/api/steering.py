@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from ddptui.contract.protocol import events
 from ddptui.rank.api.rankside import RankSide
 from ddptui.rank.elastic.agreed import AgreedOrders
 from ddptui.rank.elastic.control import CONTROL_OFF, Control, every_rank_linked
@@ -92,7 +93,7 @@ class Orders(AgreedOrders):
             self.control = Control(me.mailbox, me.rank, group)
             self.alone = group is None
             if self.alone and me.world_size > 1:  # no group to agree through: send us each
-                me.reporter.emit("rank", state="running", alone=True)
+                me.reporter.emit(events.Rank(rank=me.reporter.rank, state="running", alone=True))
         if self.alone:  # every step: look before draining (no exception raised per step)
             return me.mailbox.drain() if not me.mailbox.commands.empty() else []
         return self.control.poll()
@@ -119,8 +120,9 @@ class Orders(AgreedOrders):
             live.pending.update(new)
         if me.rank == 0 and me.loaders:
             first = me.loaders[0]
-            me.reporter.emit("settings", settings={**first.settings, **first.pending},
-                             epoch=(me.epoch or 0) + 1, status="pending", request=request)
+            me.reporter.emit(events.Settings(rank=me.reporter.rank,
+                                             settings={**first.settings, **first.pending},
+                             epoch=(me.epoch or 0) + 1, status="pending", request=request))
 
     def has_pending(self) -> bool:
         return any(live.pending for live in self.me.loaders)
@@ -133,6 +135,6 @@ class Orders(AgreedOrders):
             f.end_segment(me.global_step, True, before, me.world_size, me.taken_wait())
             f.begin_segment(me.global_step)
         if me.rank == 0:
-            me.reporter.emit("settings", settings=settings, epoch=me.epoch or 0,
+            me.reporter.emit(events.Settings(rank=me.reporter.rank, settings=settings, epoch=me.epoch or 0,
                              step=me.loaders[0].taken if before is not None else 0,
-                             status="applied")
+                             status="applied"))

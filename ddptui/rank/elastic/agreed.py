@@ -9,6 +9,18 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.orders import (
+    Apply,
+    ChangeSettings,
+    Order,
+    Pause,
+    Reform,
+    Resume,
+    Stop,
+    TakeCheckpoint,
+)
+
 if TYPE_CHECKING:
     from ddptui.rank.elastic.control import Mailbox
     from ddptui.rank.telemetry.reporter import Reporter
@@ -21,28 +33,28 @@ class AgreedOrders(ABC):
     def __init__(self, reporter: Reporter, mailbox: Mailbox | None):
         self.reporter, self.mailbox = reporter, mailbox
         self.paused = self.stop = self.apply_now = False
-        self.reform: dict | None = None
+        self.reform: Reform | None = None
 
-    def carry_out(self, cmds: list[dict]) -> None:
+    def carry_out(self, cmds: list[Order]) -> None:
         """Every rank calls this with the same orders at the same step."""
-        for cmd in cmds:  # an op this version lacks is ignored, on every rank alike
+        for cmd in cmds:  # an order this version lacks is ignored, on every rank alike
             match cmd:
-                case {"op": "pause"} if not self.paused:
+                case Pause() if not self.paused:
                     self.paused = True
                     self._echo("paused")
-                case {"op": "resume"} if self.paused:
+                case Resume() if self.paused:
                     self.paused = False
                     self._echo("resumed")
-                case {"op": "stop"}:
+                case Stop():
                     self.stop = True
                     self.stopping()
-                case {"op": "checkpoint"}:
+                case TakeCheckpoint():
                     self.checkpoint()
-                case {"op": "settings"}:
-                    self.settings(cmd["settings"], cmd.get("request"))
-                case {"op": "apply"} if self.has_pending():
+                case ChangeSettings():
+                    self.settings(cmd.settings, cmd.request)
+                case Apply() if self.has_pending():
                     self.apply_now = True
-                case {"op": "reform"} if self.mailbox is not None and not self.mailbox.void(cmd):
+                case Reform() if self.mailbox is not None and not self.mailbox.void(cmd):
                     self.reform = cmd
 
     @property
@@ -52,7 +64,8 @@ class AgreedOrders(ABC):
 
     def _echo(self, status: str) -> None:
         if self.speaks():
-            self.reporter.emit("run", status=status, global_step=self.global_step())
+            self.reporter.emit(events.Run(rank=self.reporter.rank,
+                                          status=status, global_step=self.global_step()))
 
     @abstractmethod
     def speaks(self) -> bool:

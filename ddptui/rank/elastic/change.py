@@ -5,13 +5,14 @@ rolls back to the newest point they all hold. Each kind of rank brings its own s
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
+from ddptui.contract.protocol.codec import pack, unpack
+from ddptui.contract.protocol.orders import Order, WorldOrder
 from ddptui.rank.elastic.control import Mailbox
 from ddptui.rank.elastic.snapshot import WorldLost, agree
 from ddptui.rank.elastic.world import dismantle, form_ordered
@@ -21,7 +22,7 @@ class Member(Protocol):
     """A rank as a world change sees it: its place, and the hooks for what it trains."""
 
     mailbox: Mailbox
-    slot: int  # its name for the whole run: order["members"] lists slots
+    slot: int  # its name for the whole run: order.members lists slots
     rank: int
     world_size: int
     device: torch.device
@@ -46,16 +47,16 @@ class Member(Protocol):
     def roll_back(self, target: int) -> int:
         """Go back to the point at global step `target`; returns the steps to be redone."""
 
-    def settle(self, group, order: dict, leftover: list[dict]) -> None:
+    def settle(self, group, order: WorldOrder, leftover: list[Order]) -> None:
         """What follows a new world: DDP, the group orders are agreed in, shards, a point."""
 
 
 # Each change holds off the mailbox's abort until it is done (Mailbox.changing) and raises
 # WorldLost then if a member died meanwhile; its recover order follows.
-def reform(m: Member, order: dict, leftover: list[dict]) -> bool:
+def reform(m: Member, order: WorldOrder, leftover: list[Order]) -> bool:
     """An agreed leave or join: the members re-form at the same step. False for the one leaving,
     which is out of the world then."""
-    leaving = m.slot not in order["members"]
+    leaving = m.slot not in order.members
     try:
         with m.mailbox.changing():
             dismantle(m.warn, collect=False)
@@ -63,7 +64,7 @@ def reform(m: Member, order: dict, leftover: list[dict]) -> bool:
             if leaving:
                 return False
             group = enter(m, order)
-            if order.get("joiner") is not None:
+            if order.joiner is not None:
                 share_state(m, order, group)
             m.settle(group, order, leftover)
     except WorldLost:
@@ -73,7 +74,7 @@ def reform(m: Member, order: dict, leftover: list[dict]) -> bool:
     return True
 
 
-def join(m: Member, order: dict, formed: Callable[[], Any] | None = None) -> bool:
+def join(m: Member, order: WorldOrder, formed: Callable[[], Any] | None = None) -> bool:
     """A standby takes its place in the order's world and a live member's state. `formed`: the
     gloo group of a world the rank's script formed itself (a script's joiner). True when a
     member died once this rank held the state and had settled: it is a member of the world
@@ -98,7 +99,7 @@ def join(m: Member, order: dict, formed: Callable[[], Any] | None = None) -> boo
     return False
 
 
-def recover(m: Member, order: dict) -> int:
+def recover(m: Member, order: WorldOrder) -> int:
     """After a peer died: re-form from the survivors and go back to the newest rollback point
     they all hold; returns the number of steps that will be redone."""
     with m.mailbox.changing():
@@ -116,25 +117,25 @@ def recover(m: Member, order: dict) -> int:
     return redone
 
 
-def enter(m: Member, order: dict):
+def enter(m: Member, order: WorldOrder):
     """Take this rank's place in the order's world and form it; returns the gloo group orders
     are agreed in."""
-    members = order["members"]
+    members = order.members
     m.rank, m.world_size = members.index(m.slot), len(members)
-    group = form_ordered(m.mailbox, m.rank, m.world_size, m.device, order["init"], m.eager)
+    group = form_ordered(m.mailbox, m.rank, m.world_size, m.device, order.init, m.eager)
     m.mark("form")
     return group
 
 
-def share_state(m: Member, order: dict, group) -> None:
+def share_state(m: Member, order: WorldOrder, group) -> None:
     """The first member that is not the joiner sends the joiner its state, point to point: the
     host part and CPU tensors pickled over the gloo `group` (a dead peer fails it at once), the
     device tensors in one batch over the world's communicator (a plain send/recv pair would make
     a communicator of their own, one more place for a peer's death to leave a rank in NCCL's
     set-up)."""
-    members = order["members"]
-    src = members.index(next(s for s in members if s != order["joiner"]))
-    dst = members.index(order["joiner"])
+    members = order.members
+    src = members.index(next(s for s in members if s != order.joiner))
+    dst = members.index(order.joiner)
     if m.rank == src:
         host, tensors = m.state_for_joiner()
         meta = {"host": host, "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],
@@ -155,7 +156,7 @@ def share_state(m: Member, order: dict, group) -> None:
 # whatever it is set to later: a joiner's state (a model's worth on CPUs) took longer than that
 # on a loaded machine. Waited for with the default timeout instead, as a collective would be.
 def _send_object(obj: Any, dst: int, group) -> None:
-    data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+    data = torch.frombuffer(bytearray(pack(obj)), dtype=torch.uint8)
     for t in (torch.tensor([data.numel()]), data):
         dist.isend(t, dst, group=group).wait(timeout=dist.default_pg_timeout)
 
@@ -165,7 +166,7 @@ def _recv_object(src: int, group) -> Any:
     dist.irecv(size, src, group=group).wait(timeout=dist.default_pg_timeout)
     data = torch.empty(int(size), dtype=torch.uint8)
     dist.irecv(data, src, group=group).wait(timeout=dist.default_pg_timeout)
-    return pickle.loads(data.numpy().tobytes())  # a member's own state, over the world's links
+    return unpack(data.numpy().tobytes())
 
 
 def _exchange(ops: list) -> None:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.distributed as dist
 
+from ddptui.contract.protocol.codec import order_of, parse
+from ddptui.contract.protocol.orders import Host, Join, Order, Recover, WorldOrder
 from ddptui.rank.compat import default_store
 from ddptui.rank.elastic.snapshot import WorldLost
 from ddptui.rank.elastic.sockets import Sockets, open_sockets, sever, shut_listeners
@@ -24,7 +26,7 @@ from ddptui.rank.elastic.store import open_ahead
 
 # Orders that cannot wait for an agreed step: the world they would be agreed in is broken
 # (recover), or the process is not in a world yet (join).
-URGENT = ("recover", "join")
+URGENT = (Recover, Join)
 OFFER_S = 0.05  # commands are offered about this often (a key waits about two offers)
 MAX_GAP = 256  # steps between offers, at most (a fast model on a fast GPU)
 RECOVER_WAIT_S = 10.0  # after a collective failed: how long a rank waits for the recover order
@@ -48,11 +50,27 @@ class FormingWorld:
         return self.store_port is not None and (self.met or not self.own_store)
 
 
+class OrderPipe:
+    """The supervisor's command pipe, read like a dashboard link's inbox: the next order (one
+    that does not decode is dropped)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def recv(self) -> Order:
+        while True:
+            order = order_of(parse(self.conn.recv_bytes()))
+            if order is not None:
+                return order
+
+
 class Mailbox:
     """Reads this rank's command pipe on a thread: urgent orders are kept apart (and announced
     through `on_urgent` at once), everything else waits for the agreed step."""
 
-    def __init__(self, inbox, on_urgent: Callable[[dict], None] = lambda order: None):
+    def __init__(self, inbox, on_urgent: Callable[[Order], None] = lambda order: None):
+        """`inbox.recv()`: the next order (a dashboard link's), or an OrderPipe (the
+        supervisor's)."""
         self.inbox = inbox
         self.on_urgent = on_urgent
         self.commands: queue.Queue = queue.Queue()
@@ -74,9 +92,9 @@ class Mailbox:
             except (EOFError, OSError):  # the supervisor is gone; the parent watch ends us
                 self.urgent.put(None)
                 return
-            if msg.get("op") == "host":
+            if isinstance(msg, Host):
                 self._open_ahead(msg)
-            elif msg.get("op") in URGENT:
+            elif isinstance(msg, URGENT):
                 # The flag first: whatever the abort makes the main thread's collective raise,
                 # it is then taken for the broken world it is. Then on_urgent (the abort), then
                 # the order: the main thread, taking it at a step boundary, would otherwise
@@ -86,8 +104,8 @@ class Mailbox:
                 with self._lock:
                     self.has_urgent = True
                     forming = self._forming
-                if msg["op"] == "recover":
-                    self.generation = max(self.generation, msg.get("gen", 0))
+                if isinstance(msg, Recover):
+                    self.generation = max(self.generation, msg.gen)
                     sever(self.world_sockets)
                     if forming is not None and forming.cut_store():
                         # Every connection to the world's store: rank 0 may have opened it
@@ -100,18 +118,18 @@ class Mailbox:
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
-                if msg["op"] == "recover" and self.abort is not None and forming is None:
+                if isinstance(msg, Recover) and self.abort is not None and forming is None:
                     self._abort_unless_changing()
                 self.urgent.put(msg)
             else:
                 self.commands.put(msg)
 
     @staticmethod
-    def _open_ahead(msg: dict) -> None:
+    def _open_ahead(msg: Host) -> None:
         """Rank 0's store for a script's joiner, open at once (its world forms later, when the
         members are told); one that cannot listen fails that world's forming instead."""
         try:
-            open_ahead(msg["init"], len(msg["members"]))
+            open_ahead(msg.init, len(msg.members))
         except RuntimeError:
             pass
 
@@ -160,12 +178,12 @@ class Mailbox:
             if self._forming is not None:
                 self._forming.met = True
 
-    def void(self, order: dict) -> bool:
+    def void(self, order: WorldOrder) -> bool:
         """A world change that a rank's death overtook: the supervisor dropped it (its joiner is
         killed) and ordered a recovery after it, so carrying it out would wait for ever."""
-        return order.get("gen", 0) < self.generation
+        return order.gen < self.generation
 
-    def drain(self) -> list[dict]:
+    def drain(self) -> list[Order]:
         cmds = []
         while True:
             try:
@@ -173,14 +191,15 @@ class Mailbox:
             except queue.Empty:
                 return cmds
 
-    def requeue(self, cmds: list[dict]) -> None:
+    def requeue(self, cmds: list[Order]) -> None:
         """Put commands back in front: offered to a world that then changed, they are offered
         again to the new one (a joining rank must see them too)."""
         rest = self.drain()
         for cmd in cmds + rest:
             self.commands.put(cmd)
 
-    def recover_order(self, error: BaseException, timeout: float = RECOVER_WAIT_S) -> dict | None:
+    def recover_order(self, error: BaseException,
+                      timeout: float = RECOVER_WAIT_S) -> Recover | None:
         """After a step failed: the supervisor's recover order if a peer died (it comes within
         `timeout`), None if the error is this rank's own. Collective failures (DistError,
         WorldLost) are RuntimeErrors, an OOM is this rank's own; once a recover order is in,
@@ -189,9 +208,9 @@ class Mailbox:
                 isinstance(error, RuntimeError) or self.has_urgent):
             return None
         order = self.wait_urgent(timeout)
-        return order if order is not None and order.get("op") == "recover" else None
+        return order if isinstance(order, Recover) else None
 
-    def wait_urgent(self, timeout: float | None) -> dict | None:
+    def wait_urgent(self, timeout: float | None) -> Order | None:
         """The next urgent order (None on timeout or when the supervisor has gone)."""
         try:
             order = self.urgent.get(timeout=timeout)
@@ -247,9 +266,9 @@ class Control:
         self._countdown = self._ran = 1  # steps to the next offer; steps since the last one
         self._last_offer = time.perf_counter()
         self._work = None
-        self._offered: list[dict] = []
+        self._offered: list[Order] = []
 
-    def poll(self) -> list[dict]:
+    def poll(self) -> list[Order]:
         """Call after every step; returns the commands every rank applies now."""
         if not self.active:
             return []
@@ -270,7 +289,7 @@ class Control:
             agreed += self._complete()
         return agreed
 
-    def tick_paused(self, period: float = 0.3) -> list[dict]:
+    def tick_paused(self, period: float = 0.3) -> list[Order]:
         """While paused: a blocking exchange every `period` s (so no collective times out)."""
         agreed = self._complete()
         if self.rank == 0:
@@ -279,12 +298,12 @@ class Control:
         dist.broadcast_object_list(box, src=0, group=self.group)
         return agreed + box[0]
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[Order]:
         """Complete the broadcast in flight (every rank at the same point); its commands are
         returned so that none offered is lost when the world changes."""
         return self._complete()
 
-    def _complete(self) -> list[dict]:
+    def _complete(self) -> list[Order]:
         if self._work is None:
             return []
         self._work.wait()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ddptui.contract.protocol.orders import Order, Recover
 from ddptui.rank.compat import scaler_tensors
 
 
@@ -118,11 +119,11 @@ class Snapshots:
             newest.event = torch.cuda.Event()
             newest.event.record()
 
-    def lost_if_recovering(self, order: dict) -> None:
+    def lost_if_recovering(self, order: Order) -> None:
         """A mailbox's urgent order, on its thread, before the world's communicators are
         aborted: a recover order means a peer died, and a point whose copy is under way may
         lack what it was to agree on."""
-        if order.get("op") == "recover":
+        if isinstance(order, Recover):
             with self.lock:
                 self.lost = True
 

@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from ddptui.contract.protocol.events import Beat
+
 
 class Pulse:
     """Where the loop is: written by the training thread, read by the heartbeat."""
@@ -20,11 +22,12 @@ class Pulse:
 
 
 class Heartbeat(threading.Thread):
-    """Calls emit("beat", ...) every `interval` seconds until stopped."""
+    """Calls emit(Beat(...)) for rank `rank` every `interval` seconds until stopped."""
 
-    def __init__(self, pulse: Pulse, emit: Callable[..., None], interval: float = 0.5):
+    def __init__(self, pulse: Pulse, rank: int, emit: Callable[[Beat], None],
+                 interval: float = 0.5):
         super().__init__(name="heartbeat", daemon=True)
-        self.pulse, self.emit, self.interval = pulse, emit, interval
+        self.pulse, self.rank, self.emit, self.interval = pulse, rank, emit, interval
         self._halt = threading.Event()
 
     def run(self) -> None:
@@ -33,7 +36,8 @@ class Heartbeat(threading.Thread):
             now = (self.pulse.phase, self.pulse.step)
             if now != last:
                 since, last = time.time(), now
-            self.emit("beat", phase=now[0], global_step=now[1], phase_s=round(time.time() - since, 1))
+            self.emit(Beat(rank=self.rank, phase=now[0], global_step=now[1],
+                           phase_s=round(time.time() - since, 1)))
 
     def stop(self) -> None:
         self._halt.set()

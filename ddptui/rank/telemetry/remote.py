@@ -14,7 +14,8 @@ import time
 from multiprocessing import AuthenticationError
 
 from ddptui.contract.channel import connect, receive, send
-from ddptui.contract.events import event
+from ddptui.contract.protocol.events import Event, Notice
+from ddptui.contract.protocol.orders import Order
 from ddptui.rank.telemetry.buffer import EventBuffer
 
 RETRY_S = 2.0
@@ -37,8 +38,8 @@ class RemoteLink:
         self.thread = threading.Thread(target=self._run, name="report-link", daemon=True)
         self.thread.start()
 
-    def put(self, ev: dict) -> None:
-        self.buffer.put({**ev, "node": self.node})
+    def put(self, ev: Event) -> None:
+        self.buffer.put(ev.replace(node=self.node))
 
     def close(self, timeout: float = 3.0) -> None:
         """Send what is buffered (for up to `timeout` s if connected), then stop."""
@@ -76,8 +77,8 @@ class RemoteLink:
     def _feed(self, conn) -> None:
         while (taken := self.buffer.take()) is not None:
             batch, dropped = taken
-            notice = [event("message", batch[0]["rank"], level="warning", node=self.node,
-                            text=f"{dropped} events dropped while the dashboard was away")
+            notice = [Notice(rank=batch[0].rank, level="warning", node=self.node,
+                             text=f"{dropped} events dropped while the dashboard was away")
                       ] if dropped else []
             try:
                 for ev in notice + batch:
@@ -90,7 +91,7 @@ class RemoteLink:
         try:
             while True:
                 msg = receive(conn)
-                if msg is not None and "op" in msg:
+                if isinstance(msg, Order):
                     self.inbox.put(msg)
         except (EOFError, OSError):
             pass
@@ -102,10 +103,10 @@ class _Inbox:
     def __init__(self):
         self.q: queue.Queue = queue.Queue()
 
-    def put(self, msg: dict) -> None:
+    def put(self, msg: Order) -> None:
         self.q.put(msg)
 
-    def recv(self) -> dict:
+    def recv(self) -> Order:
         msg = self.q.get()
         if msg is None:
             raise EOFError

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 import torch
 
-from ddptui.contract.events import event
 from ddptui.contract.jsonl import JsonlWriter
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.codec import encode
 from ddptui.rank.telemetry.buffer import EventBuffer
 from ddptui.rank.telemetry.lagmeter import LagMeter
 
@@ -27,14 +28,14 @@ class ChannelSender:
         self.thread = threading.Thread(target=self._feed, name="telemetry-feeder", daemon=True)
         self.thread.start()
 
-    def put(self, ev: dict) -> None:
+    def put(self, ev: events.Event) -> None:
         self.buffer.put(ev)
 
     def _feed(self) -> None:
         while (taken := self.buffer.take()) is not None:
             try:
                 for ev in taken[0]:
-                    self.conn.send(ev)
+                    self.conn.send_bytes(encode(ev).encode())
             except (OSError, ValueError):  # the supervisor is gone; we are about to be too
                 return
 
@@ -53,8 +54,8 @@ class Reporter:
         self.writer = JsonlWriter(log_path) if log_path else None
         self.sinks: list = []  # more consumers of every event: a dashboard link, TensorBoard
 
-    def emit(self, kind: str, **fields) -> None:
-        ev = event(kind, self.rank, **fields)
+    def emit(self, ev: events.Event) -> None:
+        """`ev` to every place this rank's events go (its rank is this reporter's `rank`)."""
         if self.channel is not None:
             self.channel.put(ev)
         if self.writer is not None:
@@ -126,12 +127,12 @@ class StepMeter:
             return False
         self._sent_any = True
         elapsed = max(now - self.start, 1e-9)
-        self.reporter.emit(
-            "step", epoch=epoch, step=step, global_step=global_step, loss=self.loss.read(),
-            steps=self.steps, progress=round(self.progress(), 5),
+        self.reporter.emit(events.Step(
+            rank=self.reporter.rank, epoch=epoch, step=step, global_step=global_step,
+            loss=self.loss.read(), steps=self.steps, progress=round(self.progress(), 5),
             samples_per_s=round(self.steps * self.batch_size / elapsed, 2),
             step_ms=round(1000 * elapsed / self.steps, 3),
-            data_wait=round(min(1.0, self.wait / elapsed), 4))
+            data_wait=round(min(1.0, self.wait / elapsed), 4)))
         self._begin_interval()
         return True
 

@@ -6,7 +6,6 @@ work while the rank is stuck: its process and GPU figures, its stacks and NCCL f
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -17,12 +16,13 @@ import tempfile
 import threading
 import time
 
-from ddptui.contract.events import event
 from ddptui.contract.gpu import physical_index
 from ddptui.contract.observe.flight import trace_env
 from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, StreamReader
 from ddptui.contract.observe.streams import Route
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.codec import encode
 from ddptui.contract.safe_text import plain
 from ddptui.rank.stacks import answer_stacks
 from ddptui.rank.telemetry.vitals import keep_vitals
@@ -100,22 +100,23 @@ class RankWatch:
         self._out = -1
 
     def start(self, label: str) -> None:
-        self.emit("rank", state="running", pid=os.getpid(), host=socket.gethostname(),
+        self.emit(events.Rank(rank=self.rank, state="running", pid=os.getpid(), host=socket.gethostname(),
                   gpu=self.gpu, device=f"GPU {self.gpu}" if self.gpu is not None else "cpu",
-                  api="ddptui.rank.wrap", local_rank=self.local_rank)
+                  api="ddptui.rank.wrap", local_rank=self.local_rank))
         if self.rank == 0:
-            self.emit("run", status="started", model=label, script=" ".join(sys.argv), data="",
-                      epochs=0, world_size=self.world_size,
-                      device_kind="cuda" if self.gpu is not None else "cpu")
+            self.emit(events.Run(rank=self.rank, status="started", model=label,
+                                 script=" ".join(sys.argv), data="", epochs=0,
+                                 world_size=self.world_size,
+                      device_kind="cuda" if self.gpu is not None else "cpu"))
         self.tees = [Tee(fd, self._on_line) for fd in (1, 2)]
         threading.Thread(target=self._send, name="ddptui-wrap-sender", daemon=True).start()
 
-    def emit(self, kind: str, **fields) -> None:
+    def emit(self, ev: events.Event) -> None:
         with self._lock:
-            self._put(event(kind, self.rank, **fields))
+            self._put(ev)
 
-    def _put(self, ev: dict) -> None:  # under self._lock
-        data = (json.dumps(ev) + "\n").encode()
+    def _put(self, ev: events.Event) -> None:  # under self._lock
+        data = encode(ev).encode()
         try:  # a signal (the sidecar's for stacks) can cut a long write short: the rest follows
             while data:
                 data = data[os.write(self._out, data):]
@@ -142,16 +143,16 @@ class RankWatch:
         line, self._line = self._line, None
         if line is not None:
             self._line_t = now
-            self.emit("output", text=line[0], final=line[1])
+            self.emit(events.Output(rank=self.rank, text=line[0], final=line[1]))
 
     def _send_lines(self) -> None:
         with self._lock:
             lines, dropped, self._lines, self._dropped = self._lines, self._dropped, [], 0
         if lines or dropped:
-            self.emit("lines", lines=lines, **({"dropped": dropped} if dropped else {}))
+            self.emit(events.Lines(rank=self.rank, lines=lines, dropped=dropped or None))
 
-    def _emit_figure(self, kind: str, **fields) -> None:  # under self._lock already
-        self._put(event(kind, self.rank, **fields))
+    def _emit_figure(self, ev: events.Event) -> None:  # under self._lock already
+        self._put(ev)
 
     def _send(self) -> None:
         while not self._halt.wait(SEND_EVERY_S):
@@ -163,16 +164,16 @@ class RankWatch:
     # -- the end ---------------------------------------------------------------------------
     def failed(self, exc: BaseException, lines: list[str], code: int) -> None:
         text = f"{type(exc).__name__}: {exc}"
-        self.emit("error", text=text, traceback=lines, exit_code=code, pid=os.getpid())
-        self.emit("rank", state="crashed", reason=text, exit_code=code, pid=os.getpid())
+        self.emit(events.Error(rank=self.rank, text=text, traceback=lines, exit_code=code, pid=os.getpid()))
+        self.emit(events.Rank(rank=self.rank, state="crashed", reason=text, exit_code=code, pid=os.getpid()))
         if self.rank == 0:
-            self.emit("run", status="failed", exit_code=code, reason=f"rank 0: {text}")
+            self.emit(events.Run(rank=self.rank, status="failed", exit_code=code, reason=f"rank 0: {text}"))
 
     def finished(self, code: int) -> None:
-        self.emit("rank", state="done" if code == 0 else "crashed", exit_code=code,
-                  pid=os.getpid(), **({} if code == 0 else {"reason": f"exited with code {code}"}))
+        self.emit(events.Rank(rank=self.rank, state="done" if code == 0 else "crashed", exit_code=code,
+                  pid=os.getpid(), reason=None if code == 0 else f"exited with code {code}"))
         if self.rank == 0:
-            self.emit("run", status="done" if code == 0 else "failed", exit_code=code)
+            self.emit(events.Run(rank=self.rank, status="done" if code == 0 else "failed", exit_code=code))
 
     def close(self) -> None:
         """Flush the streams through the tees, send what is left, and let go of the link."""

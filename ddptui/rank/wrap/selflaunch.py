@@ -11,13 +11,13 @@ Loaded by ddptui's sitecustomize; the standard library alone until the script im
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 import sys
 import time
 import traceback
 
+from ddptui.contract.protocol.codec import dumps
 from ddptui.rank.patching import after_import
 
 DOOR = "DDPTUI_RELAUNCH"  # the run's rank socket, in a rank whose run may start it again
@@ -62,7 +62,7 @@ def _told(how: str) -> bool:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(5.0)
             s.connect(path)
-            s.sendall((json.dumps({"launches": os.getpid(), "how": how[:300]}) + "\n").encode())
+            s.sendall((dumps({"launches": os.getpid(), "how": how[:300]}) + "\n").encode())
             return s.recv(1) == b"+"  # the run's answer: it starts the script again
     except OSError:
         return False

@@ -10,7 +10,6 @@ its stacks on a signal, torch's NCCL watchdog dumps the flight recorder through 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -21,12 +20,14 @@ import time
 import psutil
 
 from ddptui.contract.channel import load_key, parse_address
-from ddptui.contract.events import event
 from ddptui.contract.gpu import DeviceSampler
 from ddptui.contract.observe.endings import ended_how
 from ddptui.contract.observe.flight import DUMP_WAIT_S, FlightDumps, compact, summary
 from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, innermost
 from ddptui.contract.observe.vitals import read_vitals
+from ddptui.contract.protocol import events
+from ddptui.contract.protocol.codec import decode
+from ddptui.contract.protocol.orders import AskStacks, EndWrapped, KillWrapped
 from ddptui.rank.elastic.lifeline import die_with_parent
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
 
@@ -44,33 +45,32 @@ class Sidecar:
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._sampled = threading.Event()
-        self.device = DeviceSampler(lambda kind, **f: self.emit(kind, **f),
-                                    lambda text: self.emit("message", level="warning", text=text),
-                                    args.gpu)
+        self.device = DeviceSampler(args.rank, self.emit, lambda text: self.emit(
+            events.Notice(rank=self.rank, level="warning", text=text)), args.gpu)
         self.flight = FlightDumps(args.flight) if args.flight else None
         self._asking = threading.Lock()  # one request at a time: they share the stacks file
         self.gone = threading.Event()  # the rank died, or closed its end of the pipe
         self.gone_at = 0.0
-        self.ended: dict | None = None  # the rank's own word of its end, passed on
+        self.ended: events.Rank | None = None  # the rank's own word of its end, passed on
         self.terminated: float | None = None  # when a SIGTERM came (its launcher's, mostly)
         self.killed_at: float | None = None  # when k's SIGKILL was sent
         self.end_grace: float | None = None  # K's grace, once K asked this rank to end
 
-    def emit(self, kind: str, **fields) -> None:
-        self.put(event(kind, self.rank, **fields))
+    def emit(self, ev: events.Event) -> None:
+        self.put(ev)
 
-    def put(self, ev: dict) -> None:
+    def put(self, ev: events.Event) -> None:
         with self._lock:
             self.link.put(ev)
 
-    def run(self, events) -> None:
+    def run(self, lines) -> None:
         """Until the rank is gone: then how it ended, if it could not say so itself, and what is
         buffered are sent. Its end comes as its end of the pipe closing or, where a process it
         forked holds that open, as the kernel's signal (RANK_GONE)."""
         self.device.start()
         for target, name in ((self._sample, "sampler"), (self._commands, "commands")):
             threading.Thread(target=target, name=f"ddptui-sidecar-{name}", daemon=True).start()
-        threading.Thread(target=self._forward, args=(events,), name="ddptui-sidecar-events",
+        threading.Thread(target=self._forward, args=(lines,), name="ddptui-sidecar-events",
                          daemon=True).start()
         while not self.gone.wait(0.5):  # the rank's end: its pipe closed, or the kernel's word
             if self.terminated and time.monotonic() - self.terminated > TERM_GRACE_S:
@@ -80,20 +80,19 @@ class Sidecar:
             if code is not None or not psutil.pid_exists(self.pid):
                 # Dated when it died (k) or was seen to: the job's first failure is the
                 # earliest, and a peer's error at its death comes a moment later.
-                self.put({**event("rank", self.rank, **self.end_of(code)),
-                          "t": round(self.killed_at or self.gone_at, 3)})
+                self.put(events.Rank(rank=self.rank, t=round(self.killed_at or self.gone_at, 3),
+                                     **self.end_of(code)))
         self._halt.set()
         self._sampled.wait(SAMPLE_EVERY_S)  # the last sample: the rank waits for this process
         self.device.stop()
         self.link.close()
 
-    def _forward(self, events) -> None:
-        for line in events:
-            try:
-                ev = json.loads(line)
-            except ValueError:
+    def _forward(self, lines) -> None:
+        for line in lines:
+            ev = decode(line)
+            if ev is None:
                 continue
-            if ev.get("kind") == "rank" and ev.get("state") in ("done", "crashed"):
+            if isinstance(ev, events.Rank) and ev.state in ("done", "crashed"):
                 self.ended = ev
             self.put(ev)
         self.rank_gone()
@@ -152,23 +151,25 @@ class Sidecar:
     def _send_sample(self, rank: psutil.Process, cpu_percent: float) -> None:
         vitals = read_vitals(self.args.vitals) if self.args.vitals else None
         with rank.oneshot():
-            self.emit("process", pid=self.pid, status=rank.status(), cpu_percent=cpu_percent,
-                      rss=rank.memory_info().rss >> 20,
-                      **({"opt_steps": vitals[0], "moves": vitals[1]} if vitals else {}))
+            self.emit(events.Process(rank=self.rank, pid=self.pid, status=rank.status(),
+                                     cpu_percent=cpu_percent, rss=rank.memory_info().rss >> 20,
+                                     opt_steps=vitals[0] if vitals else None,
+                                     moves=vitals[1] if vitals else None))
 
     def _commands(self) -> None:
         try:
             while True:
                 cmd = self.link.inbox.recv()
-                if cmd.get("op") == "stacks":
+                if isinstance(cmd, AskStacks):
                     threading.Thread(target=self._stacks, daemon=True,
                                      name="ddptui-sidecar-stacks").start()
-                elif cmd.get("op") == "kill":  # k in attach: the launcher does the rest
+                elif isinstance(cmd, KillWrapped):  # k in attach: the launcher does the rest
                     self.killed_at = time.time()
                     os.kill(self.pid, signal.SIGKILL)
-                elif cmd.get("op") == "end":  # K: the whole job ends
-                    threading.Thread(target=self._end, args=(float(cmd.get("grace", 10.0)),),
-                                     name="ddptui-sidecar-end", daemon=True).start()
+                elif isinstance(cmd, EndWrapped):  # K: the whole job ends
+                    grace = 10.0 if cmd.grace is None else cmd.grace
+                    threading.Thread(target=self._end, args=(grace,), name="ddptui-sidecar-end",
+                                     daemon=True).start()
         except (EOFError, OSError):
             pass
 
@@ -193,18 +194,18 @@ class Sidecar:
         stacks = _wait(lambda: requests.collect(time.monotonic())) if asked else None
         # The rank's number is the event's: the events pane puts "rank N: " before the text.
         where = innermost(stacks) if stacks else ""
-        self.emit("message", level="info" if stacks else "warning",
-                  text=(f"is in {where}" if where else "stacks taken") if stacks else
-                  f"no Python stacks: {'no answer' if asked else NO_HANDLER}",
-                  stacks_of=self.rank, stacks=stacks or "")
+        self.emit(events.Stacks(rank=self.rank, level="info" if stacks else "warning",
+                                text=(f"is in {where}" if where else "stacks taken") if stacks
+                                else f"no Python stacks: {'no answer' if asked else NO_HANDLER}",
+                                stacks_of=self.rank, stacks=stacks or ""))
         if self.flight is None or not self.flight.ask(self.rank, time.monotonic()):
             return
         trace = _wait(lambda: self.flight.collect(time.monotonic()), DUMP_WAIT_S + 1)
         nccl = summary(trace)
         if nccl is not None:
-            self.emit("message", level="info", text=nccl,
-                      stacks_of=self.rank, stacks=f"{nccl}\n\n{stacks}" if stacks else nccl,
-                      flight=compact(trace))
+            self.emit(events.Stacks(rank=self.rank, level="info", text=nccl, stacks_of=self.rank,
+                                    stacks=f"{nccl}\n\n{stacks}" if stacks else nccl,
+                                    flight=compact(trace)))
 
 
 def exit_status(pid: int, within: float = 0.5) -> int | None:
@@ -264,8 +265,8 @@ def main(argv: list[str]) -> int:
     die_with_parent(RANK_GONE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the rank's to handle
     try:
-        with os.fdopen(args.events, encoding="utf-8", errors="replace") as events:
-            sidecar.run(events)
+        with os.fdopen(args.events, encoding="utf-8", errors="replace") as lines:
+            sidecar.run(lines)
     finally:
         shutil.rmtree(args.scratch, ignore_errors=True)
     return 0

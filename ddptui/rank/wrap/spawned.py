@@ -10,7 +10,6 @@ and only a process that joins a process group imports more.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ import sys
 import threading
 import traceback
 
+from ddptui.contract.protocol.codec import dumps
 from ddptui.rank.patching import after_import
 
 SOCKET = "DDPTUI_RANKS"  # the run's Unix socket, where a rank's streams and the ends go
@@ -40,7 +40,7 @@ class _Launcher:
             code = os.waitstatus_to_exitcode(status)
         except ValueError:  # stopped, not ended
             return
-        line = (json.dumps({"ended": pid, "code": code}) + "\n").encode()
+        line = (dumps({"ended": pid, "code": code}) + "\n").encode()
         with self.lock:
             try:
                 if self.sock is None:
@@ -53,7 +53,7 @@ class _Launcher:
 def _connect(path: str, hello: dict) -> socket.socket:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
-    s.sendall((json.dumps(hello) + "\n").encode())
+    s.sendall((dumps(hello) + "\n").encode())
     return s
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import time
 
+from ddptui.contract.protocol.events import PARENT, Autotune
+
 SETTLE_S = 2.0  # after a trial's settings land: new workers start, queues fill
 MEASURE_S = 3.0
 WARMUP_S = 3.0  # after the first step, before the first trial (cudnn autotuning, first batches)
@@ -81,8 +83,9 @@ class Autotuner:
         self._apply(best)
         self.done = True
         tried = "; ".join(f"{describe_settings(s)} {r:,.0f}" for s, r in self.results)
-        self.sup.say(f"autotune kept {describe_settings(best)} ({rate:,.0f} img/s; tried {tried})",
-                     autotune=best)
+        self.sup.record(Autotune(rank=PARENT, level="info", autotune=best,
+                                  text=f"autotune kept {describe_settings(best)} ({rate:,.0f} "
+                                       f"img/s; tried {tried})"))
 
     def _apply(self, settings: dict) -> None:
         current = self.sup.state.vitals().settings

@@ -15,6 +15,8 @@ import psutil
 
 from ddptui.contract.observe.endings import SELF_INFLICTED, crash_cause, ended_how, tail_lines
 from ddptui.contract.options.config import RunConfig
+from ddptui.contract.protocol.codec import decode, encode
+from ddptui.contract.protocol.orders import Order
 from ddptui.contract.rankspec import RankSpec, run_builtin_rank
 from ddptui.contract.states import RankState
 from ddptui.run.builtin.helpers import ending, forkserver_pid, start_helpers
@@ -45,10 +47,10 @@ class RankProcess:
     def alive(self) -> bool:
         return self.process.exitcode is None
 
-    def tell(self, cmd: dict) -> None:
+    def tell(self, cmd: Order) -> None:
         if self.alive:
             try:
-                self.inbox.send(cmd)
+                self.inbox.send_bytes(encode(cmd).encode())
             except OSError:  # it died this instant; the sentinel says so next
                 pass
 
@@ -123,7 +125,9 @@ class ProcessPool:
         for r in self.procs:
             try:
                 while not r.telemetry.closed and r.telemetry.poll():
-                    handle(r.telemetry.recv())
+                    ev = decode(r.telemetry.recv_bytes())
+                    if ev is not None:
+                        handle(ev)
             except (EOFError, OSError):
                 r.telemetry.close()
 

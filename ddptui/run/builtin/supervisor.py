@@ -13,8 +13,18 @@ import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
-from ddptui.contract.events import PARENT, event
 from ddptui.contract.options.config import RunConfig
+from ddptui.contract.protocol.events import PARENT, Beat, Event, Gpu, Notice, Rank, Run, Settings, Step, World
+from ddptui.contract.protocol.orders import (
+    AskStacks,
+    KillRank,
+    Order,
+    Recover,
+    Reform,
+    RestartRank,
+    Stop,
+    StopRank,
+)
 from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
@@ -61,9 +71,9 @@ class Supervisor(OwnedRun):
                                  self._pipeline)
         self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
         # The supervisor's own commands; the rest go to the world's rank 0.
-        self._own = {"stop": self._stop, "stop_rank": self._change_world,
-                     "restart_rank": self._change_world, "kill_rank": self._kill_asked,
-                     "stacks": self._ask_stacks}
+        self._own = {Stop: self._stop, StopRank: self._change_world,
+                     RestartRank: self._change_world, KillRank: self._kill_asked,
+                     AskStacks: self._ask_stacks}
 
     @property
     def slots(self) -> dict[int, RankProcess]:
@@ -85,48 +95,40 @@ class Supervisor(OwnedRun):
         return None
 
     # -- events --------------------------------------------------------------------------------
-    def _emit(self, kind: str, **fields) -> None:
-        self._handle(event(kind, PARENT, **fields))
-
-    def _handle(self, ev: dict) -> None:
+    def _handle(self, ev: Event) -> None:
         """Every event, ours or a rank's, goes through here: state, log, then decisions."""
-        if ev["kind"] in ("step", "beat", "gpu"):
+        if isinstance(ev, (Step, Beat, Gpu)):
             self.watchdog.observe(ev)
-            if ev["kind"] == "beat":  # for the watchdog only: the log keeps what it concluded
+            if isinstance(ev, Beat):  # for the watchdog only: the log keeps what it concluded
                 return
         self.state.apply(ev)
         self._log(ev)
         match ev:
-            case {"kind": "message"}:
-                self._on_message(ev)
-            case {"kind": "world", "generation": int(gen)} if gen and ev["rank"] != PARENT:
+            case Notice() if (why := self.outcome.message(ev)):
+                self.stop("failed", EXIT_USAGE, why)
+            case World(generation=int(gen)) if gen and ev.rank != PARENT:
                 if not self.world.idle() and gen == self.world.change["gen"]:
-                    self.watchdog.restart_clock(self.members, ev["t"])
+                    self.watchdog.restart_clock(self.members, ev.t)
                 self._act(self.world.world_confirmed(gen, time.time()))
                 self._act(self.world.ask_again(self.state.unanswered()))
-            case {"kind": "run", "status": "resumed"}:
-                self.watchdog.restart_clock(self.members, ev["t"])
-            case {"kind": "settings", "status": "applied"}:
-                self.watchdog.restart_clock(self.members, ev["t"], first_step=True)
+            case Run(status="resumed"):
+                self.watchdog.restart_clock(self.members, ev.t)
+            case Settings(status="applied"):
+                self.watchdog.restart_clock(self.members, ev.t, first_step=True)
 
-    def _on_message(self, ev: dict) -> None:
-        why = self.outcome.message(ev)
-        if why:
-            self.stop("failed", EXIT_USAGE, why)
-
-    def _from_rank(self, ev: dict) -> None:
+    def _from_rank(self, ev: Event) -> None:
         """A rank's own event: its state moves the slot's process on; while the slot is out of
         the world, its standby's states are shown as a detail of why it is out."""
-        slot = ev["rank"]
-        if self.outcome.known_bad(ev):
+        slot = ev.rank
+        if isinstance(ev, Notice) and self.outcome.known_bad(ev):
             return  # another rank met it too: each file is named once in the run
-        if ev["kind"] == "rank" and slot in self.slots:
-            rp, state = self.slots[slot], ev.get("state")
-            if state == RankState.RUNNING and not rp.state.is_final:
+        if isinstance(ev, Rank) and slot in self.slots:
+            rp = self.slots[slot]
+            if ev.state == RankState.RUNNING and not rp.state.is_final:
                 rp.state = RankState.RUNNING
                 self.world.entered(slot)
-                self.watchdog.restart_clock([slot], ev["t"])
-            elif state == RankState.STANDBY and rp.state == RankState.STARTING:
+                self.watchdog.restart_clock([slot], ev.t)
+            elif ev.state == RankState.STANDBY and rp.state == RankState.STARTING:
                 rp.state = RankState.STANDBY
                 self._handle(self._as_out(ev, "ready"))
                 if self._running():
@@ -134,16 +136,16 @@ class Supervisor(OwnedRun):
                 return
         self._handle(ev)
 
-    def _as_out(self, ev: dict, standby: str) -> dict:
-        out = self.world.out.get(ev["rank"])
+    def _as_out(self, ev: Rank, standby: str) -> Rank:
+        out = self.world.out.get(ev.rank)
         if out is None:
-            return {**ev, "standby": standby}
-        return {**ev, "state": out[0], "reason": out[1], "standby": standby}
+            return ev.replace(standby=standby)
+        return ev.replace(state=out[0], reason=out[1], standby=standby)
 
     def _flag(self, slot: int, state: str, reason: str, fields: dict) -> None:
         rp = self.slots[slot]
-        self._handle(event("rank", slot, state=state, pid=rp.process.pid, gpu=rp.gpu,
-                           reason=reason, **fields))
+        self._handle(Rank(rank=slot, state=state, pid=rp.process.pid, gpu=rp.gpu, reason=reason,
+                          **fields))
 
     # -- the thread ----------------------------------------------------------------------------
     def _main(self) -> None:
@@ -151,7 +153,7 @@ class Supervisor(OwnedRun):
         try:
             self.sampler = RunSampler(self.config.devices.gpus, self._handle,
                                       lambda text: self.say(text, "warning"))
-            self._emit("run", status="started", pid=os.getpid(), **self.state.meta)
+            self._handle(Run(rank=PARENT, status="started", pid=os.getpid(), **self.state.meta))
             prepare_data(self.config, self.say)
             if self.outcome.stop is None:
                 self._spawn()
@@ -159,12 +161,12 @@ class Supervisor(OwnedRun):
             done = bool(self.members) and all(self.slots[s].state == RankState.DONE
                                               for s in self.members)
             status, code, reason = self.outcome.result(done)
-            self._emit("run", status=status, exit_code=code, reason=reason,
-                       seconds=round(time.time() - (self.state.started_t or time.time()), 2),
-                       best_val_acc=self.state.best_val_acc)
+            self._handle(Run(rank=PARENT, status=status, exit_code=code, reason=reason,
+                             seconds=round(time.time() - (self.state.started_t or time.time()), 2),
+                             best_val_acc=self.state.best_val_acc))
         except Exception as e:  # a bug of ours: still end every process and say why
-            self._emit("run", status="failed", exit_code=EXIT_FAILED,
-                       reason=f"supervisor error: {type(e).__name__}: {e}")
+            self._handle(Run(rank=PARENT, status="failed", exit_code=EXIT_FAILED,
+                             reason=f"supervisor error: {type(e).__name__}: {e}"))
             raise
         finally:
             try:
@@ -185,7 +187,7 @@ class Supervisor(OwnedRun):
         for slot, gpu in enumerate(gpus):
             self._start_process(slot, gpu, init, standby=False)
         self.world = Membership(list(range(world)), self.world.new_address)
-        self._emit("world", size=world, ranks=list(self.members), generation=0)
+        self._handle(World(rank=PARENT, size=world, ranks=list(self.members), generation=0))
         self.watchdog.restart_clock(self.members, time.time())
         if self.policy.autotune:
             from ddptui.run.builtin.autotune import Autotuner, candidates
@@ -197,8 +199,8 @@ class Supervisor(OwnedRun):
         rp = self.pool.start(slot, gpu, init, standby)
         self.outcome.errors.pop(slot, None)
         self.watchdog.forget(slot)
-        ev = event("rank", slot, state=RankState.STARTING, pid=rp.process.pid, gpu=gpu,
-                   device=f"GPU {gpu}" if gpu is not None else "cpu")
+        ev = Rank(rank=slot, state=RankState.STARTING, pid=rp.process.pid, gpu=gpu,
+                  device=f"GPU {gpu}" if gpu is not None else "cpu")
         self._handle(self._as_out(ev, "warming") if standby else ev)
 
     def _loop(self) -> None:
@@ -293,17 +295,17 @@ class Supervisor(OwnedRun):
         r.state = state
         if state.is_final:
             self.watchdog.forget(r.slot)
-        self._handle(event("rank", r.slot, state=state.value, pid=r.process.pid, gpu=r.gpu,
-                           reason=reason, exit_code=r.process.exitcode))
+        self._handle(Rank(rank=r.slot, state=state.value, pid=r.process.pid, gpu=r.gpu,
+                          reason=reason, exit_code=r.process.exitcode))
 
     def _fail(self, code: int, reason: str) -> None:
         """A rank lost beyond recovery, or bad input: the others are ended, cleanly and at once."""
         if self.outcome.fail(code, reason):
             self._end_now()
 
-    def _tell(self, slot: int, order: dict) -> None:
+    def _tell(self, slot: int, order: Order) -> None:
         self.slots[slot].tell(order)
-        if order.get("op") in ("recover", "reform"):
+        if isinstance(order, (Recover, Reform)):
             self.watchdog.restart_clock(self.members, time.time())
 
     def _joining(self, slot: int) -> None:
@@ -322,24 +324,24 @@ class Supervisor(OwnedRun):
         self.pool.kill(slot, why)
 
     # -- commands ------------------------------------------------------------------------------
-    def _send(self, cmd: dict) -> None:
+    def _send(self, cmd: Order) -> None:
         self._act(self.world.to_leader(cmd))
 
-    def _change_world(self, cmd: dict) -> None:
-        slot, now = cmd["slot"], time.time()
+    def _change_world(self, cmd: StopRank | RestartRank) -> None:
+        slot, now = cmd.rank, time.time()
         if self._running() and slot in self.slots:
-            self._act(self.world.stop(slot, now) if cmd["op"] == "stop_rank" else
+            self._act(self.world.stop(slot, now) if isinstance(cmd, StopRank) else
                       self.world.restart(slot, self.slots[slot].alive, now))
 
-    def _kill_asked(self, cmd: dict) -> None:
-        slot, flagged = cmd["slot"], self.watchdog.flags.get(cmd["slot"])
+    def _kill_asked(self, cmd: KillRank) -> None:
+        slot, flagged = cmd.rank, self.watchdog.flags.get(cmd.rank)
         if slot not in self.members:
             self.say(f"rank {slot} is not running", "warning")
             return
         self._kill(slot, f"k: {flagged}" if flagged else "k")
 
-    def _ask_stacks(self, cmd: dict) -> None:
-        slot = cmd["slot"]
+    def _ask_stacks(self, cmd: AskStacks) -> None:
+        slot = cmd.rank
         rp = self.slots.get(slot)
         if rp is None or not rp.alive:
             self.say(f"rank {slot} has no live process to ask for its stacks", "warning")
@@ -365,7 +367,7 @@ class Supervisor(OwnedRun):
         elif any(r.state == RankState.RUNNING for r in members) and self.state.first_step_t:
             self.say("stopping: ranks finish their step"
                      + (" and checkpoint" if self.config.checkpoint.dir else ""))
-            self._send({"op": "stop"})
+            self._send(Stop())
             self._stop_deadline = time.monotonic() + STOP_GRACE_S
         else:  # still starting up: nothing to save, nothing to agree on
             self._end_now()

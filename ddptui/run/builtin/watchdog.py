@@ -12,10 +12,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddptui.contract.observe.stacks import StackRequests, say_stacks
+from ddptui.contract.observe.stacks import StackRequests, stacks_said
+from ddptui.contract.protocol.events import Beat, Gpu, Step
 from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls
 from ddptui.contract.states import RankState
-from ddptui.run.actions import Action, Flag, Kill, Say
+from ddptui.run.actions import Action, Flag, Kill, Record
 from ddptui.run.inputwatch import InputWatch, Pipeline
 
 CHECK_EVERY_S = 0.5
@@ -45,8 +46,8 @@ class Watchdog:
         self.process, self.pipeline = process, pipeline
         self.last_step: dict[int, float] = {}
         self.step_ms: dict[int, deque] = {}
-        self.beats: dict[int, tuple[float, dict]] = {}
-        self.gpus: dict[int, dict] = {}  # slot -> its GPU's latest reading
+        self.beats: dict[int, Beat] = {}
+        self.gpus: dict[int, Gpu] = {}  # slot -> its GPU's latest reading
         self.since: dict[int, float] = {}  # slot -> when it (re)entered the world or resumed
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting | slow
         self.stepped: set[int] = set()  # slots whose current process has finished a step
@@ -57,19 +58,18 @@ class Watchdog:
         self._streak: dict[int, tuple[bool, int]] = {}  # slot -> (slow?, checks in a row)
         self._next = 0.0
 
-    def observe(self, ev: dict) -> None:
-        slot = ev["rank"]
+    def observe(self, ev: Step | Beat | Gpu) -> None:
+        slot = ev.rank
         match ev:
-            case {"kind": "step"}:
-                self.last_step[slot] = ev["t"]
+            case Step():
+                self.last_step[slot] = ev.t
                 self.stepped.add(slot)
-                self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.get("step_ms") or 0.0)
-                self.stragglers.add(slot, ev.get("steps", 1), ev.get("step_ms") or 0.0,
-                                    ev.get("data_wait") or 0.0)
+                self.step_ms.setdefault(slot, deque(maxlen=50)).append(ev.step_ms or 0.0)
+                self.stragglers.add(slot, ev.steps or 1, ev.step_ms or 0.0, ev.data_wait or 0.0)
                 self.inputs.observe(ev)
-            case {"kind": "beat"}:
-                self.beats[slot] = (ev["t"], ev)
-            case {"kind": "gpu"}:
+            case Beat():
+                self.beats[slot] = ev
+            case Gpu():
                 self.gpus[slot] = ev
 
     def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
@@ -118,18 +118,19 @@ class Watchdog:
         pipeline = None if verdicts else self.pipeline()
         said = pipeline and self.inputs.check([m.slot for m in members], pipeline)
         if said:
-            out.append(Say(*said))
+            out.append(Record(said))
         return out
 
     def _seen(self, m: Member, now: float) -> Seen:
         since = max(self.last_step.get(m.slot, 0.0), self.since.get(m.slot, now))
         recent = self.step_ms.get(m.slot)
-        beat_t, beat = self.beats.get(m.slot, (None, {}))
+        beat = self.beats.get(m.slot)
         status, cpu = self.process(m.pid)
-        gpu = self.gpus.get(m.slot, {})
-        return Seen(m.slot, since, statistics.median(recent) / 1000 if recent else None, beat_t,
-                    beat.get("global_step"), beat.get("phase", ""), status, cpu,
-                    gpu.get("util") if m.gpu is not None else None, m.slot in self.stepped)
+        gpu = self.gpus.get(m.slot)
+        return Seen(m.slot, since, statistics.median(recent) / 1000 if recent else None,
+                    beat and beat.t, beat and beat.global_step, beat.phase if beat else "",
+                    status, cpu, gpu.util if gpu is not None and m.gpu is not None else None,
+                    m.slot in self.stepped)
 
     def _update(self, m: Member, verdict: tuple | None, now: float) -> list[Action]:
         old = self.flags.get(m.slot)
@@ -163,9 +164,8 @@ class Watchdog:
         return count[1] >= SLOW_HOLD
 
     def _stacks_in(self, slot: int, text: str | None) -> list[Action]:
-        out: list[Action] = []
-        say_stacks(lambda line, level, **fields: out.append(Say(line, level, fields)), slot, text,
-                   self.flags.get(slot) == RankState.STALLED)
+        out: list[Action] = [Record(stacks_said(slot, text,
+                                                self.flags.get(slot) == RankState.STALLED))]
         if slot in self._kill_pending:
             out.append(Kill(slot, f"--on-stall recover: {self._kill_pending.pop(slot)}"))
         return out

@@ -5,7 +5,6 @@ groups, so DataLoader workers and other children are ended with their rank.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -21,6 +20,7 @@ from ddptui.contract.observe.flight import trace_prefix
 from ddptui.contract.observe.output import Console, StreamReader, last_traceback
 from ddptui.contract.observe.streams import Route
 from ddptui.contract.observe.vitals import vitals_path
+from ddptui.contract.protocol.codec import parse
 from ddptui.contract.wording import count
 from ddptui.run.outcome import EXIT_FAILED
 from ddptui.run.script.launch import Attempt, command, rank_env
@@ -116,7 +116,7 @@ def recorded_error(path: str) -> list[str]:
     lines ending in `Type: message`, as Python prints one; none without a readable file."""
     try:
         with open(path) as f:
-            message = json.load(f)["message"]
+            message = (parse(f.read()) or {})["message"]
         callstack = message.get("extraInfo", {}).get("py_callstack", "") \
             if isinstance(message, dict) else ""
         text = message["message"] if isinstance(message, dict) else str(message)

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from ddptui.contract.events import PARENT, event
 from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.launchers import collided
+from ddptui.contract.protocol.events import PARENT, Notice, Rank, World
 from ddptui.contract.states import RankState
 from ddptui.run.script.group import LAUNCHER, ScriptRank
 from ddptui.run.script.launch import described
@@ -32,7 +32,7 @@ class LaunchedRanks:
         return RankDoor(lambda hello, fd: put(("adopt", hello, fd)),
                         lambda pid, code: put(("ended", pid, code)),
                         lambda pid, how: put(("launches", pid, how)),
-                        lambda text: put(event("message", PARENT, level="warning", text=text)))
+                        lambda text: put(Notice(rank=PARENT, level="warning", text=text)))
 
     def _launched(self) -> bool:
         """A new attempt started: no rank of it has failed, its process (a launcher, or a lone
@@ -116,12 +116,12 @@ class LaunchedRanks:
             return
         self.world.slots.append(r.slot)
         self.watch.attempt([r.slot], now)
-        self._handle(event("rank", r.slot, state=RankState.RUNNING, pid=r.pid, gpu=r.gpu,
+        self._handle(Rank(rank=r.slot, state=RankState.RUNNING, pid=r.pid, gpu=r.gpu,
                            device=f"GPU {r.gpu}" if r.gpu is not None else "cpu",
                            reason=f"joined a process group of {hello['world']} "
                                   f"(started by pid {launcher.pid})"))
         if hello["world"] != self.state.meta.get("world_size"):
-            self._handle(event("world", PARENT, size=hello["world"],
+            self._handle(World(rank=PARENT, size=hello["world"],
                                ranks=list(range(hello["world"])), generation=0))
 
     def _copies_failed(self, text: str) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ddptui.contract.events import PARENT
+from ddptui.contract.protocol.events import PARENT, Event, Rank, World
 from ddptui.contract.states import RankState
 from ddptui.run.membership import Fail, Membership
 from ddptui.run.ports import free_port
@@ -54,24 +54,23 @@ class ScriptWorld:
         return bool(self.slots) and all("elastic" in self.controls.get(s, ())
                                         for s in self.slots)
 
-    def reported(self, ev: dict) -> list:
+    def reported(self, ev: Event) -> list:
         """A rank's event: what it takes, that it entered or left a world, a world it confirmed."""
-        slot = ev["rank"]
-        if ev["kind"] == "rank" and ev.get("control"):
-            self.controls[slot] = set(ev["control"])
+        slot = ev.rank
+        if isinstance(ev, Rank) and ev.control:
+            self.controls[slot] = set(ev.control)
         match ev:
-            case {"kind": "rank", "state": RankState.STANDBY} \
-                    if self.is_standby(slot, ev.get("pid")):
+            case Rank(state=RankState.STANDBY) if self.is_standby(slot, ev.pid):
                 return self.membership.standby_ready(slot, time.time())
-            case {"kind": "rank", "standby": "prepared"}:
+            case Rank(standby="prepared"):
                 return self.membership.prepared(slot, time.time())
-            case {"kind": "rank", "state": RankState.RUNNING}:
+            case Rank(state=RankState.RUNNING):
                 self.membership.entered(slot)
-            case {"kind": "rank", "state": RankState.STOPPED} if slot in self.membership.leaving:
-                self.left.add(ev.get("pid"))  # out of the world; its process ends next
+            case Rank(state=RankState.STOPPED) if slot in self.membership.leaving:
+                self.left.add(ev.pid)  # out of the world; its process ends next
                 return self.membership.left(slot)  # a standby, if r asked for it back
-            case {"kind": "world", "generation": int(gen)} if gen and slot != PARENT:
-                self.leader = ev["ranks"][0]
+            case World(generation=int(gen)) if gen and slot != PARENT:
+                self.leader = ev.ranks[0]
                 return self.membership.world_confirmed(gen, time.time())
         return []
 

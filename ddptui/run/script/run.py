@@ -13,10 +13,11 @@ import signal
 import threading
 import time
 
-from ddptui.contract.events import PARENT, event
 from ddptui.contract.listener import ReportListener
 from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.flight import trace_prefix
+from ddptui.contract.protocol import orders
+from ddptui.contract.protocol.events import PARENT, Error, Event, Notice, Rank, Run, World
 from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
@@ -55,7 +56,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self._key = secrets.token_hex(16)
         self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
                                     lambda level, text: self._inbox.put(
-                                        event("message", PARENT, level=level, text=text)))
+                                        Notice(rank=PARENT, level=level, text=text)))
         self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
         self.door = self._door(self._inbox.put)
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
@@ -70,14 +71,14 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         # A failed run waits for r or q while a dashboard shows it (in the run's own process:
         # while one is attached; with none, nobody is there to press r).
         self.watched = lambda: not config.headless
-        self._own = {"stop": self._stop, "stacks": self._ask_stacks, "restart": self._restart_group,
-                     "stop_rank": self._stop_rank, "kill_rank": self._kill_rank,
-                     "restart_rank": self._restart_rank}
+        self._own = {orders.Stop: self._stop, orders.AskStacks: self._ask_stacks,
+                     orders.RestartGroup: self._restart_group, orders.StopRank: self._stop_rank,
+                     orders.KillRank: self._kill_rank, orders.RestartRank: self._restart_rank}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
     def restart_group(self, kill: int | None = None) -> None:
         """Every rank ends (SIGTERM, `kill` at once) and the group starts again."""
-        self._commands.put({"op": "restart", "kill": kill})
+        self._commands.put(orders.RestartGroup(kill=kill))
 
     def restarts_group(self, key: str) -> bool:
         """s, r and k restart every rank, but under run.elastic(); k kills one rank of a
@@ -95,7 +96,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     def pids(self) -> set[int]:
         return self.group.pids() if self.group else set()
 
-    def _order(self, cmd: dict, note: dict | None = None) -> None:
+    def _order(self, cmd: orders.Order, note: Event | None = None) -> None:
         # Straight to the ranks' leader (the link is thread-safe); with no rank that opted in to
         # the control, nothing was asked.
         if self._link.order(cmd) and note is not None:
@@ -104,7 +105,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     _send = _order  # what the run does not carry out itself goes to the ranks
 
     # -- the thread ----------------------------------------------------------------------------
-    def _handle(self, ev: dict) -> None:
+    def _handle(self, ev: Event) -> None:
         self.state.apply(ev)
         self._log(ev)
         if self._tensorboard is not None:
@@ -124,7 +125,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                 self._end_attempt()
         except Exception as e:  # a bug of ours: still end every process and say why
             self.exit_code = EXIT_FAILED
-            self._handle(event("run", PARENT, status="failed", exit_code=EXIT_FAILED,
+            self._handle(Run(rank=PARENT, status="failed", exit_code=EXIT_FAILED,
                                reason=f"ddptui error: {type(e).__name__}: {e}"))
             raise
         finally:
@@ -149,7 +150,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.outcome, self._ended, self._restart = Outcome(), False, False
         self.world = ScriptWorld([] if self.config.launch else list(range(self.config.world_size)))
         self._link.leader = 0
-        self._handle(event("run", PARENT, status="started", pid=os.getpid(),
+        self._handle(Run(rank=PARENT, status="started", pid=os.getpid(),
                            restart=attempt.restart, **self.meta))
         n = self.config.world_size
         self.say(self.config.launch or f"starting {count(n, 'rank')}: {described(self.config)}"
@@ -160,9 +161,9 @@ class ScriptRun(LaunchedRanks, OwnedRun):
             return
         self.watch.attempt([r.slot for r in self.group.ranks], time.time())
         for r in self.group.ranks:
-            self._handle(event("rank", r.slot, state=RankState.STARTING, pid=r.pid, gpu=r.gpu,
+            self._handle(Rank(rank=r.slot, state=RankState.STARTING, pid=r.pid, gpu=r.gpu,
                                device=f"GPU {r.gpu}" if r.gpu is not None else "cpu"))
-        self._handle(event("world", PARENT, size=n, ranks=list(range(n)), generation=0))
+        self._handle(World(rank=PARENT, size=n, ranks=list(range(n)), generation=0))
 
     def _line(self, slot: int, text: str, final: bool) -> None:
         """From the readers' threads."""
@@ -223,9 +224,9 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.watch.reported(item, now)
         actions = self.world.reported(item)
         self._link.leader = self.world.leader
-        if item["kind"] == "rank" and item.get("state") == "standby":  # shown as why it is out
-            state, reason = self.world.out_state(item["rank"])
-            item = {**item, "state": state, "reason": reason, "standby": "ready"}
+        if isinstance(item, Rank) and item.state == "standby":  # shown as why it is out
+            state, reason = self.world.out_state(item.rank)
+            item = item.replace(state=state, reason=reason, standby="ready")
         self._handle(item)
         self._act(actions)
 
@@ -257,7 +258,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         if r.pid in self._unneeded:  # a standby or a joiner the run's end made pointless
             if self.world.standing_by.pop(r.slot, None) != r.pid:  # a joiner, shown coming:
                 state, reason = self.world.out_state(r.slot)  # the slot is as before r
-                self._handle(event("rank", r.slot, state=state, reason=reason, pid=r.pid))
+                self._handle(Rank(rank=r.slot, state=state, reason=reason, pid=r.pid))
         elif self.world.is_standby(r.slot, r.pid):  # it never joined: the slot stays out
             del self.world.standing_by[r.slot]
             if not self._ending and code != -signal.SIGKILL:
@@ -277,14 +278,14 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                 self._failed_rank = r.slot
             if r.pid in self.world.killed:  # killed by ddptui: k, or a world that broke
                 text = self.world.killed[r.pid]
-            self._handle(event("error", r.slot, text=text, traceback=lines,
+            self._handle(Error(rank=r.slot, text=text, traceback=lines,
                                exit_code=r.exit_code, pid=r.pid))
             self._copies_failed(text)
             if self.outcome.failure is None:
                 alive = {a.slot for a in self.group.alive()}
                 self._act(self.world.died(r.slot, alive, r.ended_with(text), r.exit_code))
 
-    def _tell(self, slot: int, order: dict) -> None:
+    def _tell(self, slot: int, order: orders.Order) -> None:
         self._link.send(slot, order)
 
     def _joining(self, slot: int) -> None:
@@ -298,7 +299,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.world.standing_by[slot] = r.pid
         self.watch.attempt([slot], time.time(), standby=True)
         state, reason = self.world.out_state(slot)
-        self._handle(event("rank", slot, state=state, reason=reason, pid=r.pid,
+        self._handle(Rank(rank=slot, state=state, reason=reason, pid=r.pid,
                            standby="warming"))
 
     def _kill(self, slot: int, why: str) -> None:
@@ -330,7 +331,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.group.end_within(sig, self.config.grace, set(self.watch.flags))
 
     def _rank_state(self, r: ScriptRank, state: str, reason: str) -> None:
-        self._handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
+        self._handle(Rank(rank=r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
                            exit_code=r.exit_code))
 
     def _end_attempt(self) -> None:
@@ -342,42 +343,42 @@ class ScriptRun(LaunchedRanks, OwnedRun):
             status, code, reason = self.outcome.result(all_done=True)
         self.exit_code = code
         started = self.state.started_t or time.time()
-        self._handle(event("run", PARENT, status=status, exit_code=code, reason=reason,
+        self._handle(Run(rank=PARENT, status=status, exit_code=code, reason=reason,
                            seconds=round(time.time() - started, 2),
                            restarting=self._restart and self.outcome.stop is None))
 
     def _end_now(self) -> None:
         self.group.end(None, 0)
 
-    def _ask_stacks(self, cmd: dict) -> None:
+    def _ask_stacks(self, cmd: orders.AskStacks) -> None:
         live = {r.slot: r for r in self.group.alive()}
-        if cmd["slot"] in live:
-            self.watch.ask_stacks(live[cmd["slot"]], time.time())
+        if cmd.rank in live:
+            self.watch.ask_stacks(live[cmd.rank], time.time())
         else:
-            self.say(f"rank {cmd['slot']} has no live process to ask for its stacks", "warning")
+            self.say(f"rank {cmd.rank} has no live process to ask for its stacks", "warning")
 
-    def _restart_group(self, cmd: dict) -> None:
+    def _restart_group(self, cmd: orders.RestartGroup) -> None:
         if self.outcome.stop is not None:
             return
         self._restart, self._restarted_why = True, "restarted on request"
         self.say("restarting every rank" + ("" if self.group.alive() else " now"))
         for r in self.group.alive():
-            if r.slot == cmd.get("kill"):
+            if r.slot == cmd.kill:
                 r.kill()
         self._end_within(signal.SIGTERM)
 
-    def _restart_rank(self, cmd: dict) -> None:
+    def _restart_rank(self, cmd: orders.RestartRank) -> None:
         if self.outcome.stop is None:
-            self._act(self.world.restart(cmd["slot"]))
+            self._act(self.world.restart(cmd.rank))
 
-    def _stop_rank(self, cmd: dict) -> None:
+    def _stop_rank(self, cmd: orders.StopRank) -> None:
         if self.outcome.stop is None:
-            self._act(self.world.stop(cmd["slot"]))
+            self._act(self.world.stop(cmd.rank))
 
-    def _kill_rank(self, cmd: dict) -> None:
-        one = self.world.elastic and self.world.is_member(cmd["slot"]) or self.config.launch
+    def _kill_rank(self, cmd: orders.KillRank) -> None:
+        one = self.world.elastic and self.world.is_member(cmd.rank) or self.config.launch
         if one and self.outcome.stop is None:
-            self._kill(cmd["slot"], "killed with k")
+            self._kill(cmd.rank, "killed with k")
 
     def _wind_down(self, code: int) -> None:
         if not self.group.alive():
@@ -386,7 +387,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         then = f"SIGKILL after {self.config.grace:g} s" + (
             f" ({count(len(hung), 'hung rank')} after {min(HUNG_GRACE_S, self.config.grace):g} s)"
             if hung else "")
-        if "stop" in self.controls and self._link.order({"op": "stop"}):
+        if "stop" in self.controls and self._link.order(orders.Stop()):
             self.say("stopping: every rank ends its loop at the same step (run.should_stop); "
                      + then)
             self._end_within(None)

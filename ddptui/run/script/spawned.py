@@ -7,7 +7,6 @@ launcher, or out of range, is dropped with one line.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -18,6 +17,7 @@ from collections.abc import Callable
 
 import psutil
 
+from ddptui.contract.protocol.codec import parse
 from ddptui.contract.safe_text import plain
 
 HELLO_BYTES = 4096  # a hello is one short JSON line
@@ -120,11 +120,8 @@ class RankDoor:
     def _launcher_reports(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as f:
             for raw in f:
-                try:
-                    report = json.loads(raw[:256])
-                    pid, code = report["ended"], report["code"]
-                except (ValueError, KeyError, TypeError):
-                    continue
+                report = parse(raw[:256]) or {}
+                pid, code = report.get("ended"), report.get("code")
                 if type(pid) is int and type(code) is int and -64 <= code <= 255:
                     self.ended(pid, code)
 
@@ -146,7 +143,7 @@ def _hello(conn: socket.socket) -> dict | None:
             raise ValueError("no whole hello line")
         data += byte
     conn.settimeout(None)
-    return json.loads(data)
+    return parse(data)
 
 
 class Adopted:

@@ -8,13 +8,23 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ddptui.contract.events import event
 from ddptui.contract.gpu import ProcessTree
 from ddptui.contract.observe.flight import FlightDumps, behind, compact, summary
 from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, library_log
-from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, say_stacks
+from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, no_stacks, stacks_said
 from ddptui.contract.observe.vitals import read_vitals
+from ddptui.contract.protocol.events import (
+    PARENT,
+    Epoch,
+    Event,
+    Output,
+    Process,
+    Rank,
+    Settings,
+    Stacks,
+    Step,
+)
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
@@ -33,7 +43,7 @@ NO_LOSS = ("no loss read from the ranks' output yet: print it as `loss: 0.12` (e
 class ScriptWatch:
     """Owned by the script's run thread: every call comes from it."""
 
-    def __init__(self, config: ScriptConfig, handle: Callable[[dict], None],
+    def __init__(self, config: ScriptConfig, handle: Callable[[Event], None],
                  say: Callable[..., None], trace_prefix: str | None = None):
         self.config, self.handle, self.say = config, handle, say
         self.patterns = compile_metrics(config.metrics)
@@ -66,7 +76,7 @@ class ScriptWatch:
         """A new start of the group (or of a slot's standby): nothing of the last one's output
         or verdicts counts."""
         for slot in slots:
-            self.readers[slot] = MetricReader(slot, self.patterns, self._emitter(slot))
+            self.readers[slot] = MetricReader(slot, self.patterns, self.handle)
             self.silence[slot] = Silence(now, announce=not standby)
             self.stalls.forget(slot)
             self._forget(slot)
@@ -76,9 +86,6 @@ class ScriptWatch:
         if not standby:
             self._started = now
             self._told_one_gpu = False
-
-    def _emitter(self, slot: int) -> Callable[..., None]:
-        return lambda kind, **fields: self.handle(event(kind, slot, **fields))
 
     # -- what the ranks say --------------------------------------------------------------
     def line(self, slot: int, text: str, final: bool, now: float) -> None:
@@ -91,22 +98,23 @@ class ScriptWatch:
             self.readers[slot].line(bare, final)
         self._line[slot] = (text, final)
 
-    def reported(self, ev: dict, now: float) -> None:
+    def reported(self, ev: Event, now: float) -> None:
         """An event a rank sent itself: it speaks for its own steps from now on."""
-        slot = ev["rank"]
-        if slot in self.silence and (ev["kind"] in ("step", "epoch") or ev.get("api")):
+        slot = ev.rank
+        if slot in self.silence and (isinstance(ev, (Step, Epoch)) or
+                                     isinstance(ev, Rank) and ev.api):
             self._heard(slot, now)
             self.reporting.add(slot)
-        if ev["kind"] == "step":
+        if isinstance(ev, Step):
             self.inputs.observe(ev)
-        elif ev["kind"] == "settings" and ev.get("status") == "applied":
+        elif isinstance(ev, Settings) and ev.status == "applied":
             self.inputs.fresh(list(self.silence))  # run.loader starts its workers again
 
     def _heard(self, slot: int, now: float) -> None:
         """A line or a step: the first one says the rank runs (its script got going)."""
         silence = self.silence[slot]
         if silence.last is None and silence.announce and slot not in self.flags:
-            self.handle(event("rank", slot, state=RankState.RUNNING))
+            self.handle(Rank(rank=slot, state=RankState.RUNNING))
         silence.heard(now)
 
     def _alive(self, r: ScriptRank, now: float) -> None:
@@ -129,7 +137,7 @@ class ScriptWatch:
                 reader.flush(force)
         for slot, (text, final) in list(self._line.items()):
             if force or now - self._line_t.get(slot, 0.0) >= LINE_EVERY_S:
-                self.handle(event("output", slot, text=text, final=final))
+                self.handle(Output(rank=slot, text=text, final=final))
                 self._line_t[slot] = now
                 del self._line[slot]
         if not self._told_no_loss and not self.reporting and self._lines and (
@@ -141,8 +149,7 @@ class ScriptWatch:
     def finished(self, slot: int, whole: bool, pid: int) -> None:
         """The rank's process ended: its last epoch read so far becomes a row (`whole` when
         it exited 0; else the part of the epoch it got through); its readings are over."""
-        self.handle(event("process", slot, pid=pid, status="exited", cpu_percent=None, rss=None,
-                          gpu_mem=None))
+        self.handle(Process(rank=slot, pid=pid, status="exited", cpu_percent=None, rss=None))
         reader = self.readers.get(slot)
         if reader is not None and slot not in self.reporting:
             reader.finish_epoch(partial=not whole)
@@ -176,9 +183,10 @@ class ScriptWatch:
             mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
             self._alive(r, now)
             vitals = self.vitals.get(r.slot)
-            self.handle(event("process", r.slot, pid=r.pid, status=status, cpu_percent=cpu,
-                              rss=rss, gpu_mem=mem if r.gpu is not None else None,
-                              **({"opt_steps": vitals[0], "moves": vitals[1]} if vitals else {})))
+            self.handle(Process(rank=r.slot, pid=r.pid, status=status, cpu_percent=cpu, rss=rss,
+                                gpu_mem=mem if r.gpu is not None else None,
+                                opt_steps=vitals[0] if vitals else None,
+                                moves=vitals[1] if vitals else None))
             s = self.silence[r.slot]
             if not judge:
                 continue
@@ -213,7 +221,7 @@ class ScriptWatch:
                             cores=os.cpu_count() or 1)
         said = self.inputs.check([r.slot for r in ranks], pipeline)
         if said:
-            self.say(said[0], said[1], **said[2])
+            self.handle(said)
 
     def _update(self, r: ScriptRank, verdict, now: float) -> None:
         if r.slot in self.flags:  # stalled, or found waiting in a collective
@@ -236,18 +244,15 @@ class ScriptWatch:
         self.ask_stacks(r, now)
 
     def _rank(self, r: ScriptRank, state: str, reason: str, **fields) -> None:
-        self.handle(event("rank", r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason,
-                          **fields))
+        self.handle(Rank(rank=r.slot, state=state, pid=r.pid, gpu=r.gpu, reason=reason, **fields))
 
     def ask_stacks(self, r: ScriptRank, now: float) -> None:
         if not os.path.exists(r.stacks_path):
-            self.say(f"rank {r.slot}: no Python stacks: it has not loaded ddptui's "
-                     "sitecustomize (still starting, or run with python -S / -I)", "warning",
-                     stacks_of=r.slot, stacks="")
+            self.handle(no_stacks(r.slot, "it has not loaded ddptui's sitecustomize (still "
+                                          "starting, or run with python -S / -I)"))
             return
         if not self.stacks.ask(r.slot, r.pid, r.stacks_path, now, self.config.stacks_signal):
-            self.say(f"rank {r.slot}: no Python stacks: {NO_HANDLER}", "warning",
-                     stacks_of=r.slot, stacks="")
+            self.handle(no_stacks(r.slot, NO_HANDLER))
         if self.flight is not None:
             self.flight.ask(r.slot, now)
 
@@ -255,7 +260,7 @@ class ScriptWatch:
         for slot, text in self.stacks.collect(now):
             stalled = self.flags.get(slot) == RankState.STALLED
             self._stacks[slot] = text or ""
-            say_stacks(self.say, slot, text, stalled)
+            self.handle(stacks_said(slot, text, stalled))
             if stalled and text is not None:
                 self.evidence[slot] = text
                 self._blame(ranks)
@@ -264,8 +269,8 @@ class ScriptWatch:
             if nccl is None:
                 continue
             stacks = self._stacks.get(slot, "")  # the stacks screen shows it above them
-            self.say(f"rank {slot}: {nccl}", "info", stacks_of=slot,
-                     stacks=f"{nccl}\n\n{stacks}" if stacks else nccl)
+            self.handle(Stacks(rank=PARENT, level="info", text=f"rank {slot}: {nccl}",
+                               stacks_of=slot, stacks=f"{nccl}\n\n{stacks}" if stacks else nccl))
             if slot in self.flags:
                 self.traces[slot] = compact(trace)
                 self._blame(ranks)

@@ -5,6 +5,7 @@ its rows, held-out figures in those rows and never a step, summaries no step at 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict
 
 import pytest
 
@@ -21,7 +22,7 @@ def _read(name: str) -> tuple[list[dict], list[dict]]:
     """(step events, epoch events) from a recorded output, a second apart (none merged)."""
     sent: list[tuple[str, dict]] = []
     seconds = iter(range(1_000_000))
-    reader = MetricReader(0, compile_metrics(), lambda kind, **f: sent.append((kind, f)),
+    reader = MetricReader(0, compile_metrics(), lambda ev: sent.append((ev.NAME, asdict(ev))),
                           clock=lambda: float(next(seconds)))
     lines = Lines()
     with open(os.path.join(OUTPUT, name), "rb") as f:
@@ -95,3 +96,12 @@ def test_a_failures_cause_is_its_exception_line_never_a_launchers_report():
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
     assert cause("timm_train_cpu_ddp_crash.rank1.txt").startswith(
         "ValueError: DistributedDataParallel device_ids and output_device arguments")
+
+
+def test_every_library_of_the_table_has_a_shape_and_a_recorded_output():
+    from ddptui.contract.observe.shapes import SHAPES
+
+    libraries = {shape.library for shape in SHAPES} - {"json"}
+    recorded = {name.split("_")[0].replace("hf", "transformers") for name in os.listdir(OUTPUT)
+                if name.endswith(".txt")}
+    assert libraries <= recorded, libraries - recorded

@@ -3,11 +3,13 @@ progress bars collapsed, escape sequences made inert, tracebacks, torch's own lo
 
 from __future__ import annotations
 
-from ddptui.contract.events import event
+from dataclasses import asdict
+
 from ddptui.contract.observe.metrics import MetricReader, compile_metrics, read_line
 from ddptui.contract.observe.output import Lines, last_traceback
 from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.contract.state.runstate import RunState
+from tests.helpers.runlogs import logged
 
 PATTERNS = compile_metrics((("acc", None), ("top5", r"top-5:\s*([\d.]+)")))
 
@@ -36,7 +38,7 @@ def test_loss_is_read_as_scripts_and_frameworks_print_it():
 def test_epoch_rows_come_from_the_epochs_a_script_prints():
     sent = []
     clock = iter(range(100))
-    reader = MetricReader(0, PATTERNS, lambda kind, **f: sent.append((kind, f)),
+    reader = MetricReader(0, PATTERNS, lambda ev: sent.append((ev.NAME, asdict(ev))),
                           clock=lambda: float(next(clock)))
     for line in ["{'loss': 0.9, 'epoch': 0.5}", "{'loss': 0.7, 'epoch': 0.9}",
                  "{'eval_loss': 0.6, 'eval_accuracy': 0.8, 'epoch': 1.0}",
@@ -69,7 +71,7 @@ def test_escape_sequences_never_reach_the_terminal_raw():
     assert plain(hostile) == "ab red50%"  # the C1 CSI (\\x9b) goes whole too
     assert keep_colours(hostile) == "ab \x1b[31mred\x1b[0m\r50%"
     state = RunState({"script": "x.py"})
-    state.apply(event("output", 1, text="\x1b[1;32mok\x1b[0m step\x1b]0;title\x07\x1b[H",
+    state.apply(logged("output", 1, text="\x1b[1;32mok\x1b[0m step\x1b]0;title\x07\x1b[H",
                       final=True))
     from ddptui.dashboard.view.widgets.tables import RankTable
 
@@ -78,8 +80,8 @@ def test_escape_sequences_never_reach_the_terminal_raw():
     assert shown.plain == "ok step"
     assert [(span.start, span.end, span.style.color.name) for span in shown.spans] == \
         [(0, 2, "color(2)")]  # ANSI green
-    state.apply(event("message", 1, level="warning", text="x\x1b]0;title\x07\x1b[2Jy"))
-    state.apply(event("rank", 1, state="crashed", reason="boom\x1b[H", host="h\x07"))
+    state.apply(logged("message", 1, level="warning", text="x\x1b]0;title\x07\x1b[2Jy"))
+    state.apply(logged("rank", 1, state="crashed", reason="boom\x1b[H", host="h\x07"))
     assert all("\x1b" not in line[3] and "\x07" not in line[3] for line in state.lines_after(0))
     assert state.ranks[1].reason == "boom" and state.ranks[1].host == "h"
 
@@ -98,7 +100,7 @@ def test_a_loss_line_per_step_becomes_at_most_20_step_events_a_second_none_lost(
     by the lines each covers, are every line's."""
     sent = []
     now = [0.0]
-    reader = MetricReader(0, PATTERNS, lambda kind, **f: sent.append(f), clock=lambda: now[0])
+    reader = MetricReader(0, PATTERNS, lambda ev: sent.append(asdict(ev)), clock=lambda: now[0])
     losses = [1 / (i + 1) for i in range(6000)]
     for i, loss in enumerate(losses):
         now[0] = i / 600
@@ -132,9 +134,9 @@ def test_a_script_that_names_no_epochs_shows_its_iterations_their_rate_and_eval_
     now = [0.0]
     state = RunState({"script": "train.py", "model": "train.py", "world_size": 1,
                       "device_kind": "cpu", "epochs": 0})
-    reader = MetricReader(0, PATTERNS, lambda kind, **f: state.apply(event(kind, 0, **f)),
+    reader = MetricReader(0, PATTERNS, state.apply,
                           clock=lambda: now[0])
-    state.apply(event("rank", 0, state="running"))
+    state.apply(logged("rank", 0, state="running"))
     lines = ["step 0: train loss 4.2000, val loss 4.2100"]
     lines += [f"iter {i}: loss {4 - i / 100:.4f}, time 100.00ms, mfu 1.00%"
               for i in range(0, 250, 10)]

@@ -7,6 +7,7 @@ from ddptui.contract.observe.stacks import innermost
 from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls, stall_limit
 from ddptui.contract.state.runstate import RunState
 from ddptui.dashboard.view.widgets.header import RunHeader
+from tests.helpers.runlogs import logged, typed
 
 NOW = 1000.0
 
@@ -133,16 +134,16 @@ def _step(t, rank, gs, progress, step_ms=1400.0, bs=32):
 
 def test_slow_steps_still_count_in_throughput_and_progress_never_passes_100():
     state = RunState({"epochs": 1, "steps_per_epoch": 10}, live=False)
-    state.apply({"t": 0.0, "kind": "run", "rank": -1, "status": "started"})
+    state.apply(typed({"t": 0.0, "kind": "run", "rank": -1, "status": "started"}))
     for r in range(4):
-        state.apply({"t": 0.0, "kind": "rank", "rank": r, "state": "running"})
+        state.apply(typed({"t": 0.0, "kind": "rank", "rank": r, "state": "running"}))
     for i in range(1, 6):  # 4 ranks at 1.4 s a step
         for r in range(4):
-            state.apply(_step(1.4 * i, r, i, i / 10))
+            state.apply(typed(_step(1.4 * i, r, i, i / 10)))
     view = state.view()
     assert round(view.throughput) == round(4 * 32 / 1.4)
     # A world of 1 takes more steps in the epoch than the 10 planned for a world of 4.
-    state.apply(_step(20.0, 0, 30, 0.97))
+    state.apply(typed(_step(20.0, 0, 30, 0.97)))
     assert 0.96 < state.view().progress[-1] <= 1.0
 
 
@@ -151,13 +152,13 @@ def test_a_peer_row_cut_by_a_settings_change_does_not_bring_the_old_settings_bac
     the old settings, comes last. What is in force is what was applied."""
     state = RunState({"epochs": 2}, live=False)
     old, new = {"workers": 0, "prefetch": True}, {"workers": 1, "prefetch": True}
-    state.apply({"t": 0.0, "kind": "settings", "rank": 0, "settings": old, "status": "applied"})
+    state.apply(typed({"t": 0.0, "kind": "settings", "rank": 0, "settings": old, "status": "applied"}))
     part = {"kind": "epoch", "epoch": 0, "start_step": 0, "end_step": 5, "partial": True,
             "settings": old, "world_size": 2, "samples_per_s": 100.0, "data_wait": 0.0}
-    state.apply({"t": 1.0, "rank": 0, **part})
-    state.apply({"t": 1.0, "kind": "settings", "rank": 0, "settings": new, "status": "applied",
-                 "epoch": 0, "step": 5})
-    state.apply({"t": 1.1, "rank": 1, **part})
+    state.apply(typed({"t": 1.0, "rank": 0, **part}))
+    state.apply(typed({"t": 1.0, "kind": "settings", "rank": 0, "settings": new, "status": "applied",
+                 "epoch": 0, "step": 5}))
+    state.apply(typed({"t": 1.1, "rank": 1, **part}))
     assert state.view().settings == new and state.view().epochs[0]["settings"] == old
 
 
@@ -166,15 +167,15 @@ def test_rank_0s_echo_of_an_older_request_does_not_undo_keys_pressed_since():
     after the second was asked for, must not turn 2 back into 1 (CI saw W W w send 1, 2, 0)."""
     state = RunState({"epochs": 2}, live=False)
     base = {"workers": 0, "prefetch": True}
-    state.apply({"t": 0.0, "kind": "settings", "rank": -1, "settings": base, "status": "applied"})
+    state.apply(typed({"t": 0.0, "kind": "settings", "rank": -1, "settings": base, "status": "applied"}))
 
     def ask(t, rid, workers):
-        state.apply({"t": t, "kind": "settings", "rank": -1, "settings": {"workers": workers},
-                     "status": "requested", "request": rid})
+        state.apply(typed({"t": t, "kind": "settings", "rank": -1, "settings": {"workers": workers},
+                     "status": "requested", "request": rid}))
 
     def echo(t, rid, workers):
-        state.apply({"t": t, "kind": "settings", "rank": 0, "status": "pending", "request": rid,
-                     "settings": {**base, "workers": workers}, "epoch": 1})
+        state.apply(typed({"t": t, "kind": "settings", "rank": 0, "status": "pending", "request": rid,
+                     "settings": {**base, "workers": workers}, "epoch": 1}))
 
     ask(1.0, "r1", 1)
     ask(1.1, "r2", 2)
@@ -187,8 +188,8 @@ def test_rank_0s_echo_of_an_older_request_does_not_undo_keys_pressed_since():
     assert state.vitals().pending == {"workers": 1}
     # `a`, then W before the change lands: the applied event leaves the newer request pending.
     ask(1.6, "r4", 2)
-    state.apply({"t": 1.7, "kind": "settings", "rank": 0, "status": "applied", "epoch": 0,
-                 "step": 5, "settings": {**base, "workers": 1}})
+    state.apply(typed({"t": 1.7, "kind": "settings", "rank": 0, "status": "applied", "epoch": 0,
+                 "step": 5, "settings": {**base, "workers": 1}}))
     assert state.vitals().pending == {"workers": 2}
     echo(1.8, "r4", 2)
     assert state.vitals().pending == {"workers": 2} and state.vitals().settings["workers"] == 1
@@ -200,12 +201,12 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
     header = RunHeader()
 
     def run(t, rank, status):
-        state.apply({"t": t, "kind": "run", "rank": rank, "status": status})
+        state.apply(typed({"t": t, "kind": "run", "rank": rank, "status": status}))
         header.view = state.view()
         return header.render().plain
 
     run(0.0, -1, "started")
-    state.apply(_step(0.5, 0, 1, 0.1))
+    state.apply(typed(_step(0.5, 0, 1, 0.1)))
     assert " PAUSING " in run(1.0, -1, "pausing")
     assert state.vitals().pause_asked is True and not state.vitals().paused
     assert " RUNNING " in run(1.1, -1, "resuming")  # where the two orders leave the ranks
@@ -218,14 +219,13 @@ def test_space_pressed_twice_before_the_ranks_answer_means_pause_then_resume():
 
 
 def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
-    from ddptui.contract.events import event
     from ddptui.contract.state.runstate import RunState
 
     state = RunState({"device_kind": "cpu"})
-    state.apply(event("rank", 0, state="running"))
-    state.apply(event("epoch", 0, epoch=0, samples=64, seconds=1.0, samples_per_s=64.0,
+    state.apply(typed(logged("rank", 0, state="running")))
+    state.apply(typed(logged("epoch", 0, epoch=0, samples=64, seconds=1.0, samples_per_s=64.0,
                       data_wait=0.0, settings={"prefetch": True, "workers": 1,
-                                               "cudnn_benchmark": False}))
+                                               "cudnn_benchmark": False})))
     (line,) = [text for *_, text, kind in state.lines_after(0) if text.startswith("epoch 0")]
     assert "[prefetch n/a, workers 1" in line
 
@@ -233,12 +233,12 @@ def test_cpu_ranks_show_the_prefetcher_as_not_applicable():
 def test_a_scripts_restarted_group_gets_epoch_rows_of_its_own():
     state = RunState({"script": "train.py", "world_size": 2})
     for restart, losses in ((0, (2.0, 1.5)), (1, (1.4, 1.2))):
-        state.apply({"t": NOW, "kind": "run", "rank": -1, "status": "started",
-                     "restart": restart})
+        state.apply(typed({"t": NOW, "kind": "run", "rank": -1, "status": "started",
+                     "restart": restart}))
         for epoch, loss in enumerate(losses):
             for rank in (0, 1):
-                state.apply({"t": NOW + epoch, "kind": "epoch", "rank": rank, "epoch": epoch,
+                state.apply(typed({"t": NOW + epoch, "kind": "epoch", "rank": rank, "epoch": epoch,
                              "seconds": 1.0, "samples": 0, "samples_per_s": 0.0,
-                             "data_wait": 0.0, "settings": {}, "train_loss": loss})
+                             "data_wait": 0.0, "settings": {}, "train_loss": loss}))
     rows = [(e["restart"], e["epoch"], e["train_loss"]) for e in state.view().epochs]
     assert rows == [(0, 0, 2.0), (0, 1, 1.5), (1, 0, 1.4), (1, 1, 1.2)]

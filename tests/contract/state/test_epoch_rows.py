@@ -8,21 +8,22 @@ import csv
 import io
 import json
 
-from ddptui.contract.events import PARENT, event
+from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.state.runstate import RunState
 from ddptui.dashboard.sources.export import write_epochs_csv
+from tests.helpers.runlogs import logged, typed
 from tests.helpers.runs import ROOT
 
 
 def _script_epoch(rank: int, epoch: int) -> dict:
     """An epoch row a script's ddptui.init() sends (no run.loader(): no settings of ours)."""
-    return event("epoch", rank, epoch=epoch, seconds=2.0, samples=512, samples_per_s=256.0,
+    return logged("epoch", rank, epoch=epoch, seconds=2.0, samples=512, samples_per_s=256.0,
                  data_wait=0.1, settings={}, train_loss=1.0 / (epoch + 1), world_size=2)
 
 
 def _printed_epoch(rank: int, epoch: int) -> dict:
     """An epoch row read from a script's output: no rates, no world size."""
-    return event("epoch", rank, epoch=epoch, seconds=2.0, samples=0, samples_per_s=0.0,
+    return logged("epoch", rank, epoch=epoch, seconds=2.0, samples=0, samples_per_s=0.0,
                  data_wait=0.0, settings={}, train_loss=1.0 / (epoch + 1), source="output")
 
 
@@ -34,16 +35,16 @@ def test_every_epoch_of_a_script_is_said_once_even_when_a_rank_ended_first():
     """A 3-epoch script: rank 0 sent its last row and exited before rank 1's came; the events
     pane had no 'epoch 2' line (the table and the log had the row)."""
     state = RunState({"script": "train.py"})
-    state.apply(event("run", PARENT, status="started", world_size=2, script="train.py"))
+    state.apply(typed(logged("run", PARENT, status="started", world_size=2, script="train.py")))
     for r in (0, 1):
-        state.apply(event("rank", r, state="running"))
+        state.apply(typed(logged("rank", r, state="running")))
     for epoch in (0, 1):
         for r in (0, 1):
-            state.apply(_printed_epoch(r, epoch))
-    state.apply(_printed_epoch(0, 2))
-    state.apply(event("rank", 0, state="done", exit_code=0))
-    state.apply(_printed_epoch(1, 2))
-    state.apply(event("rank", 1, state="done", exit_code=0))
+            state.apply(typed(_printed_epoch(r, epoch)))
+    state.apply(typed(_printed_epoch(0, 2)))
+    state.apply(typed(logged("rank", 0, state="done", exit_code=0)))
+    state.apply(typed(_printed_epoch(1, 2)))
+    state.apply(typed(logged("rank", 1, state="done", exit_code=0)))
     lines = [line for line in _said(state) if line.startswith("epoch ")]
     assert lines == ["epoch 0: loss 1.0000", "epoch 1: loss 0.5000", "epoch 2: loss 0.3333"]
 
@@ -52,7 +53,7 @@ def test_a_script_without_settings_of_ours_names_none():
     """ddptui.init() without run.loader(): its epoch lines said "[prefetch -, workers None,
     cudnn.benchmark off]"."""
     state = RunState({"script": "train.py"})
-    for ev in (event("rank", 0, state="running"), event("rank", 1, state="running"),
+    for ev in (logged("rank", 0, state="running"), logged("rank", 1, state="running"),
                _script_epoch(0, 0), _script_epoch(1, 0)):
         state.apply(ev)
     (line,) = [line for line in _said(state) if line.startswith("epoch ")]
@@ -62,10 +63,10 @@ def test_a_script_without_settings_of_ours_names_none():
 def test_a_scripts_printed_epochs_have_no_rate_and_the_csv_leaves_it_empty(tmp_path):
     """Epochs read from a script's output carry no rate: its CSV wrote samples_per_s 0."""
     log = tmp_path / "script.jsonl"
-    evs = [event("run", PARENT, status="started", world_size=2, script="train.py",
+    evs = [logged("run", PARENT, status="started", world_size=2, script="train.py",
                  device_kind="cpu")]
-    evs += [event("rank", r, state="running") for r in (0, 1)]
-    evs += [event("epoch", r, epoch=0, seconds=3.0, samples=0, samples_per_s=0.0, data_wait=0.0,
+    evs += [logged("rank", r, state="running") for r in (0, 1)]
+    evs += [logged("epoch", r, epoch=0, seconds=3.0, samples=0, samples_per_s=0.0, data_wait=0.0,
                   settings={}, train_loss=0.5, source="output") for r in (0, 1)]
     log.write_text("".join(json.dumps(e) + "\n" for e in evs))
     out = io.StringIO()
@@ -86,11 +87,11 @@ def test_a_scripts_run_runs_once_a_rank_does_and_a_row_with_one_held_out_figure_
     """The header said STARTING beside rows that said stalled; an epoch with a validation
     accuracy and no loss (mmengine's, accelerate's) stopped a headless run on its line."""
     state = RunState({"script": "train.py", "world_size": 2})
-    state.apply(event("run", PARENT, status="started", script="train.py"))
+    state.apply(typed(logged("run", PARENT, status="started", script="train.py")))
     assert state.status == "starting"
-    state.apply(event("rank", 1, state="stalled", reason="no output for 60 s"))
+    state.apply(typed(logged("rank", 1, state="stalled", reason="no output for 60 s")))
     assert state.status == "running"
-    state.apply(event("epoch", 0, epoch=1, seconds=2.0, samples=0, samples_per_s=0.0,
+    state.apply(typed(logged("epoch", 0, epoch=1, seconds=2.0, samples=0, samples_per_s=0.0,
                       data_wait=0.0, settings={}, train_loss=None, val_acc=0.375,
-                      source="output"))
+                      source="output")))
     assert any("val_acc 37.5%" in line and "val_loss" not in line for line in _said(state))

@@ -14,8 +14,8 @@ from multiprocessing.connection import Client
 import pytest
 
 from ddptui.contract.channel import MAX_MESSAGE
-from ddptui.contract.events import event
 from ddptui.dashboard.sources.attach import Attach
+from tests.helpers.runlogs import logged, typed
 from tests.helpers.runs import REPORT_KEY, ROOT, TINY, assert_gone, events, local_port, wait_for_event
 
 
@@ -122,7 +122,7 @@ def test_a_rank_whose_dashboard_is_absent_or_has_another_key_says_so_once_and_go
     port = local_port()
     said: list[str] = []
     link = RemoteLink(("127.0.0.1", port), REPORT_KEY.encode(), "vm/0", said.append)
-    link.put(event("rank", 0, state="running", pid=7))
+    link.put(logged("rank", 0, state="running", pid=7))
     deadline = time.monotonic() + 10
     while not said:
         assert time.monotonic() < deadline, "an absent dashboard was not said"
@@ -261,12 +261,11 @@ def test_a_script_with_the_three_lines_reports_to_attach_under_torchrun(keyed_en
 def test_the_ranks_table_groups_ranks_by_node():
     """srun's cyclic distribution puts ranks 0 and 2 on one node, 1 and 3 on the other; node 10
     comes after node 2."""
-    from ddptui.contract.events import event
     from ddptui.contract.state.runstate import RunState
 
     state = RunState()
     for rank, node in ((0, "gpu/2"), (1, "gpu/10"), (2, "gpu/2"), (3, "gpu/10")):
-        state.apply({**event("rank", rank, state="running"), "node": node})
+        state.apply(typed({**logged("rank", rank, state="running"), "node": node}))
     assert [(r.host, r.rank) for r in state.view().ranks] == \
         [("gpu/2", 0), ("gpu/2", 2), ("gpu/10", 1), ("gpu/10", 3)]
 
@@ -290,7 +289,7 @@ def test_closing_the_listener_ends_every_connection_once(monkeypatch):
         listener.start()
         ranks = [connect(listener.address, REPORT_KEY.encode()) for _ in range(4)]
         for rank, conn in enumerate(ranks):
-            send(conn, event("rank", rank, state="running", pid=rank))
+            send(conn, logged("rank", rank, state="running", pid=rank))
         deadline = time.monotonic() + 10
         while len(listener.connected()) < 4:
             assert time.monotonic() < deadline, listener.connected()

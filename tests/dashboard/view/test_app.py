@@ -19,7 +19,7 @@ from ddptui.dashboard.view.screens.help import HelpScreen
 from ddptui.dashboard.view.widgets.tables import EpochTable, RankTable
 from ddptui.run.builtin.supervisor import Supervisor
 from ddptui.run.script.run import ScriptRun
-from tests.helpers.runlogs import gpu_run
+from tests.helpers.runlogs import gpu_run, typed
 from tests.helpers.runs import ROOT, TINY, assert_gone, events, run_config
 from tests.helpers.screens import cells, fixed_hash, settle, until
 
@@ -293,8 +293,8 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
         await pilot.pause()
         svg = app.export_screenshot().replace("&#160;", " ")
         # Once the run is over the last readings are not shown as the present.
-        app.source.state.apply({"t": t + 4, "kind": "run", "rank": -1, "status": "done",
-                                "exit_code": 0})
+        app.source.state.apply(typed({"t": t + 4, "kind": "run", "rank": -1, "status": "done",
+                                "exit_code": 0}))
         app.refresh_view()
         await pilot.pause()
         done_svg = app.export_screenshot().replace("&#160;", " ")

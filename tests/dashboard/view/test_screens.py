@@ -16,7 +16,7 @@ import time
 import pytest
 from textual.widgets.data_table import ColumnKey
 
-from ddptui.contract.events import PARENT, event
+from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.views import RankView
 from ddptui.contract.states import RankState
@@ -26,7 +26,7 @@ from ddptui.dashboard.view.headless import status_line, summary
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.widgets.bars import SPARKS
 from ddptui.dashboard.view.widgets.tables import state_cell
-from tests.helpers.runlogs import gpu_run, script_run
+from tests.helpers.runlogs import gpu_run, logged, script_run
 from tests.helpers.runs import ROOT
 from tests.helpers.screens import end_tmux, fixed_hash, settle, tmux
 
@@ -271,12 +271,12 @@ def test_a_finished_run_shows_no_standby_and_says_a_ranks_end_once():
     long gone; and the events pane said "rank 0 done" twice (the rank's word, then ddptui's
     at its exit)."""
     state = RunState({"script": "x.py"})
-    for ev in (event("run", PARENT, status="started", world_size=2),
-               event("rank", 0, state="running"), event("rank", 1, state="running"),
-               event("rank", 1, state="crashed", reason="killed by SIGKILL: killed with k",
+    for ev in (logged("run", PARENT, status="started", world_size=2),
+               logged("rank", 0, state="running"), logged("rank", 1, state="running"),
+               logged("rank", 1, state="crashed", reason="killed by SIGKILL: killed with k",
                      standby="warming"),
-               event("rank", 0, state="done"), event("rank", 0, state="done", exit_code=0),
-               event("run", PARENT, status="done", exit_code=0)):
+               logged("rank", 0, state="done"), logged("rank", 0, state="done", exit_code=0),
+               logged("run", PARENT, status="done", exit_code=0)):
         state.apply(ev)
     view = state.view()
     assert str(state_cell(view.ranks[1], now=view.now)) == "crashed (SIGKILL: killed with k)"

@@ -12,7 +12,6 @@ import pytest
 from ddptui.run.actions import Flag, Kill, Say
 from ddptui.run.builtin.watchdog import Member, Watchdog
 
-
 # A member's stand-in: like a rank, it has its stacks handler before anyone asks (a process
 # with none is not asked: the signal's default would end it).
 MEMBER = ("import signal, sys, time; signal.signal(signal.SIGUSR1, lambda *_: None); "
