@@ -107,7 +107,8 @@ class InputWatch:
         self._streak = (None, 0)
         if wanted == "keeps up":
             self.said = None
-            return InputWait(rank=PARENT, level="info", ranks=[], data_wait=round(worst, 3),
+            return InputWait(rank=PARENT, level="info",
+                             input_wait={"ranks": [], "data_wait": round(worst, 3)},
                              text=f"input keeps up again: {100 * worst:.0f}% of a step at most "
                                   "waiting for data")
         self.said = (waiting, pipeline)
@@ -115,8 +116,8 @@ class InputWatch:
         text = (f"input holds rank{'s' if len(waiting) > 1 else ''} "
                 f"{', '.join(map(str, waiting))} back: up to {100 * worst:.0f}% of a step "
                 f"waiting for data; " + (f"{key} may help: {why}" if key else why))
-        return InputWait(rank=PARENT, level="warning", text=text, ranks=waiting,
-                         data_wait=round(worst, 3), knob=key)
+        return InputWait(rank=PARENT, level="warning", text=text,
+                         input_wait={"ranks": waiting, "data_wait": round(worst, 3), "knob": key})
 
     def _wanted(self, worst: float, waiting: list[int], pipeline: Pipeline) -> str | None:
         """"bound" or "keeps up" where that is news, else None."""

@@ -3,6 +3,7 @@ likely to help; it says when the input keeps up again, and again after a switch 
 
 from __future__ import annotations
 
+from ddptui.contract.protocol.events import Step
 from ddptui.run.inputwatch import HOLD, InputWatch, Pipeline, knob
 
 CPU_DECODE = Pipeline(cuda=True, decode="cpu", files=True, workers=4, prefetch=True, ranks=2,
@@ -12,12 +13,14 @@ CPU_DECODE = Pipeline(cuda=True, decode="cpu", files=True, workers=4, prefetch=T
 def _steps(watch, wait: float, ranks=(0, 1), events: int = 12, start: int = 10) -> None:
     for i in range(events):
         for rank in ranks:
-            watch.observe({"rank": rank, "step": start + 2 * i, "steps": 2, "step_ms": 100.0,
-                           "data_wait": wait})
+            watch.observe(Step(rank=rank, epoch=0, step=start + 2 * i, global_step=0, loss=None,
+                               steps=2, step_ms=100.0, data_wait=wait))
 
 
 def _checks(watch, pipeline=CPU_DECODE, members=(0, 1), times: int = HOLD) -> list:
-    return [said for _ in range(times) if (said := watch.check(list(members), pipeline))]
+    """(text, level, the event's fields as the log has them) of what it said."""
+    return [(said.text, said.level, said.fields()) for _ in range(times)
+            if (said := watch.check(list(members), pipeline))]
 
 
 def test_ranks_that_wait_for_data_are_named_once_with_a_knob_after_the_change_held():
@@ -64,10 +67,12 @@ def test_after_a_switch_it_says_how_it_went():
 def test_an_epochs_first_batch_and_a_fresh_pipeline_do_not_count():
     w = InputWatch()
     for _ in range(12):  # every figure covers an epoch's first steps: the workers' start
-        w.observe({"rank": 0, "step": 2, "steps": 2, "step_ms": 100.0, "data_wait": 0.9})
+        w.observe(Step(rank=0, epoch=0, step=2, global_step=0, loss=None, steps=2,
+                       step_ms=100.0, data_wait=0.9))
     assert w.shares([0]) == {}
     w.fresh([0])
-    w.observe({"rank": 0, "step": 50, "steps": 2, "step_ms": 100.0, "data_wait": 0.9})
+    w.observe(Step(rank=0, epoch=0, step=50, global_step=0, loss=None, steps=2, step_ms=100.0,
+                   data_wait=0.9))
     assert w.shares([0]) == {}
     _steps(w, 0.3, ranks=(0,), events=5)
     assert w.shares([0]) == {}  # 10 steps: under the 20-step window

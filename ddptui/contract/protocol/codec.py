@@ -79,8 +79,6 @@ _FACTS = ("num_classes", "num_train", "steps_per_epoch", "params", "epochs", "wo
 def _as_now(obj: dict) -> dict:
     for name, kind in _SPLIT:
         if name in obj:
-            if kind == "input_wait" and isinstance(obj[name], dict):
-                return {**{k: v for k, v in obj.items() if k != name}, **obj[name], "kind": kind}
             if kind == "stacks":
                 return {"stacks": "", **obj, "kind": kind}
             return {**obj, "kind": kind}

@@ -304,10 +304,10 @@ class InputWait(Notice):
     """The input holds ranks back (a tenth of their step or more waiting for data), or keeps up
     again."""
 
-    ranks: list = doc("the slots that wait; empty: it keeps up")
-    data_wait: float = doc("the largest share of a step spent waiting, 0-1")
-    knob: str | None = doc("the key or option most likely to help: p, W, w, --decode gpu; "
-                           "absent: none would", None)
+    input_wait: dict = doc("`ranks` (the slots that wait; empty: it keeps up), `data_wait` "
+                           "(the largest share of a step spent waiting, 0-1), `knob` (the key "
+                           "or option most likely to help: p, W, w, --decode gpu; null: none "
+                           "would)")
 
 
 @EVENTS.register("usage")

@@ -107,7 +107,7 @@ class Supervisor(OwnedRun):
             case Notice() if (why := self.outcome.message(ev)):
                 self.stop("failed", EXIT_USAGE, why)
             case World(generation=int(gen)) if gen and ev.rank != PARENT:
-                if not self.world.idle() and gen == self.world.change["gen"]:
+                if not self.world.idle() and gen == self.world.change.gen:
                     self.watchdog.restart_clock(self.members, ev.t)
                 self._act(self.world.world_confirmed(gen, time.time()))
                 self._act(self.world.ask_again(self.state.unanswered()))

@@ -109,7 +109,7 @@ class ScriptWorld:
     def preparing(self, slot: int) -> bool:
         """The slot's joiner runs its script up to run.elastic(); the members train on."""
         held = self.membership.held
-        return held is not None and held.get("joiner") == slot
+        return held is not None and held.joiner == slot
 
     def is_member(self, slot: int) -> bool:
         return slot in self.membership.members

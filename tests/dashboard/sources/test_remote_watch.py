@@ -3,16 +3,32 @@ blamed, and a hung rank stays flagged through torch's own log lines."""
 
 from __future__ import annotations
 
+from ddptui.contract.protocol.codec import event_of
+
+
+class _Watch:
+    """The watch fed events as a rank sends them (dicts, checked as the link checks them)."""
+
+    def __init__(self, recorded: list):
+        from ddptui.dashboard.sources.remote_watch import RemoteWatch
+        self.inner = RemoteWatch(10.0, lambda ev: recorded.append(ev.fields()), lambda rank: True)
+
+    def observe(self, obj: dict, now: float) -> None:
+        ev = event_of(obj)
+        assert ev is not None, obj
+        self.inner.observe(ev, now)
+
+    def check(self, now: float) -> None:
+        self.inner.check(now)
+
 
 def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collective():
     """Wrapped ranks on two nodes, both stalled with stacks in user code: their flight recorders
     (sent compact over the link) show rank 0 in all_reduce #42, which rank 1 on the other node
     never enqueued: rank 0 is `waiting` for rank 1, named with its node; rank 1 stays stalled."""
     from ddptui.contract.observe.flight import compact
-    from ddptui.dashboard.sources.remote_watch import RemoteWatch
-
     recorded: list[dict] = []
-    watch = RemoteWatch(10.0, recorded.append, lambda rank: True)
+    watch = _Watch(recorded)
 
     def trace(*entries):
         return {"entries": [{"pg_id": 0, "profiling_name": "nccl:all_reduce",
@@ -21,19 +37,20 @@ def test_attach_blames_the_rank_on_another_node_that_never_entered_the_collectiv
     for rank in (0, 1):
         watch.observe({"kind": "rank", "rank": rank, "state": "running", "api": "ddptui.rank.wrap",
                        "host": "vm", "node": f"vm/{rank}", "local_rank": 0}, 0.0)
-    watch.flags = {0: ("stalled", 1.0), 1: ("stalled", 1.0)}
+    watch.inner.flags = {0: ("stalled", 1.0), 1: ("stalled", 1.0)}
     dumps = {0: trace((41, "completed"), (42, "started")), 1: trace((41, "completed"))}
     for rank in (0, 1):
-        watch.observe({"kind": "message", "rank": rank, "stacks_of": rank,
+        watch.observe({"kind": "message", "rank": rank, "stacks_of": rank, "level": "info", "text": "",
                        "stacks": 'File "train.py", line 3 in misbehave'}, 2.0)
     assert recorded == []  # both in the script's own code: the stacks alone blame nobody
     for rank, dump in dumps.items():
         watch.observe({"kind": "message", "rank": rank, "stacks_of": rank, "stacks": "NCCL: ...",
+                       "level": "info", "text": "",
                        "flight": compact(dump)}, 3.0)
     assert [(e["rank"], e["state"], e["waiting_for"]) for e in recorded] == [(0, "waiting", [1])]
     assert recorded[0]["reason"] == \
         "in all_reduce #42 (NCCL): waiting for rank 1 (node vm/1, local 0)"
-    assert watch.flags[1][0] == "stalled"
+    assert watch.inner.flags[1][0] == "stalled"
     # Rank 1 is killed (k): rank 0, still held in the collective 2 s later (NCCL waits out its
     # timeout), cannot go on, said once; a rank that ends a moment after its peer is not stuck.
     watch.observe({"kind": "rank", "rank": 1, "state": "crashed",
@@ -51,20 +68,22 @@ def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
     """Asking a stalled wrapped rank for its flight recorder makes torch log on its stderr (seen
     on 2 x H100: both ranks shown running 0.5 s after the verdict): only the script's own output
     or a step ends the verdict."""
-    from ddptui.dashboard.sources.remote_watch import RemoteWatch
-
     recorded: list[dict] = []
-    watch = RemoteWatch(10.0, recorded.append, lambda rank: True)
+    watch = _Watch(recorded)
     watch.observe({"kind": "rank", "rank": 1, "state": "running", "api": "ddptui.rank.wrap"}, 0.0)
-    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 0.5)
-    watch.observe({"kind": "output", "rank": 1, "text": "epoch 0 step 9 loss: 1.5"}, 1.0)
-    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 12.0)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0,
+                   "pid": 7, "rss": 1}, 0.5)
+    watch.observe({"kind": "output", "rank": 1, "text": "epoch 0 step 9 loss: 1.5",
+                   "final": True}, 1.0)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0,
+                   "pid": 7, "rss": 1}, 12.0)
     watch.check(12.0)
     assert [e["state"] for e in recorded] == ["stalled"]
     torch_says = "[rank1]:[W1126 14:16:43.123456789 ProcessGroupNCCL.cpp:1500] [PG 0 Rank 1] dump"
     watch.observe({"kind": "output", "rank": 1, "text": torch_says, "final": True}, 12.4)
     watch.observe({"kind": "lines", "rank": 1, "lines": [torch_says, torch_says]}, 12.5)
-    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0}, 13.0)
+    watch.observe({"kind": "process", "rank": 1, "status": "sleeping", "cpu_percent": 0.0,
+                   "pid": 7, "rss": 1}, 13.0)
     watch.check(13.0)
     assert [e["state"] for e in recorded] == ["stalled"]
     watch.observe({"kind": "lines", "rank": 1, "lines": [torch_says, "epoch 0 step 10 loss: 1.4"]},

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from ddptui.run.actions import Flag, Kill, Say
+from ddptui.contract.protocol.events import Stacks, Step
+from ddptui.run.actions import Flag, Kill, Record
 from ddptui.run.builtin.watchdog import Member, Watchdog
 
 # A member's stand-in: like a rank, it has its stacks handler before anyone asks (a process
@@ -36,7 +37,8 @@ def _watchdog(tmp_path, pids) -> tuple[Watchdog, list[Member]]:
     members = [Member(s, pids[s], None, str(tmp_path / f"stacks{s}")) for s in (0, 1)]
     dog.restart_clock([0, 1], 100.0)  # the world formed at t=100
     for s in (0, 1):
-        dog.observe({"kind": "step", "rank": s, "t": 100.0, "step_ms": 50.0})
+        dog.observe(Step(rank=s, t=100.0, epoch=0, step=1, global_step=1, loss=None,
+                         step_ms=50.0))
     return dog, members
 
 
@@ -47,7 +49,8 @@ def test_a_frozen_member_is_flagged_then_killed_once_its_stacks_are_in(tmp_path,
                                                                           (1, "stalled")}
     (tmp_path / "stacks0").write_text('File "x.py", line 3 in block_forever_here\n')
     later = dog.check(200.0, members, held=False)
-    assert any(isinstance(a, Say) and a.fields.get("stacks_of") == 0 for a in later)
+    assert any(isinstance(a, Record) and isinstance(a.event, Stacks) and a.event.stacks_of == 0
+               for a in later)
     assert any(isinstance(a, Kill) and a.slot == 0 for a in later)
 
 
