@@ -64,6 +64,7 @@ def gpu_run(ranks: int = 8, seconds: float = 120.0, step_hz: float = 4.0, gpu_hz
                             "start_step": 0, "end_step": per_epoch, "partial": False,
                             "settings": dict(settings), "world_size": len(members),
                             "samples_per_s": 2880.0, "data_wait": 0.02, "seconds": epoch_s,
+                            "samples": int(2880 * epoch_s),
                             "train_loss": 6.9 * math.exp(-i / n * 2.5) + 0.4,
                             "val_loss": 6.9 * math.exp(-i / n * 2.5) + 0.5,
                             "val_acc": min(0.9, i / n), "bad_samples": 0})

@@ -69,7 +69,7 @@ def _ended_on_failure(run: ScriptRun):
 
 def _pauses(run: ScriptRun, log) -> None:
     """space: every rank pauses at one step and resumes from it."""
-    assert run.refuse("pause") is None
+    assert run.capabilities.why_not("pause") is None
     run.pause()
     paused = wait_for_event(log, lambda e: e.get("status") == "paused", 60)
     run.resume()
@@ -100,7 +100,7 @@ def test_lightning_reports_every_rank_and_takes_c_and_q(script_env, tmp_path):
         wait_for_event(log, lambda e: e["kind"] == "epoch" and e["epoch"] >= 1 and
                        any(f.name.startswith("ddptui-") for f in folder.glob("*.ckpt")), 60)
         # The module's loader is ddptui's: w then a reach its DataLoader within the epoch.
-        assert run.refuse("settings") is None
+        assert run.capabilities.why_not("settings") is None
         run.change_settings(workers=1)
         run.apply_now()
         applied = wait_for_event(log, lambda e: e["kind"] == "settings" and

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 
+from ddptui.contract.protocol.orders import ChangeSettings, Pause
 from ddptui.run.membership import Fail, Joining, Kill, Membership, Say, Standby, Tell
 
 
@@ -225,8 +226,8 @@ def test_a_stop_past_a_stalled_rank_recovers_the_others_with_stop():
 
 def test_commands_go_to_the_leader_and_an_unanswered_request_follows_a_new_leader():
     m = _world(0, 1, 2)
-    settings = {"op": "settings", "settings": {"workers": 2}, "request": "r1"}
-    assert m.to_leader({"op": "pause"}) == [Tell(0, {"op": "pause"})]
+    settings = ChangeSettings(settings={"workers": 2}, request="r1")
+    assert m.to_leader(Pause()) == [Tell(0, Pause())]
     assert m.to_leader(settings) == [Tell(0, settings)]
     assert m.ask_again({"r1": {"workers": 2}}) == []  # its leader is still in the world
     order = _tells(m.stop(0, now=0))[0]
@@ -234,4 +235,4 @@ def test_commands_go_to_the_leader_and_an_unanswered_request_follows_a_new_leade
     assert m.ask_again({"r1": {"workers": 2}}) == [Tell(1, settings)]
     assert m.ask_again({"r1": {"workers": 2}}) == []  # sent once to the new leader
     assert m.ask_again({}) == [] and m.asked == {}  # answered: forgotten
-    assert _world().to_leader({"op": "pause"}) == []
+    assert _world().to_leader(Pause()) == []

@@ -17,7 +17,9 @@ import torch
 
 from ddptui.contract.environment import cuda_defaults
 from ddptui.contract.options.config import DataOptions, RunConfig, TrainOptions
-from ddptui.rank.elastic.control import Mailbox
+from ddptui.contract.protocol.codec import encode
+from ddptui.contract.protocol.orders import Recover, Reform
+from ddptui.rank.elastic.control import Mailbox, OrderPipe
 from ddptui.rank.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
 from ddptui.rank.elastic.store import await_store, meet
 from ddptui.rank.sampler import ShardedBatchSampler
@@ -151,6 +153,16 @@ def test_the_writer_announces_a_durable_file_and_reports_a_failed_write(tmp_path
     assert len(announced) == 1
 
 
+def _send(conn, order) -> None:
+    """An order down a rank's pipe, as the supervisor sends it."""
+    conn.send_bytes(encode(order).encode())
+
+
+def _world(kind, gen: int):
+    """A world order of generation `gen` (its members and address matter not here)."""
+    return kind(members=[0, 1], gen=gen, init="tcp://127.0.0.1:1")
+
+
 def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_returned():
     """The main thread re-forms the world once it takes the order: the mailbox thread's abort
     of the old world must be over by then (torch's group registry is not thread-safe). The flag
@@ -165,13 +177,13 @@ def test_an_urgent_order_is_published_only_after_the_abort_it_triggers_has_retur
         seen_during_abort.append((box.has_urgent, box.urgent.empty()))
 
     ours, supervisor = multiprocessing.Pipe()
-    box = Mailbox(ours)
+    box = Mailbox(OrderPipe(ours))
     box.abort = abort
-    supervisor.send({"op": "recover", "gen": 3})
+    _send(supervisor, _world(Recover, 3))
     assert aborting.wait(30)
     assert box.wait_urgent(0.2) is None  # not visible while the abort runs
     release.set()
-    assert box.wait_urgent(30) == {"op": "recover", "gen": 3}
+    assert box.wait_urgent(30) == _world(Recover, 3)
     assert seen_during_abort == [(True, True)]
 
 
@@ -183,29 +195,29 @@ def test_a_recover_order_while_a_world_forms_cuts_its_store_connections_and_abor
     corrupted its heap). A change ordered before the recovery is void; one after is not."""
     store, elsewhere = (socket.create_server(("127.0.0.1", 0)) for _ in range(2))
     ours, supervisor = multiprocessing.Pipe()
-    box = Mailbox(ours)
+    box = Mailbox(OrderPipe(ours))
     aborted = []
     box.abort = lambda: aborted.append(True)
     with box.forming(store.getsockname()[1], own_store=True):
         client = socket.create_connection(store.getsockname())
         server_end, _ = store.accept()
-        supervisor.send({"op": "recover", "gen": 4})
-        assert box.wait_urgent(30) == {"op": "recover", "gen": 4}
+        _send(supervisor, _world(Recover, 4))
+        assert box.wait_urgent(30) == _world(Recover, 4)
         client.sendall(b"x")
         assert server_end.recv(1) == b"x"
         box.met()
         bystander = socket.create_connection(elsewhere.getsockname())
         far_end, _ = elsewhere.accept()
-        supervisor.send({"op": "recover", "gen": 5})
-        assert box.wait_urgent(30) == {"op": "recover", "gen": 5}
+        _send(supervisor, _world(Recover, 5))
+        assert box.wait_urgent(30) == _world(Recover, 5)
         assert client.recv(1) == b""
         bystander.sendall(b"x")
         assert far_end.recv(1) == b"x"
     assert aborted == []
-    supervisor.send({"op": "recover", "gen": 6})
-    assert box.wait_urgent(30) == {"op": "recover", "gen": 6}
+    _send(supervisor, _world(Recover, 6))
+    assert box.wait_urgent(30) == _world(Recover, 6)
     assert aborted == [True]
-    assert box.void({"op": "reform", "gen": 4}) and not box.void({"op": "reform", "gen": 7})
+    assert box.void(_world(Reform, 4)) and not box.void(_world(Reform, 7))
     for s in (store, elsewhere, client, server_end, bystander, far_end):
         s.close()
 
@@ -408,7 +420,7 @@ def test_a_recover_order_fails_a_set_up_waiting_to_accept_and_spares_event_loops
                 return
 
     ours, supervisor = multiprocessing.Pipe()
-    box = Mailbox(ours)
+    box = Mailbox(OrderPipe(ours))
     for nccl in (False, True):
         with box.forming(None, nccl=nccl):
             store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
@@ -419,8 +431,8 @@ def test_a_recover_order_fails_a_set_up_waiting_to_accept_and_spares_event_loops
             waiter = threading.Thread(target=accept_as_nccl_does, args=(listener, failed),
                                       daemon=True)
             waiter.start()
-            supervisor.send({"op": "recover", "gen": 1})
-            assert box.wait_urgent(30) == {"op": "recover", "gen": 1}
+            _send(supervisor, _world(Recover, 1))
+            assert box.wait_urgent(30) == _world(Recover, 1)
             waiter.join(10 if nccl else 0.5)
         assert bool(failed) is nccl and waiter.is_alive() is not nccl
         store.set("still", "here")

@@ -96,7 +96,7 @@ class Epoch(Event):
     samples_per_s: float = doc("this rank's samples a second")
     data_wait: float = doc("share of the time spent waiting for input, 0-1")
     settings: dict = doc("the input-pipeline settings it ran under (see `settings`)")
-    train_loss: float | None = doc("mean training loss")
+    train_loss: float | None = doc("mean training loss (none: the segment has no loss read)", None)
     steps: int | None = doc("steps in the segment", None)
     start_step: int | None = doc("the epoch's step it began at (0: the epoch's start)", None)
     end_step: int | None = doc("the epoch's step it ended at", None)
@@ -218,6 +218,8 @@ class Run(Event):
     checkpoint_dir: str | None = doc("started: where checkpoints go", None)
     script: str | None = doc("your own script's run: its command line", None)
     restart: int | None = doc("a script's run: which start of its ranks, from 0", None)
+    launcher: str | None = doc("a script's run: the script starts its own ranks (mp.spawn, "
+                               "Lightning's ddp_spawn), as ddptui says it", None)
     restarting: bool | None = doc("a script attempt that ended: its ranks start again", None)
 
 

@@ -25,7 +25,6 @@ class Hello(Update):
     name: str = doc("the run's name (its log's, without .jsonl)")
     pid: int = doc("the run's process")
     log: str = doc("its log")
-    faces: dict = doc("what the run can do now (see `faces`)")
     snapshot: dict = doc("the run state, every field (ddptui/contract/state/snapshot.py)")
 
 
@@ -53,17 +52,6 @@ class HostReadings(Update):
     """The machine's CPU and memory readings (a CPU run's panel)."""
 
     host: dict = doc("the readings")
-
-
-@UPDATES.register("faces")
-@dataclass(frozen=True, kw_only=True)
-class Faces(Update):
-    """What the run can do changed (a script's ranks opted in to a control, the run ended):
-    contract/state/capabilities.py."""
-
-    faces: dict = doc("the run's capabilities: steer (whether it takes orders at all), refuse "
-                      "(why an action cannot act now, by action), restarts_group (whether s, r, "
-                      "k act on every rank), after_kill (what follows k on one rank)")
 
 
 @UPDATES.register("end")

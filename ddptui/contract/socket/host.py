@@ -27,7 +27,7 @@ from ddptui.contract.protocol.orders import (
     StopRank,
     TakeCheckpoint,
 )
-from ddptui.contract.protocol.updates import End, Faces, Hello, Update
+from ddptui.contract.protocol.updates import End, Hello, Update
 from ddptui.contract.runs.registry import register, run_name
 from ddptui.contract.runs.runtime_dir import RuntimeDir
 from ddptui.contract.socket.order_check import checked
@@ -45,11 +45,10 @@ from ddptui.contract.state.snapshot import dump
 if TYPE_CHECKING:  # the run's process hands its run in; the floor imports no side
     from ddptui.run.owned import OwnedRun
 
-FACES_S = 0.25  # how often what the keys may do is looked at again (a script opts in late)
+TIDY_S = 0.25  # how often dashboards that left or fell behind are tidied away and said
 MAX_VIEWERS = 64  # dashboards at once: each costs the run two threads
 MAX_BEHIND = 16 << 20  # bytes a dashboard may lag behind before it is dropped (it can attach again)
 END_GRACE_S = 5.0  # at the run's end: for each viewer to take the last of it
-ACTIONS = ("pause", "settings", "checkpoint")  # what RunSource.refuse may refuse
 
 
 def serve(run: OwnedRun) -> RunHost | None:
@@ -82,11 +81,10 @@ class RunHost:
             raise
         self._viewers: list[_Viewer] = []
         self._behind: list[int] = []  # pids of the viewers dropped for lagging, to be said
-        self._faces = self._read_faces()
         self._closing = threading.Event()
         source.state.listener = self._publish
         self._threads = [threading.Thread(target=self._accept, name="viewers", daemon=True),
-                         threading.Thread(target=self._watch, name="faces", daemon=True)]
+                         threading.Thread(target=self._tidy, name="viewers-tidy", daemon=True)]
 
     def start(self) -> None:
         for t in self._threads:
@@ -136,7 +134,7 @@ class RunHost:
             state = self.source.state
             with state.lock:  # no change is lost or sent twice between the snapshot and the stream
                 viewer.send(frame(Hello(name=self.name, pid=os.getpid(), log=self.source.log_path,
-                                        faces=self._faces, snapshot=dump(state))))
+                                        snapshot=dump(state))))
                 self._viewers.append(viewer)
             viewer.start()
 
@@ -152,28 +150,18 @@ class RunHost:
             if not v.send(data):
                 self._viewers.remove(v)
                 if not v.gone.is_set():
-                    self._behind.append(v.pid)  # said by _watch: this runs under the state's lock
+                    self._behind.append(v.pid)  # said by _tidy: this runs under the state's lock
                 v.drop()
 
-    def _watch(self) -> None:
-        """What the keys may do changes as a script's ranks opt in; each change goes out."""
-        while not self._closing.wait(FACES_S):
+    def _tidy(self) -> None:
+        """Dashboards dropped for lagging are said (not under the state's lock), and those
+        that left are let go."""
+        while not self._closing.wait(TIDY_S):
             while self._behind:
                 self.source.note(f"dropped the dashboard of pid {self._behind.pop(0)}: it fell "
                                  f"{MAX_BEHIND >> 20} MiB behind (it can attach again)")
-            faces = self._read_faces()
-            if faces != self._faces:
-                self._faces = faces
-                with self.source.state.lock:
-                    self._publish(Faces(faces=faces))
             with self.source.state.lock:
                 self._viewers = [v for v in self._viewers if not v.gone.is_set()]
-
-    def _read_faces(self) -> dict:
-        s = self.source
-        return {"can_steer": s.can_steer, "refuse": {a: s.refuse(a) for a in ACTIONS},
-                "restarts_group": {k: s.restarts_group(k) for k in "srk"},
-                "after_kill": s.after_kill}
 
     # -- orders --------------------------------------------------------------------------------
     def _order(self, viewer: _Viewer, message: dict | None) -> None:

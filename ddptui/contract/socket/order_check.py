@@ -19,8 +19,6 @@ from ddptui.contract.state.source import RunSource
 
 WORKERS_CAP = 64  # DataLoader workers a rank may be given live, whatever the host
 MAX_REQUEST = 64  # characters of a settings request's id
-NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
-         "apply": "settings"}
 
 
 def max_workers() -> int:
@@ -40,8 +38,8 @@ def checked(message: dict | None, run: RunSource) -> tuple[Order | None, str | N
 
 def refusal(order: Order, run: RunSource) -> str | None:
     """Why `run` cannot take `order` as it is, or None when it can."""
-    op = order.NAME
-    refused = run.refuse(NEEDS[op]) if op in NEEDS else None
+    op, can = order.NAME, run.capabilities
+    refused = can.why_not(op)
     if refused:
         return f"{op}: {refused}"
     match order:
@@ -49,7 +47,7 @@ def refusal(order: Order, run: RunSource) -> str | None:
             return _settings(order)
         case Stop(code=int(code)) if not 0 <= code <= 255:
             return f"stop: exit code {code} is not 0-255"
-        case RestartGroup() if not run.can_restart_group:
+        case RestartGroup() if not can.restarts_as_group:
             return "restart_group: this run restarts rank by rank, not as a group"
         case RestartGroup(kill=int(kill)) if not _known(kill, run):
             return f"restart_group: there is no rank {kill} to kill"

@@ -29,7 +29,7 @@ from ddptui.contract.protocol.orders import (
     TakeCheckpoint,
     settings_request,
 )
-from ddptui.contract.protocol.updates import Applied, End, Faces, Hello, HostReadings, Said
+from ddptui.contract.protocol.updates import Applied, End, Hello, HostReadings, Said
 from ddptui.contract.socket.viewers import MAX_UPDATE, Lines, connect, frame
 from ddptui.contract.state.snapshot import load
 from ddptui.contract.state.source import RunSource
@@ -55,7 +55,6 @@ class Viewer(RunSource):
         hello = self._hello()
         self.name, self.pid, self.log_path = hello.name, hello.pid, hello.log
         self.state = load(hello.snapshot)
-        self.faces: dict = hello.faces
         self.done = threading.Event()
         self.exit_code: int | None = None
         self.lost = False  # the connection ended without the run's end
@@ -75,9 +74,6 @@ class Viewer(RunSource):
         self.sock.close()
         raise RunGone("the run ended before it could be shown")
 
-    @property
-    def can_steer(self) -> bool:  # type: ignore[override]
-        return bool(self.faces.get("can_steer", True))
 
     def start(self) -> None:
         for t in self._threads:
@@ -128,8 +124,6 @@ class Viewer(RunSource):
                 self.state.say(text, level, t)
             case HostReadings(host=host):
                 self.state.set_host(host)
-            case Faces(faces=faces):
-                self.faces = faces
             case End(exit_code=code):
                 self.exit_code = code
                 self.done.set()
@@ -150,17 +144,6 @@ class Viewer(RunSource):
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         if not self.done.is_set():
             self._order(Stop(code=code))
-
-    def refuse(self, action: str) -> str | None:
-        return self.faces.get("refuse", {}).get(action)
-
-    def restarts_group(self, key: str) -> bool:
-        return bool(self.faces.get("restarts_group", {}).get(key))
-
-    @property
-    def after_kill(self) -> str:
-        said = self.faces.get("after_kill")
-        return said if isinstance(said, str) else super().after_kill
 
     def pause(self) -> None:
         self._order(Pause(), Run(rank=PARENT, status="pausing"))

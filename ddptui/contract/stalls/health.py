@@ -149,7 +149,7 @@ class Stragglers:
 
     def judge(self, members: list[int], gpus: dict[int, Gpu]) -> dict[int, str]:
         """slot -> the likely cause, for members slower than SLOW_FACTOR x the others' median.
-        `gpus`: slot -> {"held_down": [...], "others": [[pid, MiB, user, name], ...]} from NVML."""
+        `gpus`: slot -> its latest NVML reading (held_down, others)."""
         figures = {s: f for s in members if (f := self.figures(s)) is not None}
         if len(figures) < 2:
             return {}

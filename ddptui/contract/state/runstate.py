@@ -135,8 +135,7 @@ class RunState:
         r.epoch, r.step, r.global_step = ev.epoch, ev.step, ev.global_step
         if ev.loss is not None:
             r.loss = ev.loss
-        r.samples_per_s = ev.samples_per_s or 0.0
-        r.step_ms = ev.step_ms or 0.0
+        r.samples_per_s, r.step_ms = ev.samples_per_s or 0.0, ev.step_ms or 0.0
         r.data_wait = ev.data_wait or 0.0
         r.progress = r.progress if ev.progress is None else ev.progress
         r.iteration = bool(ev.iteration)
@@ -233,6 +232,8 @@ class RunState:
                 setattr(r, name, plain(value) if isinstance(value, str) else value)
         if ev.node:
             r.host = r.node = ev.node
+        if ev.control is not None:
+            r.control = [c for c in ev.control if isinstance(c, str)]
 
     def _on_world(self, ev: World) -> None:
         self.meta["world_size"] = ev.size
@@ -249,6 +250,9 @@ class RunState:
             self.ended_t, self.exit_code, self.reason = None, None, ""
             self.marks.append((t, f"restart {ev.restart}"))
             self.meta["restart"] = ev.restart
+            self.meta["launcher"] = ev.launcher or self.meta.get("launcher")  # found as it ran
+            for r in self.ranks.values():  # the new processes say again what they take
+                r.control = []
             self.status = "starting"
         elif status == "started":
             self.started_t = t

@@ -8,19 +8,20 @@ import threading
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
+from ddptui.contract.state.capabilities import Capabilities
 from ddptui.contract.state.runstate import RunState
 
 
 class RunSource(ABC):
     """A run as the screens see it: `state` folds its events, `done` is set once no more can
-    come, `exit_code` says how it ended. The class flags say which keys apply; a steering call
-    a source cannot take raises NotImplementedError, and the screens ask the flags first."""
+    come, `exit_code` says how it ended. The class flags say what kind of source it is;
+    `capabilities` what can act now. A steering call a source cannot take raises
+    NotImplementedError, and the screens ask `capabilities` first."""
 
     can_steer: ClassVar[bool] = True  # pause, settings, checkpoint, ranks (a Replay: no)
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
     can_end_job: ClassVar[bool] = False  # K ends a job it does not own (an Attach)
     can_detach: ClassVar[bool] = False  # d leaves the run going (a Viewer of a run's process)
-    can_restart_group: ClassVar[bool] = False  # every rank ends and starts again (a script's)
 
     state: RunState
     done: threading.Event
@@ -48,19 +49,12 @@ class RunSource(ABC):
         """Every process of the run seen so far (none where the source owns none)."""
         return set()
 
-    def restarts_group(self, key: str) -> bool:
-        """Whether s, r or k (`key`) restarts every rank together: a script's ranks, unless it
-        gave run.elastic() (then s and k act on one rank, and r still on all)."""
-        return False
-
-    def refuse(self, action: str) -> str | None:
-        """Why `action` (pause, settings, checkpoint) cannot be done now; None when it can."""
-        return None
-
     @property
-    def after_kill(self) -> str:
-        """What follows k on one rank, as the dashboard says it."""
-        return "the others go on through crash recovery"
+    def capabilities(self) -> Capabilities:
+        """What can act now (the caller does not hold the state's lock)."""
+        with self.state.lock:
+            return Capabilities.of(self.state, steer=self.can_steer, over=self.done.is_set(),
+                                   owns_ranks=self.owns_ranks, end_job=self.can_end_job)
 
     # -- steering: each queues or sends a command and returns at once ------------------------
     def pause(self) -> None:
@@ -91,7 +85,7 @@ class RunSource(ABC):
         self._cannot("kill a rank")
 
     def restart_group(self, kill: int | None = None) -> None:
-        """Every rank ends (`kill` at once) and the group starts again (restarts_group)."""
+        """Every rank ends (`kill` at once) and the group starts again (a script's run)."""
         self._cannot("restart the group")
 
     def end_job(self) -> None:

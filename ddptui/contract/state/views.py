@@ -51,6 +51,7 @@ class RankView:
     rss: int | None = None  # MiB
     gpu_mem: int | None = None  # MiB
     error: list = field(default_factory=list)  # its traceback's last lines, when it failed
+    control: list = field(default_factory=list)  # what a script rank said it takes
 
     def order(self) -> tuple:
         """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),

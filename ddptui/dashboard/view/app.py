@@ -15,10 +15,11 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
+from ddptui.contract.state.capabilities import STEERING
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import onoff
-from ddptui.dashboard.view.keys import KEYS, NEEDS, key_rows
+from ddptui.dashboard.view.keys import KEYS, key_rows
 from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
@@ -36,8 +37,6 @@ CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows 
 # The tables' figures (loss, img/s per rank) at 2 Hz: a table renders all its rows anew at each
 # change, and at 5 Hz that was a third of the dashboard's CPU. States and rows show at once.
 TABLES_S = 0.5
-CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
-                   "kill_rank", "end_job"}
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 _ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
 # The footer's order: q and ? first, so a narrow terminal cuts the least used keys instead
@@ -146,7 +145,7 @@ class DashboardApp(RankKeys, App[int]):
             if rank is not None and rank.stacks_t >= self._stacks_asked_t:
                 screen.stacks = rank.stacks
         if view.status == "failed" and not self.source.done.is_set() and \
-                self.source.restarts_group("r"):
+                self.source.capabilities.restarts_group("r"):
             # A script's run that failed waits on screen: r may start it again.
             if not self._told_failed:
                 self.notify(f"{view.reason}\nr starts every rank again; q quits",
@@ -193,7 +192,8 @@ class DashboardApp(RankKeys, App[int]):
     def _refresh_keys(self) -> None:
         """The footer dims the keys that cannot act, once a script's ranks said what they take,
         and drops the steering keys once the run is over."""
-        disabled = frozenset(a for a in CONTROL_ACTIONS if self.why_not(a))
+        can = self.source.capabilities
+        disabled = frozenset(a for a in STEERING if can.why_not(a))
         if disabled != self._disabled:
             self._disabled = disabled
             self.refresh_bindings()
@@ -204,7 +204,7 @@ class DashboardApp(RankKeys, App[int]):
 
     # -- keys -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple) -> bool | None:
-        if action in CONTROL_ACTIONS and (not self.source.can_steer or self.source.done.is_set()):
+        if action in STEERING and (not self.source.can_steer or self.source.done.is_set()):
             return False  # a replay, or a run that is over, has nothing to steer: hidden
         if action == "end_job" and not self.source.can_end_job:
             return False  # a run ddptui owns: q ends it
@@ -215,14 +215,7 @@ class DashboardApp(RankKeys, App[int]):
     def why_not(self, action: str) -> str | None:
         """Why a key's action cannot act in the run on screen (a script that takes no pause, no
         --checkpoint-dir, an attach, a run that is over), or None."""
-        if action in CONTROL_ACTIONS and not self.source.can_steer:
-            return "a replay has nothing to steer"
-        if action in CONTROL_ACTIONS and self.source.done.is_set():
-            return "the run is over: q quits"
-        if action == "end_job" and not self.source.can_end_job:
-            return "K ends a job ddptui attached to; in a run ddptui owns, q ends it"
-        need = NEEDS.get(action)
-        return self.source.refuse(need) if need else None
+        return self.source.capabilities.why_not(action)
 
     def on_key(self, event) -> None:
         """A dimmed key is not bound for Textual: say why it cannot act."""
@@ -305,7 +298,8 @@ class DashboardApp(RankKeys, App[int]):
         self._close(None)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(key_rows(self.why_not, self.source.restarts_group)))
+        can = self.source.capabilities
+        self.push_screen(HelpScreen(key_rows(can.why_not, can.restarts_group)))
 
     async def action_quit(self) -> None:
         if self.source.done.is_set() or not self.source.can_steer or not self.source.owns_ranks:
@@ -339,7 +333,7 @@ class DashboardApp(RankKeys, App[int]):
     def _can_steer(self, action: str | None = None) -> bool:
         if not self.source.can_steer or self.source.done.is_set() or self.quitting:
             return False
-        why = self.source.refuse(action) if action else None
+        why = self.source.capabilities.why_not(action) if action else None
         if why:
             self.notify(why, severity="warning")
         return why is None

@@ -72,9 +72,6 @@ GROUP_DOES = {
     "k": "kill the selected rank at once, then restart every rank (asked first): your script "
          "has no run.elastic()",
 }
-# The action each steering key needs (RunSource.refuse's names).
-NEEDS = {"pause": "pause", "toggle": "settings", "workers": "settings", "apply": "settings",
-         "checkpoint": "checkpoint"}
 
 
 def key_rows(why_not: Callable[[str], str | None],

@@ -13,7 +13,7 @@ class RankKeys:
 
     def _whole_group(self, key: str) -> bool:
         """s, r, k on a script's run: its ranks restart together (asked first while they run)."""
-        if not self.source.restarts_group(key):
+        if not self.source.capabilities.restarts_group(key):
             return False
         rank = self.selected_rank
         if not any(r.state.is_member or r.state.is_coming for r in self._ranks()):
@@ -77,7 +77,7 @@ class RankKeys:
             self.notify(f"rank {self.selected_rank} is not in the world", severity="warning")
             return
         self.source.kill_rank(rank.rank)
-        self.notify(f"killing rank {rank.rank}: {self.source.after_kill}")
+        self.notify(f"killing rank {rank.rank}: {self.source.capabilities.after_kill}")
 
     def action_end_job(self) -> None:
         def confirmed(yes: bool | None) -> None:

@@ -110,7 +110,7 @@ class Run:
         or the loader's) and marks each epoch's row."""
         sampler = getattr(sampler, "sampler", sampler)  # a DataLoader: its sampler
         if self.active and n > start:  # the header's "epoch 3 of 0-39"
-            self._me.say(f"training epochs {start}-{n - 1}", epochs=n)
+            self._me.say(f"training epochs {start}-{n - 1}", kind=events.Facts, epochs=n)
         if self._me.resume is not None:  # joined a running world: its epoch
             start = max(start, self._me.resume["epoch"] or 0)
         for e in range(start, n):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from ddptui.contract.protocol.codec import pack, unpack
 from ddptui.contract.protocol.orders import Order, WorldOrder
 from ddptui.rank.elastic.control import Mailbox
+from ddptui.rank.elastic.decisions import FAILED, LEFT, MEMBER, after_join, after_reform, state_sender
 from ddptui.rank.elastic.snapshot import WorldLost, agree
 from ddptui.rank.elastic.world import dismantle, form_ordered
 
@@ -68,10 +69,10 @@ def reform(m: Member, order: WorldOrder, leftover: list[Order]) -> bool:
                 share_state(m, order, group)
             m.settle(group, order, leftover)
     except WorldLost:
-        if leaving:  # a member died as this one left: the world it left is no concern of it
+        if after_reform(leaving, lost=True) == LEFT:  # the world it left is no concern of it
             return False
         raise
-    return True
+    return after_reform(leaving, lost=False) == MEMBER
 
 
 def join(m: Member, order: WorldOrder, formed: Callable[[], Any] | None = None) -> bool:
@@ -93,9 +94,9 @@ def join(m: Member, order: WorldOrder, formed: Callable[[], Any] | None = None) 
             m.settle(group, order, [])
             settled = True
     except WorldLost:
-        if not settled:
+        if after_join(settled, lost=True) == FAILED:
             raise
-        return True
+        return True  # RECOVER
     return False
 
 
@@ -133,9 +134,7 @@ def share_state(m: Member, order: WorldOrder, group) -> None:
     device tensors in one batch over the world's communicator (a plain send/recv pair would make
     a communicator of their own, one more place for a peer's death to leave a rank in NCCL's
     set-up)."""
-    members = order.members
-    src = members.index(next(s for s in members if s != order.joiner))
-    dst = members.index(order.joiner)
+    src, dst = state_sender(order.members, order.joiner)
     if m.rank == src:
         host, tensors = m.state_for_joiner()
         meta = {"host": host, "specs": [(t.shape, t.dtype, t.device.type) for t in tensors],

@@ -7,7 +7,6 @@ read it one interval later, so control costs no device sync and almost no step t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import queue
 import threading
@@ -20,6 +19,7 @@ import torch.distributed as dist
 from ddptui.contract.protocol.codec import order_of, parse
 from ddptui.contract.protocol.orders import Host, Join, Order, Recover, WorldOrder
 from ddptui.rank.compat import default_store
+from ddptui.rank.elastic.decisions import ABORT, CUT_STORE, SHUT_LISTENERS, Forming, WorldWatch
 from ddptui.rank.elastic.snapshot import WorldLost
 from ddptui.rank.elastic.sockets import Sockets, open_sockets, sever, shut_listeners
 from ddptui.rank.elastic.store import open_ahead
@@ -34,20 +34,6 @@ RECOVER_WAIT_S = 10.0  # after a collective failed: how long a rank waits for th
 # set on one node only), live control is off on every rank, and said so.
 CONTROL_OFF = "not every rank reports to the dashboard: live control is off"
 LINKED_WAIT_S = 10.0  # a script's linked ranks wait this long for one another at the first step
-
-
-@dataclasses.dataclass
-class FormingWorld:
-    """A world being formed: its store's port, whose it is, whether every member came there
-    and, for an NCCL world, the sockets this process had before (NCCL's set-up makes the
-    rest)."""
-    store_port: int | None
-    own_store: bool = False
-    met: bool = False
-    before: Sockets | None = None
-
-    def cut_store(self) -> bool:
-        return self.store_port is not None and (self.met or not self.own_store)
 
 
 class OrderPipe:
@@ -78,9 +64,10 @@ class Mailbox:
         self.has_urgent = False  # read every step: a plain attribute, no lock
         # The connections of the world this rank is in, cut as soon as a peer is known dead.
         self.world_sockets: Sockets = Sockets()
-        self._forming: FormingWorld | None = None  # while a world forms
-        self._lock = threading.Lock()  # between has_urgent and _forming
-        self.generation = 0  # the newest recover order's: a change ordered before it is void
+        # What a death makes this thread do, and whether a change stands (decisions.py).
+        self.watch = WorldWatch()
+        self._before: Sockets | None = None  # an NCCL world's set-up: the sockets before it
+        self._lock = threading.Lock()  # between has_urgent and the world being formed
         self.abort: Callable[[], None] | None = None  # unblocks NCCL collectives (world.abort)
         self._abort_lock = threading.Lock()  # held by an abort, or by a world change
         threading.Thread(target=self._read, name="mailbox", daemon=True).start()
@@ -103,22 +90,26 @@ class Mailbox:
                 # already been created").
                 with self._lock:
                     self.has_urgent = True
-                    forming = self._forming
-                if isinstance(msg, Recover):
-                    self.generation = max(self.generation, msg.gen)
+                    if isinstance(msg, Recover):
+                        self.watch.can_abort = self.abort is not None
+                        steps = self.watch.death(msg.gen)
+                    else:
+                        steps = []
+                    forming, before = self.watch.forming, self._before
+                if steps:
                     sever(self.world_sockets)
-                    if forming is not None and forming.cut_store():
-                        # Every connection to the world's store: rank 0 may have opened it
-                        # before the forming began (open_ahead), with its own connection.
-                        sever(open_sockets(), peer_port=forming.store_port)
-                    if forming is not None and forming.before is not None:
-                        # NCCL's set-up waiting to accept a member that died before it came
-                        # fails now, not at TORCH_NCCL_NONBLOCKING_TIMEOUT (5 s).
-                        shut_listeners(open_sockets() - forming.before, forming.store_port)
+                if CUT_STORE in steps:
+                    # Every connection to the world's store: rank 0 may have opened it before
+                    # the forming began (open_ahead), with its own connection.
+                    sever(open_sockets(), peer_port=forming.store_port)
+                if SHUT_LISTENERS in steps and before is not None:
+                    # NCCL's set-up waiting to accept a member that died before it came fails
+                    # now, not at TORCH_NCCL_NONBLOCKING_TIMEOUT (5 s).
+                    shut_listeners(open_sockets() - before, forming.store_port)
                 self.on_urgent(msg)
                 # A world half made is not aborted: the main thread is registering it (an abort
                 # from here then corrupted the heap); its cut connections fail the forming.
-                if isinstance(msg, Recover) and self.abort is not None and forming is None:
+                if ABORT in steps:
                     self._abort_unless_changing()
                 self.urgent.put(msg)
             else:
@@ -149,8 +140,12 @@ class Mailbox:
         gloo), and a death meanwhile is raised when it is done: the recovery then aborts from
         the main thread."""
         with self._abort_lock:  # an abort under way is finished first
-            yield
-        if self.has_urgent:
+            self.watch.changing = True
+            try:
+                yield
+            finally:
+                lost = self.watch.change_ends()
+        if lost:
             raise WorldLost("a peer died as the world changed")
 
     @contextlib.contextmanager
@@ -165,23 +160,24 @@ class Mailbox:
         set-up has its listening sockets shut down by a recover order."""
         before = open_sockets() if nccl else None
         with self._lock:
-            self._forming = FormingWorld(store_port, own_store, before=before)
+            self.watch.forming = Forming(store_port, own_store, nccl=nccl)
+            self._before = before
         try:
             yield
         finally:
             with self._lock:
-                self._forming = None
+                self.watch.forming, self._before = None, None
 
     def met(self) -> None:
         """Every member of the world being formed has come to its store."""
         with self._lock:
-            if self._forming is not None:
-                self._forming.met = True
+            if self.watch.forming is not None:
+                self.watch.forming.met = True
 
     def void(self, order: WorldOrder) -> bool:
         """A world change that a rank's death overtook: the supervisor dropped it (its joiner is
         killed) and ordered a recovery after it, so carrying it out would wait for ever."""
-        return order.gen < self.generation
+        return not self.watch.stands(order.gen)
 
     def drain(self) -> list[Order]:
         cmds = []
@@ -216,7 +212,10 @@ class Mailbox:
             order = self.urgent.get(timeout=timeout)
         except queue.Empty:
             return None
-        self.has_urgent = not self.urgent.empty()
+        with self._lock:
+            self.has_urgent = not self.urgent.empty()
+            if isinstance(order, Recover):  # the death is taken: a later one is news again
+                self.watch.lost = self.has_urgent
         return order
 
 

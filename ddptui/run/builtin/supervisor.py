@@ -89,11 +89,6 @@ class Supervisor(OwnedRun):
         """Every process of the run seen so far: ranks and their workers."""
         return self.pool.pids()
 
-    def refuse(self, action: str) -> str | None:
-        if action == "checkpoint" and not self.config.checkpoint.dir:
-            return "no --checkpoint-dir was given"
-        return None
-
     # -- events --------------------------------------------------------------------------------
     def _handle(self, ev: Event) -> None:
         """Every event, ours or a rank's, goes through here: state, log, then decisions."""

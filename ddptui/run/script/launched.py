@@ -62,13 +62,6 @@ class LaunchedRanks:
         after = "" if self._failed_rank is None else f" after rank {self._failed_rank} failed"
         return f"ended by the script's launcher ({r.death()}){after}"
 
-    @property
-    def after_kill(self) -> str:
-        if self.config.launch:
-            return ("the script's launcher then does what it does (mp.spawn ends the other "
-                    "ranks and fails)")
-        return super().after_kill
-
     def _from_launcher(self, item: tuple, now: float) -> None:
         """An item of the inbox from the launcher's side: a line of its own, a rank that came
         in at the door, the exit code of a child it waited for."""
@@ -95,7 +88,7 @@ class LaunchedRanks:
                 "once, as their launcher, with none of torchrun's variables")
         self.config = replace(self.config, launch=said)
         self.group.config = self.watch.config = self.config
-        self.meta["world_size"] = self.config.world_size
+        self.meta["world_size"], self.meta["launcher"] = self.config.world_size, said
         self._restart, self._restarted_why = True, "started again as its ranks' launcher"
         for r in self.group.alive():  # they wait in the launching call: nothing to end cleanly
             r.kill()

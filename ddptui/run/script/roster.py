@@ -11,12 +11,6 @@ from ddptui.contract.states import RankState
 from ddptui.run.membership import Fail, Membership
 from ddptui.run.ports import free_port
 
-# What a script can take once it opted in through ddptui.init() (the ranks say which).
-NEEDS = {"pause": "pause", "resume": "pause", "checkpoint": "checkpoint", "settings": "settings",
-         "apply": "settings"}
-NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init() and "
-              "run.step(loss) in its loop{loader} (README: Your own script)")
-
 
 class ScriptWorld:
     """One per attempt. Feed it the ranks' events and deaths; it returns the membership's
@@ -37,16 +31,6 @@ class ScriptWorld:
     @property
     def opted(self) -> set[str]:
         return set().union(*self.controls.values())
-
-    def refuse(self, action: str) -> str | None:
-        """Why the script cannot take `action` (pause, checkpoint, settings) now, or None."""
-        need = NEEDS.get(action)
-        if need and need not in self.opted:
-            return NO_CONTROL.format(what={"pause": "pause", "checkpoint": "checkpoint order",
-                                           "settings": "input-pipeline settings"}[need],
-                                     loader=", and make its DataLoader with run.loader()"
-                                     if need == "settings" else "")
-        return None
 
     @property
     def elastic(self) -> bool:

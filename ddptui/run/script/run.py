@@ -38,7 +38,6 @@ from ddptui.run.script.watch import ScriptWatch
 class ScriptRun(LaunchedRanks, OwnedRun):
     """The run source for a script: start(), steer, stop(); done and exit_code as a Supervisor."""
 
-    can_restart_group = True  # s, r, k without run.elastic(), and r on a failed run
     _restarted_why = "restarted on request"  # or: started again as its ranks' launcher
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
@@ -48,7 +47,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         self.meta = {"model": config.label, "script": described(config),
                      "data": "", "epochs": 0, "world_size": config.world_size,
                      "device_kind": config.device_kind, "gpus": list(config.gpus or []),
-                     "log": self.log_path}
+                     "log": self.log_path, "launcher": config.launch or None}
         self.state = RunState(dict(self.meta))
         OwnedRun.__init__(self)
         self.world = ScriptWorld([])  # who is in it (run.elastic: s and k act on one rank)
@@ -79,14 +78,6 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     def restart_group(self, kill: int | None = None) -> None:
         """Every rank ends (SIGTERM, `kill` at once) and the group starts again."""
         self._commands.put(orders.RestartGroup(kill=kill))
-
-    def restarts_group(self, key: str) -> bool:
-        """s, r and k restart every rank, but under run.elastic(); k kills one rank of a
-        script that starts its own (its launcher then does what it does)."""
-        return not self.world.elastic and not (key == "k" and self.config.launch)
-
-    def refuse(self, action: str) -> str | None:
-        return self.world.refuse(action)
 
     @property
     def controls(self) -> set[str]:

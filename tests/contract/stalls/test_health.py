@@ -3,6 +3,7 @@ for it, which is a straggler and why, and the figures the run state derives (no 
 
 from __future__ import annotations
 
+from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.observe.stacks import innermost
 from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls, stall_limit
 from ddptui.contract.state.runstate import RunState
@@ -97,9 +98,9 @@ def test_slow_names_the_gpu_cause_or_plain_compute():
     s = Stragglers()
     _fill(s, 0, 100.0, 0.0)
     _fill(s, 1, 130.0, 0.0)
-    assert s.judge([0, 1], {1: {"held_down": ["thermal"]}})[1] == \
+    assert s.judge([0, 1], {1: Gpu(rank=1, gpu=1, held_down=["thermal"])})[1] == \
         "GPU clocks held down: thermal"
-    assert s.judge([0, 1], {1: {"others": [[4242, 900]]}})[1].startswith("another process")
+    assert s.judge([0, 1], {1: Gpu(rank=1, gpu=1, others=[[4242, 900]])})[1].startswith("another process")
     assert s.judge([0, 1], {})[1].startswith("compute")
 
 
@@ -154,7 +155,8 @@ def test_a_peer_row_cut_by_a_settings_change_does_not_bring_the_old_settings_bac
     old, new = {"workers": 0, "prefetch": True}, {"workers": 1, "prefetch": True}
     state.apply(typed({"t": 0.0, "kind": "settings", "rank": 0, "settings": old, "status": "applied"}))
     part = {"kind": "epoch", "epoch": 0, "start_step": 0, "end_step": 5, "partial": True,
-            "settings": old, "world_size": 2, "samples_per_s": 100.0, "data_wait": 0.0}
+            "settings": old, "world_size": 2, "samples_per_s": 100.0, "data_wait": 0.0,
+            "seconds": 0.5, "samples": 50, "train_loss": 2.0}
     state.apply(typed({"t": 1.0, "rank": 0, **part}))
     state.apply(typed({"t": 1.0, "kind": "settings", "rank": 0, "settings": new, "status": "applied",
                  "epoch": 0, "step": 5}))

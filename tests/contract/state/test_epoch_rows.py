@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 
+from ddptui.contract.protocol.codec import encode
 from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.state.runstate import RunState
 from ddptui.dashboard.sources.export import write_epochs_csv
@@ -68,7 +68,7 @@ def test_a_scripts_printed_epochs_have_no_rate_and_the_csv_leaves_it_empty(tmp_p
     evs += [logged("rank", r, state="running") for r in (0, 1)]
     evs += [logged("epoch", r, epoch=0, seconds=3.0, samples=0, samples_per_s=0.0, data_wait=0.0,
                   settings={}, train_loss=0.5, source="output") for r in (0, 1)]
-    log.write_text("".join(json.dumps(e) + "\n" for e in evs))
+    log.write_text("".join(encode(e) for e in evs))
     out = io.StringIO()
     assert write_epochs_csv(str(log), out, warn=lambda text: None) == 1
     (row,) = csv.DictReader(io.StringIO(out.getvalue()))

@@ -11,14 +11,16 @@ import pytest
 from ddptui.contract.jsonl import read_events
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.snapshot import dump, load
-from tests.helpers.runlogs import gpu_run, script_run
+from tests.helpers.runlogs import gpu_run, script_run, typed
 from tests.helpers.runs import ROOT
 
 RECORDED = os.path.join(ROOT, "tests", "data", "run-2cpu.jsonl")
 
 
-@pytest.mark.parametrize("evs", [read_events(RECORDED), gpu_run(ranks=4, trouble=True),
-                                 script_run()], ids=["recorded", "gpus", "script"])
+@pytest.mark.parametrize("evs", [read_events(RECORDED),
+                                 [typed(e) for e in gpu_run(ranks=4, trouble=True)],
+                                 [typed(e) for e in script_run()]],
+                         ids=["recorded", "gpus", "script"])
 def test_a_snapshot_and_the_events_after_it_draw_what_every_event_drew(evs):
     seen_all, attached = RunState(live=False), None
     for i, ev in enumerate(evs):

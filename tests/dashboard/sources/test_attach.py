@@ -13,6 +13,7 @@ from multiprocessing.connection import Client
 
 import pytest
 
+from ddptui.contract.protocol.orders import Pause, Resume
 from ddptui.contract.channel import MAX_MESSAGE
 from ddptui.dashboard.sources.attach import Attach
 from tests.helpers.runlogs import logged, typed
@@ -210,17 +211,17 @@ async def test_attach_dashboard_relays_commands_to_rank_0_and_delegates_stop(tmp
             assert time.monotonic() < deadline, "rank 0 never showed"
             await pilot.pause(0.1)
         await pilot.press("space", "space")  # faster than rank 0 answers: pause, then resume
-        assert rank0.poll(5) and receive(rank0) == {"op": "pause"}
-        assert rank0.poll(5) and receive(rank0) == {"op": "resume"}
+        assert rank0.poll(5) and isinstance(receive(rank0), Pause)
+        assert rank0.poll(5) and isinstance(receive(rank0), Resume)
         await pilot.press("W", "W")
         first, second = (receive(rank0) if rank0.poll(5) else None for _ in range(2))
-        assert (first["settings"], second["settings"]) == ({"workers": 1}, {"workers": 2})
+        assert (first.settings, second.settings) == ({"workers": 1}, {"workers": 2})
         # Rank 0 echoes the first request late: the second stays pending, and W builds on it.
         send(rank0, {"t": time.time(), "kind": "settings", "rank": 0, "status": "pending",
-                     "request": first["request"], "settings": {"workers": 1}, "epoch": 1})
+                     "request": first.request, "settings": {"workers": 1}, "epoch": 1})
         await pilot.pause(0.5)
         await pilot.press("W")
-        assert rank0.poll(5) and receive(rank0)["settings"] == {"workers": 3}
+        assert rank0.poll(5) and receive(rank0).settings == {"workers": 3}
         await pilot.press("s")
         await pilot.pause(0.5)
         assert any("belongs to its launcher" in line.text for line in app.events.lines)
@@ -265,7 +266,7 @@ def test_the_ranks_table_groups_ranks_by_node():
 
     state = RunState()
     for rank, node in ((0, "gpu/2"), (1, "gpu/10"), (2, "gpu/2"), (3, "gpu/10")):
-        state.apply(typed({**logged("rank", rank, state="running"), "node": node}))
+        state.apply(logged("rank", rank, state="running", node=node))
     assert [(r.host, r.rank) for r in state.view().ranks] == \
         [("gpu/2", 0), ("gpu/2", 2), ("gpu/10", 1), ("gpu/10", 3)]
 

@@ -288,7 +288,7 @@ async def test_two_nodes_gpus_and_growing_figures_are_shown_whole():
     async with app.run_test(size=(160, 40)) as pilot:
         await settle(pilot)  # the rows are drawn before any step ("-")
         for ev in steps:
-            app.source.state.apply(ev)
+            app.source.state.apply(typed(ev))
         app.refresh_view()
         await pilot.pause()
         svg = app.export_screenshot().replace("&#160;", " ")
@@ -315,9 +315,9 @@ def test_every_run_source_serves_the_keys_its_flags_offer(cls):
 
     steering = ("pause", "resume", "checkpoint", "change_settings", "apply_now")
     assert all(map(serves, steering)) if cls.can_steer else not any(map(serves, steering))
-    if serves("restarts_group"):  # s, r and k restart the group, or s and k act on one rank
-        assert serves("restart_group") and serves("stacks")
-        assert serves("stop_rank") and serves("kill_rank")
-    elif cls.can_steer:  # attach too: k and t through a rank's wrapper, or it says why not
+    if cls.can_steer:  # rank by rank (attach too: through a rank's wrapper, or it says why not)
         assert serves("stop_rank") and serves("restart_rank")
         assert serves("kill_rank") and serves("stacks")
+    # A script's run restarts as a group (capabilities: restarts_as_group): the run that owns
+    # its ranks, and the dashboards of that run's process.
+    assert serves("restart_group") == (cls in (ScriptRun, Viewer))

@@ -26,7 +26,7 @@ from ddptui.dashboard.view.headless import status_line, summary
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.widgets.bars import SPARKS
 from ddptui.dashboard.view.widgets.tables import state_cell
-from tests.helpers.runlogs import gpu_run, logged, script_run
+from tests.helpers.runlogs import gpu_run, logged, script_run, typed
 from tests.helpers.runs import ROOT
 from tests.helpers.screens import end_tmux, fixed_hash, settle, tmux
 
@@ -171,12 +171,6 @@ class Steerable(Replay):
         super().__init__("steerable", speed=0, events=events)
         self.played = threading.Event()
 
-    def refuse(self, need: str | None) -> str | None:
-        return None
-
-    def restarts_group(self, key: str) -> bool:
-        return False
-
     def _play(self) -> None:
         super()._play()
         self.done.clear()  # the run goes on
@@ -295,7 +289,7 @@ class Gated(Replay):
 
     def _read(self):
         for part, played, gate in zip(self.parts, self.played, self.gates, strict=True):
-            yield from part
+            yield from map(typed, part)
             played.set()
             gate.wait(60)
 

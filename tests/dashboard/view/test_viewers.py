@@ -263,7 +263,7 @@ def test_the_changes_that_come_with_the_hello_are_taken(tmp_path):
     def serve() -> None:
         conn, _ = server.accept()
         conn.sendall(frame({"type": "hello", "name": "x", "pid": os.getpid(), "log": "x.jsonl",
-                            "faces": {}, "snapshot": dump(RunState())})
+                            "snapshot": dump(RunState())})
                      + frame({"type": "event", "ev": started})
                      + frame({"type": "end", "exit_code": 0}))
         conn.close()
@@ -292,7 +292,7 @@ def test_a_run_process_gone_while_its_socket_stays_open_ends_the_dashboard(tmp_p
         conn, _ = server.accept()
         held.append(conn)  # never closed while the viewer waits: as if another process held it
         conn.sendall(frame({"type": "hello", "name": "x", "pid": run_process.pid,
-                            "log": str(log), "faces": {}, "snapshot": dump(RunState())}))
+                            "log": str(log), "snapshot": dump(RunState())}))
 
     threading.Thread(target=serve, daemon=True).start()
     viewer = Viewer(path)

@@ -106,7 +106,7 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         steps = events(log, "step")
         assert {e["rank"] for e in steps} == {0, 1}
         assert all(e.get("source") is None and e["samples_per_s"] > 0 for e in steps)
-        assert "pause" in run.controls and run.refuse("pause") is None
+        assert "pause" in run.controls and run.capabilities.why_not("pause") is None
         # run.epochs(1000) gives the header its range: it said "epoch 39" with no total.
         assert run.state.view().progress.where.endswith(" of 0-999")
         epoch = events(log, "epoch")[0]
@@ -115,7 +115,7 @@ async def test_three_lines_take_pause_checkpoint_and_stop_at_one_step(script_env
         run.pause()
         paused = wait_for_event(log, lambda e: e.get("status") == "paused", 30)
         # run.loader(): w/W then a, agreed while paused: every rank switches at the paused step.
-        assert run.refuse("settings") is None
+        assert run.capabilities.why_not("settings") is None
         run.change_settings(workers=1)
         wait_for_event(log, lambda e: e["kind"] == "settings" and e.get("status") == "pending"
                        and e["settings"]["workers"] == 1, 30)
