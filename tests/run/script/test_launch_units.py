@@ -56,7 +56,7 @@ def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
     from ddptui.run.script.watch import ScriptWatch
 
     said: list[dict] = []
-    watch = ScriptWatch(ScriptConfig(target="t.py", gpus=(0, 1)), said.append,
+    watch = ScriptWatch(ScriptConfig(target="t.py", gpus=(0, 1)), lambda ev: said.append(ev.fields()),
                         lambda text, level="info", **f: said.append({"text": text, **f}),
                         trace_prefix=str(tmp_path / "x.nccl-trace-rank"))
 
