@@ -17,9 +17,9 @@ import signal
 import sys
 import time
 
-from ddptui.cli import resolve_devices
 from ddptui.contract.jsonl import read_records
 from ddptui.contract.options.config import DeviceOptions
+from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.parser import Parser
 from ddptui.contract.options.training import add_training_options, config_from_args
 from ddptui.run.builtin.supervisor import Supervisor

@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-from ddptui.cli import resolve_devices
+from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.protocol.codec import event_of, parse
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -49,7 +49,7 @@ def start(kind: str, gpus: str, log: str, extra: list[str]):
         return Supervisor(config_from_args(args, gpus=devices[0], cpus=devices[1]), log)
     import dataclasses
 
-    from ddptui.run.script.options import parse_script_args
+    from ddptui.contract.options.script import parse_script_args
     from ddptui.run.script.run import ScriptRun
 
     config = parse_script_args([os.path.join(ROOT, "examples", "elastic_ddp.py"), *where,

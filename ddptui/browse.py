@@ -62,7 +62,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     replay = Replay(args.file, speed=args.speed)
     if args.headless or not sys.stdout.isatty():
-        from ddptui.dashboard.view.headless import run_headless
+        from ddptui.contract.console import run_headless
 
         return run_headless(replay)
     from ddptui.dashboard.view.app import DashboardApp

@@ -1,39 +1,38 @@
-"""The `ddptui` command: run and attach here, ls, gpus and replay in browse.py. Parses and
-validates everything before any process starts, so bad input is one line on stderr and exit
-code 2; torch is never imported here.
+"""The `ddptui` command line: parses and validates everything before any process starts (bad
+input is one line on stderr and exit code 2), then enters the side this process is: the run's
+own (ddptui/run/main.py) or a dashboard's (ddptui/dashboard/main.py, browse.py for ls, gpus
+and replay). Neither side is imported before that; torch never is.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING
 
-from ddptui import __version__, browse
+from ddptui import __version__
+from ddptui.contract import bytecode
+from ddptui.contract.keys import keys_lines
 from ddptui.contract.observe.endings import JOB_GRACE_S
 from ddptui.contract.options.argtypes import positive_float
 from ddptui.contract.options.config import DeviceOptions
 from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.errors import UsageError
 from ddptui.contract.options.parser import Parser, from_args
+from ddptui.contract.options.policy import RunPolicy
+from ddptui.contract.options.script import (
+    DETACH_HELP,
+    DETACH_OR_HEADLESS,
+    is_script_form,
+    parse_script_args,
+)
 from ddptui.contract.options.training import add_training_options, config_from_args
+from ddptui.contract.options.web import add_web_parser
+from ddptui.contract.runs.registry import HOST_ENV, default_log_path
 from ddptui.contract.stalls.scripts import STALL_S
-from ddptui.dashboard.background import HOST_ENV
-from ddptui.dashboard.view.keys import keys_lines
-from ddptui.dashboard.web.command import add_web_parser, cmd_web
-from ddptui.run.builtin import bytecode
-from ddptui.run.builtin.policy import RunPolicy
-from ddptui.run.outcome import EXIT_PIPE
-from ddptui.run.script.options import DETACH_HELP, DETACH_OR_HEADLESS
 
-if TYPE_CHECKING:
-    from ddptui.run.owned import OwnedRun
-
+EXIT_PIPE = 141  # 128 + SIGPIPE: whoever read our output stopped (| head), as for any command
 ATTACH_PORT = 29600
 NOTHING_TO_RUN = ("say what to train: a model (ddptui run resnet18), your own script (ddptui run "
                   "train.py) or module (ddptui run -m pkg.train); ddptui run --help")
@@ -125,150 +124,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    from ddptui.contract.runs.registry import default_log_path
-
     log = config.telemetry.log or args.hosted or default_log_path()
     if args.detach and args.headless:
         raise UsageError(DETACH_OR_HEADLESS)
     if not args.hosted and (args.detach or (not args.headless and sys.stdout.isatty())):
-        return _background(args.argv, log, args.detach)
-    from ddptui.run.builtin.supervisor import Supervisor
+        from ddptui.dashboard.main import in_background
 
-    return serve_headless(Supervisor(config, log, from_args(RunPolicy, args)), args.hosted)
+        return in_background(args.argv, log, args.detach)
+    from ddptui.run.main import serve_builtin
+
+    return serve_builtin(config, log, from_args(RunPolicy, args), args.hosted)
 
 
 def cmd_run_script(argv: list[str], hosted: str | None) -> int:
     """`ddptui run SCRIPT.py ... -- args` and `ddptui run -m MODULE ...`: the script's ranks."""
-    from ddptui.run.script.options import parse_script_args
-
     config = parse_script_args(argv)
-    from ddptui.contract.runs.registry import default_log_path
-
     log = config.log or hosted or default_log_path()
     if not hosted and (config.detach or not config.headless):
-        return _background(["run", *argv], log, config.detach)
-    from ddptui.dashboard.view.headless import ScriptConsole
-    from ddptui.run.script.run import ScriptRun
+        from ddptui.dashboard.main import in_background
 
-    # The run's own process serves dashboards: the ranks' output is theirs, not echoed here.
-    run = ScriptRun(replace(config, headless=not hosted), log)
-    return serve_headless(run, hosted, ScriptConsole(run.state))
+        return in_background(["run", *argv], log, config.detach)
+    from ddptui.run.main import serve_script
 
-
-def _background(argv: list[str], log: str, detach: bool) -> int:
-    from ddptui.dashboard import background
-
-    try:
-        proc, viewer = background.launch(argv, log)
-    except background.NotStarted as e:  # its own words: bad input, most often
-        print("\n".join(e.said) or f"ddptui: the run's process ended ({e.code})", file=sys.stderr)
-        return e.code
-    if detach:
-        viewer.close()
-        print(f"ddptui: {viewer.name} runs in the background (pid {viewer.pid}); "
-              f"{background.comeback(viewer)}", flush=True)
-        return 0
-    return background.watch(viewer, proc)
-
-
-def serve_headless(run: OwnedRun, hosted: str | None, console=None) -> int:
-    """Run it in this process with status lines, open to dashboards (ddptui attach) while it
-    runs; `hosted`: this is the run's own process (its lines go to its output file)."""
-    from ddptui.contract.socket.host import serve
-    from ddptui.run.builtin.helpers import end_helpers
-
-    # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
-    # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    host = serve(run)
-    if host is not None and hosted:
-        run.watched = host.watched
-    try:
-        if not hosted:
-            print(f"ddptui: logging to {run.log_path}", file=sys.stderr if console else sys.stdout,
-                  flush=True)
-        from ddptui.dashboard.view.headless import run_headless
-
-        return run_headless(run, console)
-    finally:
-        if host is not None:
-            host.close()
-            if run.log_lost:  # ls reads the end from the record where the log could not say it
-                from ddptui.contract.runs.registry import record_end
-
-                record_end(host.record, "failed", run.log_lost)
-        end_helpers()
-
-
-def has_screen() -> bool:
-    """Whether a dashboard can draw: a terminal, or a browser tab (textual-serve's driver)."""
-    return sys.stdout.isatty() or "web_driver" in os.environ.get("TEXTUAL_DRIVER", "")
+    return serve_script(config, log, hosted)
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
-    if args.listen is None:
-        return _attach_run(args.run, args.headless or not has_screen(), args.read_only)
-    if args.read_only:
-        raise UsageError("--read-only is for a run of yours, not --listen")
-    if args.run is not None:
-        raise UsageError(f"attach {args.run} --listen: a run of yours, or ranks of torchrun or "
-                         "srun on --listen, not both")
-    from ddptui.contract.channel import load_key, parse_address
+    from ddptui.dashboard.main import attach
 
-    try:
-        address = parse_address(args.listen, "--listen")
-        key, source = load_key(create=True)
-    except ValueError as e:  # a bad address, or NoKey
-        raise UsageError(str(e)) from None
-    log = args.log or os.path.join("runs", time.strftime("attach-%Y-%m-%dT%H-%M-%S.jsonl"))
-    from ddptui.contract.options.training import check_writable_file
-
-    check_writable_file(log, "--log")
-    from ddptui.dashboard.sources.attach import Attach
-
-    try:
-        attach = Attach(address, key, log, source, args.stall_after, args.grace)
-    except OSError as e:
-        raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
-    headless = args.headless or not sys.stdout.isatty()
-    if headless:
-        print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
-              f"--report {args.listen}; logging to {log}", flush=True)
-        from ddptui.dashboard.view.headless import run_headless
-
-        return run_headless(attach)
-    from ddptui.dashboard.view.app import DashboardApp
-
-    DashboardApp(attach).run()
-    attach.stop(code=0)
-    return 0
+    return attach(args)
 
 
-def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> int:
-    """The dashboard (or its lines) on a run of this user's, from its own process."""
-    from ddptui.contract.runs.registry import find
-    from ddptui.contract.socket.viewer import RunGone
-    from ddptui.contract.socket.viewers import Refused
-    from ddptui.dashboard import background
+def cmd_web(args: argparse.Namespace) -> int:
+    from ddptui.dashboard.web.command import cmd_web as web
 
-    try:
-        record = find(name)
-    except (LookupError, OSError) as e:
-        raise UsageError(str(e)) from None
-    try:
-        viewer = background.attach(record.pid, read_only)
-    except (Refused, RunGone) as e:
-        raise UsageError(str(e)) from None
-    except OSError as e:
-        raise UsageError(f"cannot reach {record.name}: {e.strerror or e}") from None
-    return background.follow(viewer) if headless else background.watch(viewer)
+    return web(args)
+
+
+def cmd_browse(args: argparse.Namespace) -> int:
+    """ls, gpus and replay: ddptui/browse.py."""
+    from ddptui import browse
+
+    return {"ls": browse.cmd_ls, "gpus": browse.cmd_gpus, "replay": browse.cmd_replay}[
+        args.command](args)
 
 
 def main(argv: list[str] | None = None) -> int:
     bytecode.enable()  # before textual, and before any rank starts
     argv = sys.argv[1:] if argv is None else argv
-    from ddptui.run.script.options import is_script_form
-
     # In the run's own process: the log that its foreground claimed (not the ranks' business).
     hosted = os.environ.pop(HOST_ENV, None)
     if is_script_form(argv):
@@ -277,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # the run's own process is started with the same command line
     args.hosted = hosted
-    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": browse.cmd_gpus,
-                "replay": browse.cmd_replay, "ls": browse.cmd_ls, "web": cmd_web}
+    handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_browse,
+                "replay": cmd_browse, "ls": cmd_browse, "web": cmd_web}
     if args.command not in handlers:
         parser.print_help()
         return 2

@@ -42,7 +42,7 @@ def cli_main(tmp_path, cache_dir, monkeypatch, capsys) -> Callable[[list[str]], 
     """ddptui's main() in this process, in tmp_path: (exit code, stderr lines). For checks that
     end before any process starts (a process each cost a second of the suite)."""
     from ddptui.cli import main
-    from ddptui.run.builtin import bytecode
+    from ddptui.contract import bytecode
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("DDPTUI_CACHE", cache_dir)

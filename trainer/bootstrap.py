@@ -23,7 +23,7 @@ from ddptui_trainer.pipeline.forkserver import start_worker_server
 
 def write_bytecode_to_the_cache() -> None:
     """Where ddptui chose a bytecode cache (PYTHONPYCACHEPREFIX set, PYTHONDONTWRITEBYTECODE
-    lifted: ddptui/run/builtin/bytecode.py), write to it: multiprocessing starts this process with -B when
+    lifted: ddptui/contract/bytecode.py), write to it: multiprocessing starts this process with -B when
     the parent's interpreter had it, and torch would be compiled from source at every start."""
     if sys.pycache_prefix and "PYTHONDONTWRITEBYTECODE" not in os.environ:
         sys.dont_write_bytecode = False

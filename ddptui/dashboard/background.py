@@ -10,14 +10,13 @@ import subprocess
 import sys
 import time
 
+from ddptui.contract.console import HeadlessConsole, summary
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.runs.registry import run_name
+from ddptui.contract.runs.registry import HOST_ENV, run_name
 from ddptui.contract.runs.runtime_dir import FolderRefused, RuntimeDir, safe_name
 from ddptui.contract.socket.viewer import Viewer
 from ddptui.contract.socket.viewers import Refused
-from ddptui.dashboard.view.headless import HeadlessConsole, summary
 
-HOST_ENV = "DDPTUI_HOST"  # in the run's own process: the log it writes (and that it is that one)
 READY_S = 120.0  # for the run's process to listen (it imports little before it does)
 REAP_S = 10.0  # for the run's process to close, once a dashboard saw it end
 

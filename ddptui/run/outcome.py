@@ -9,7 +9,6 @@ from typing import NamedTuple
 from ddptui.contract.protocol.events import BadSample, Notice, Usage
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-EXIT_PIPE = 141  # 128 + SIGPIPE: whoever read our output stopped (| head), as for any command
 
 
 class Ending(NamedTuple):

@@ -1,4 +1,4 @@
-"""The bytecode cache for environments that forbid writing bytecode (ddptui/run/builtin/bytecode.py): when it
+"""The bytecode cache for environments that forbid writing bytecode (ddptui/contract/bytecode.py): when it
 is used, and that the processes a run starts compile into it, never beside the sources."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ddptui.run.builtin import bytecode
+from ddptui.contract import bytecode
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_a_process_and_its_children_compile_into_the_cache_not_beside_the_source
     (uncompiled.parent / "uncompiled_rank_pkg.py").write_text("VALUE = 7\n")
     script = (
         "import multiprocessing, subprocess, sys\n"
-        "from ddptui.run.builtin import bytecode\n"
+        "from ddptui.contract import bytecode\n"
         "if __name__ == '__main__':\n"
         "    print(bytecode.enable(), flush=True)\n"
         "    import uncompiled_pkg, rank_like\n"

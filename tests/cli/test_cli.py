@@ -128,7 +128,7 @@ def test_help_has_examples_and_version(env, tmp_path):
 
 def test_the_dashboard_path_never_imports_torch(env):
     code = ("import sys, ddptui.cli, ddptui.dashboard.view.app, ddptui.run.builtin.supervisor, "
-            "ddptui.dashboard.sources.replay, ddptui.dashboard.view.headless, trainer.bootstrap; "
+            "ddptui.dashboard.sources.replay, ddptui.contract.console, trainer.bootstrap; "
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT).returncode == 0
 
@@ -178,8 +178,8 @@ def test_each_option_fills_its_section_and_replace_finds_it():
     from ddptui.cli import build_parser
     from ddptui.contract.options.config import RunConfig
     from ddptui.contract.options.parser import from_args
+    from ddptui.contract.options.policy import RunPolicy
     from ddptui.contract.options.training import config_from_args
-    from ddptui.run.builtin.policy import RunPolicy
 
     args = build_parser().parse_args([
         "run", "resnet50", "--data", "synthetic", "--batch-size", "8", "--no-prefetch",

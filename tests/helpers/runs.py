@@ -198,18 +198,27 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
-def detached(env: dict, log, epochs: int = 500) -> tuple[int, str]:
+def detached(env: dict, log, epochs: int = 500, stderr: list | None = None) -> tuple[int, str]:
     """A 2-rank CPU run started with --detach: its pid and socket, once it has stepped. Its
-    steps are paced: nothing waits for it, so unpaced it took both cores from the tests beside."""
+    steps are paced: nothing waits for it, so unpaced it took both cores from the tests beside.
+    `stderr`: gets what the detaching process printed there."""
     r = ddptui(["run", "tests.helpers.userpkg:paced_cnn", *TINY[1:], "--cpus", "2", "--epochs",
                 str(epochs), "--detach", "--log", str(log)], env, ROOT)
     assert r.returncode == 0, r.stderr
+    if stderr is not None:
+        stderr.append(r.stderr)
     said = re.fullmatch(r"ddptui: (\S+) runs in the background \(pid (\d+)\); ddptui attach "
                         r"\1 watches it again; log (\S+)\n", r.stdout)
     assert said and said[1] == log.stem and said[3] == str(log), r.stdout
     pid = int(said[2])
     wait_for_event(log, lambda e: e["kind"] == "step", 90)
     return pid, os.path.join(env["XDG_RUNTIME_DIR"], "ddptui", f"{pid}.sock")
+
+
+def imported(text: str) -> set[str]:
+    """The modules a process imported, from what PYTHONPROFILEIMPORTTIME=1 made it print."""
+    return {line.rsplit("|", 1)[-1].strip() for line in text.splitlines()
+            if line.startswith("import time:") and "|" in line}
 
 
 def viewer_lines(viewer) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ddptui.run.script.options import parse_script_args
+from ddptui.contract.options.script import parse_script_args
 from ddptui.run.script.run import ScriptRun
 from tests.helpers.runs import events
 

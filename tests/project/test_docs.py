@@ -11,15 +11,15 @@ from tests.helpers.runs import ROOT
 
 def test_the_keys_are_described_once_and_the_docs_show_that_description():
     from ddptui.cli import EXAMPLES
+    from ddptui.contract.keys import KEYS, key_rows, keys_lines, keys_table
     from ddptui.dashboard.view.app import DashboardApp
-    from ddptui.dashboard.view.keys import KEYS, key_rows, keys_lines, keys_table
     from ddptui.dashboard.view.screens.help import help_text
 
     bound = {(b.key, b.action, b.description) for b in DashboardApp.BINDINGS}
     assert {(k.keys, k.action, k.label) for k in KEYS} <= bound
     for doc in ("README.md", "docs/dashboard.md"):
         with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-            assert keys_table() in f.read(), f"{doc}: paste ddptui.dashboard.view.keys.keys_table() in"
+            assert keys_table() in f.read(), f"{doc}: paste ddptui.contract.keys.keys_table() in"
     built_in = key_rows(lambda action: None, lambda key: False)  # every key acts as described
     assert keys_table(built_in) in help_text(built_in)
     assert [does for _, does in built_in] == [k.does for k in KEYS if k.shown]

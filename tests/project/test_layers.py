@@ -21,7 +21,7 @@ def _imported_after(code: str) -> set[str]:
 
 def test_the_dashboard_and_supervisor_start_without_torch():
     loaded = _imported_after("import ddptui.cli, ddptui.dashboard.view.app, ddptui.run.builtin.supervisor, "
-                             "ddptui.dashboard.view.headless")
+                             "ddptui.contract.console")
     assert "torch" not in loaded
     assert not {"aiohttp", "textual_serve"} & loaded  # ddptui web's, loaded by it alone
 
@@ -56,7 +56,7 @@ def test_a_wrapped_ranks_sidecar_starts_without_torch():
 
 
 def test_a_scripts_run_starts_without_torch():
-    loaded = _imported_after("import ddptui.run.script.run, ddptui.run.script.options, ddptui.cli")
+    loaded = _imported_after("import ddptui.run.script.run, ddptui.contract.options.script, ddptui.cli")
     assert "torch" not in loaded
 
 

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from ddptui.run.script.options import parse_script_args
+from ddptui.contract.options.script import parse_script_args
 from ddptui.run.script.run import ScriptRun
 from tests.helpers.runs import (
     ROOT,

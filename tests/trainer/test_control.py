@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from ddptui.run.builtin.policy import RunPolicy
+from ddptui.contract.options.policy import RunPolicy
 from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import TINY, assert_gone, events, run_config
 

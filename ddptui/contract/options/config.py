@@ -198,7 +198,7 @@ TRAINING_SECTIONS = (ModelOptions, DataOptions, TrainOptions, CheckpointOptions,
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one run needs, by section; built once by the CLI and passed down to every rank.
-    How ddptui handles crashes and stalls is its own: ddptui/run/builtin/policy.py."""
+    How ddptui handles crashes and stalls is its own: ddptui/contract/options/policy.py."""
 
     model: ModelOptions = field(default_factory=ModelOptions)
     data: DataOptions = field(default_factory=DataOptions)

@@ -17,6 +17,9 @@ from ddptui.contract.runs.runtime_dir import RuntimeDir, safe_name
 from ddptui.contract.safe_text import escaped
 
 KEPT_S = 7 * 24 * 3600  # an ended run's record is dropped after a week
+# Set by a dashboard in the run's own process it starts: the log that process writes (and that
+# it is that process: it serves the dashboard, its output goes to a file).
+HOST_ENV = "DDPTUI_HOST"
 
 
 @dataclass

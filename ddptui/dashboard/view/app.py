@@ -15,11 +15,11 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
+from ddptui.contract.keys import KEYS, key_rows
 from ddptui.contract.state.capabilities import STEERING
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import onoff
-from ddptui.dashboard.view.keys import KEYS, key_rows
 from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen

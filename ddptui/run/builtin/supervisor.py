@@ -14,6 +14,7 @@ import time
 from multiprocessing.connection import wait as wait_any
 
 from ddptui.contract.options.config import RunConfig
+from ddptui.contract.options.policy import RunPolicy
 from ddptui.contract.protocol.events import PARENT, Beat, Event, Gpu, Notice, Rank, Run, Settings, Step, World
 from ddptui.contract.protocol.orders import (
     AskStacks,
@@ -30,7 +31,6 @@ from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count
 from ddptui.run.builtin.dataset import prepare_data
-from ddptui.run.builtin.policy import RunPolicy
 from ddptui.run.builtin.processes import ProcessPool, RankProcess
 from ddptui.run.builtin.watchdog import Member, Watchdog
 from ddptui.run.inputwatch import Pipeline

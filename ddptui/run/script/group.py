@@ -20,11 +20,11 @@ from ddptui.contract.observe.flight import trace_prefix
 from ddptui.contract.observe.output import Console, StreamReader, last_traceback
 from ddptui.contract.observe.streams import Route
 from ddptui.contract.observe.vitals import vitals_path
+from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol.codec import parse
 from ddptui.contract.wording import count
 from ddptui.run.outcome import EXIT_FAILED
 from ddptui.run.script.launch import Attempt, command, rank_env
-from ddptui.run.script.options import ScriptConfig
 from ddptui.run.script.spawned import Adopted
 
 _FRAME = re.compile(r'\s*File "(.+)", line (\d+)')

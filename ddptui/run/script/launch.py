@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from ddptui.contract.environment import nccl_defaults, with_inject
 from ddptui.contract.observe.flight import trace_env
 from ddptui.contract.observe.vitals import vitals_path
-from ddptui.run.script.options import ScriptConfig
+from ddptui.contract.options.script import ScriptConfig
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import time
 from ddptui.contract.listener import ReportListener
 from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.flight import trace_prefix
+from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol import orders
 from ddptui.contract.protocol.events import PARENT, Error, Event, Notice, Rank, Run, World
 from ddptui.contract.runs.registry import default_log_path
@@ -30,7 +31,6 @@ from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
 from ddptui.run.script.group import HUNG_GRACE_S, LAUNCHER, RankGroup, ScriptRank
 from ddptui.run.script.launch import Attempt, described, new_run_id
 from ddptui.run.script.launched import LaunchedRanks
-from ddptui.run.script.options import ScriptConfig
 from ddptui.run.script.roster import ScriptWorld
 from ddptui.run.script.watch import ScriptWatch
 

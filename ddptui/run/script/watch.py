@@ -14,6 +14,7 @@ from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, library_log
 from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, no_stacks, stacks_said
 from ddptui.contract.observe.vitals import read_vitals
+from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol.events import (
     PARENT,
     Epoch,
@@ -30,7 +31,6 @@ from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
 from ddptui.run.inputwatch import InputWatch, Pipeline
 from ddptui.run.script.group import ScriptRank
-from ddptui.run.script.options import ScriptConfig
 
 # A script that prints this many lines, or goes on this long, with no loss among them is told
 # how to show one, rather than left with an empty chart.

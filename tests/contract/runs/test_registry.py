@@ -25,6 +25,7 @@ from tests.helpers.runs import (
     ddptui,
     detached,
     events,
+    imported,
     run_pids,
     start_ddptui,
     wait_for_event,
@@ -170,16 +171,31 @@ def test_a_full_disk_ends_the_run_in_order_and_ls_says_why(env, tmp_path):
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-def test_attach_headless_into_head_ends_quietly_and_the_run_goes_on(env, tmp_path):
-    log = tmp_path / "piped.jsonl"
-    pid, _path = detached(env, log)
+def test_each_process_loads_its_own_side_and_attach_into_head_ends_quietly(env, tmp_path):
+    """A dashboard's process (`ddptui run --detach` until it leaves, `ddptui attach --headless`)
+    imports no module of the run's side, the run's own process none of a dashboard's (what
+    PYTHONPROFILEIMPORTTIME lists). The attach piped into head ends as a command SIGPIPE ended,
+    and the run goes on."""
+    log, said = tmp_path / "piped.jsonl", []
+    timed = dict(env, PYTHONPROFILEIMPORTTIME="1")
+    pid, _path = detached(timed, log, stderr=said)
     pids = run_pids(log) | {pid}
     try:
         r = subprocess.run(["bash", "-c", f"{sys.executable} -m ddptui attach {log.stem} "
                             "--headless | head -1; echo ${PIPESTATUS[0]} >&2"],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+                           env=timed, cwd=tmp_path, capture_output=True, text=True, timeout=60)
         assert len(r.stdout.splitlines()) == 1
-        assert r.stderr.splitlines() == ["141"], r.stderr  # as a command SIGPIPE ended
+        assert r.stderr.splitlines()[-1] == "141", r.stderr  # as a command SIGPIPE ended
+        assert [line for line in r.stderr.splitlines()[:-1]
+                if not line.startswith("import time:")] == []
+        with open(os.path.join(env["XDG_RUNTIME_DIR"], "ddptui", f"{log.stem}.out")) as f:
+            run_out = f.read()
+        for dashboard in (said[0], r.stderr):
+            assert {"ddptui.contract.socket.viewer", "ddptui.dashboard.main"} <= \
+                imported(dashboard)
+            assert not {m for m in imported(dashboard) if m.startswith("ddptui.run")}
+        assert "ddptui.run.main" in imported(run_out)
+        assert not {m for m in imported(run_out) if m.startswith("ddptui.dashboard")}
         step = events(log, "step")[-1]["global_step"]
         wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step, 60)
     finally:

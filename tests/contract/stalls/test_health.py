@@ -3,8 +3,8 @@ for it, which is a straggler and why, and the figures the run state derives (no 
 
 from __future__ import annotations
 
-from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.observe.stacks import innermost
+from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls, stall_limit
 from ddptui.contract.state.runstate import RunState
 from ddptui.dashboard.view.widgets.header import RunHeader

@@ -13,10 +13,10 @@ from multiprocessing.connection import Client
 
 import pytest
 
-from ddptui.contract.protocol.orders import Pause, Resume
 from ddptui.contract.channel import MAX_MESSAGE
+from ddptui.contract.protocol.orders import Pause, Resume
 from ddptui.dashboard.sources.attach import Attach
-from tests.helpers.runlogs import logged, typed
+from tests.helpers.runlogs import logged
 from tests.helpers.runs import REPORT_KEY, ROOT, TINY, assert_gone, events, local_port, wait_for_event
 
 

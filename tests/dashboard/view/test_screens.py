@@ -16,13 +16,13 @@ import time
 import pytest
 from textual.widgets.data_table import ColumnKey
 
+from ddptui.contract.console import status_line, summary
 from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.views import RankView
 from ddptui.contract.states import RankState
 from ddptui.dashboard.sources.replay import Replay
 from ddptui.dashboard.view.app import DashboardApp
-from ddptui.dashboard.view.headless import status_line, summary
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.widgets.bars import SPARKS
 from ddptui.dashboard.view.widgets.tables import state_cell

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from ddptui.run.builtin.policy import RunPolicy
+from ddptui.contract.options.policy import RunPolicy
 from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import TINY, assert_gone, ddptui, events, run_config
 

@@ -11,8 +11,8 @@ import signal
 import pytest
 from PIL import Image
 
+from ddptui.contract.options.policy import RunPolicy
 from ddptui.dashboard.view.app import DashboardApp
-from ddptui.run.builtin.policy import RunPolicy
 from ddptui.run.builtin.supervisor import Supervisor
 from tests.helpers.runs import (
     ROOT,

@@ -7,8 +7,8 @@ import pytest
 
 
 def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
+    from ddptui.contract.options.script import ScriptConfig
     from ddptui.run.script.launch import Attempt, rank_env
-    from ddptui.run.script.options import ScriptConfig
 
     attempt = Attempt("id", 0, 29500, "127.0.0.1:1", "k")
     gpu = ScriptConfig(target="t.py", gpus=(0, 1))
@@ -24,8 +24,8 @@ def test_gpu_ranks_get_the_flight_recorder_unless_the_user_routes_its_dumps():
 
 
 def test_gpu_ranks_give_up_on_a_dead_peer_inside_nccls_set_up_in_seconds_unless_told_otherwise():
+    from ddptui.contract.options.script import ScriptConfig
     from ddptui.run.script.launch import Attempt, rank_env
-    from ddptui.run.script.options import ScriptConfig
 
     attempt = Attempt("id", 0, 29500, "127.0.0.1:1", "k")
     gpu = ScriptConfig(target="t.py", gpus=(0, 1))
@@ -52,7 +52,7 @@ def test_stalled_gpu_ranks_are_told_apart_by_their_nccl_dumps(tmp_path):
     that rank 1 never joined, so rank 0 is `waiting` for rank 1 and rank 1 stays `stalled`."""
     from types import SimpleNamespace
 
-    from ddptui.run.script.options import ScriptConfig
+    from ddptui.contract.options.script import ScriptConfig
     from ddptui.run.script.watch import ScriptWatch
 
     said: list[dict] = []

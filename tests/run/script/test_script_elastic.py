@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
+from ddptui.contract.options.script import parse_script_args
 from ddptui.dashboard.view.app import DashboardApp
 from ddptui.dashboard.view.screens.confirm import ConfirmRestart
 from ddptui.rank.api.loader import LiveLoader
-from ddptui.run.script.options import parse_script_args
 from ddptui.run.script.run import ScriptRun
 from tests.helpers.runs import (
     ROOT,

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
+from ddptui.contract.options.script import parse_script_args
 from ddptui.dashboard.view.app import DashboardApp
-from ddptui.run.script.options import parse_script_args
 from ddptui.run.script.run import ScriptRun
 from tests.helpers.runs import (
     ROOT,

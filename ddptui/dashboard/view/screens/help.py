@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from ddptui.dashboard.view.keys import keys_table
+from ddptui.contract.keys import keys_table
 
 ABOUT = """\
 The charts show each rank's loss and a smoothed line, img/s and the input wait over time since
