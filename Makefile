@@ -33,6 +33,8 @@ run: $(VENV)/.run-installed
 test: $(VENV)/.test-installed
 	$(BIN)/lint-imports --no-cache  # the layers: pyproject's [tool.importlinter]
 	$(BIN)/vulture  # dead code: pyproject's [tool.vulture]
+	$(BIN)/ruff check -q ddptui trainer tests bench examples  # style: pyproject's [tool.ruff]
+	$(BIN)/mypy  # types of the floor and the command line: pyproject's [tool.mypy]
 	# Bytecode once, not in each of the suite's ~400 processes: where PYTHONDONTWRITEBYTECODE is set
 	# an editable install's modules are otherwise compiled anew by every one.
 	$(BIN)/python -m compileall -q ddptui trainer examples tests > /dev/null

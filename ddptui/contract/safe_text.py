@@ -30,7 +30,12 @@ def keep_colours(text: str) -> str:
     """Colours (SGR) kept, every other escape and control character removed; \\r and \\n too
     are kept, so progress bars still redraw in place on a terminal."""
     kept: list[str] = []
-    marked = _SGR.sub(lambda m: kept.append(m.group()) or f"\x00{len(kept) - 1}\x00", text)
+
+    def mark(m: re.Match) -> str:
+        kept.append(m.group())
+        return f"\x00{len(kept) - 1}\x00"
+
+    marked = _SGR.sub(mark, text)
     parts = re.split(r"(\x00\d+\x00|[\r\n])", marked)
     out = []
     for part in parts:

@@ -23,7 +23,7 @@ class RankState(str, enum.Enum):  # noqa: UP042 (its str() is kept as it was)
     DONE = "done"
 
     __str__ = str.__str__  # "running", in f-strings and tables alike
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # the value's, not Enum's
 
     @classmethod
     def of(cls, value: str) -> RankState:

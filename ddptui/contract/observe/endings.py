@@ -51,7 +51,7 @@ def crash_cause(code: int | None, lines: list[str]) -> str:
     found = [line.strip() for line in lines if _DEVICE_ERROR.search(line.strip())]
     asserts = [line for line in found if "Assertion" in line]
     raised = [line.strip() for line in lines if EXCEPTION.match(line.strip())]
-    cause = (asserts or found or raised[-1:] or [None])[0]  # the first assert of 1,000 alike
+    cause = next(iter(asserts or found or raised[-1:]), None)  # the first assert of 1,000 alike
     where = crashed_in(lines)
     where = f" in {where}" if where else ""
     if cause is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NUMBER = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|nan|inf"
@@ -32,7 +33,7 @@ class Shape:
     epoch: re.Pattern | None = None  # group 1: the epoch it names
     step: re.Pattern | None = None  # group 1: its step (an iteration, an update)
     figures: dict[str, re.Pattern] = field(default_factory=dict)  # name -> group 1: its value
-    epoch_of: object = float  # the epoch the printed number means
+    epoch_of: Callable[[float], float] = float  # the epoch the printed number means
 
     def read(self, line: str) -> dict[str, float]:
         """Its epoch, step and own figures (the generic reading adds the rest)."""

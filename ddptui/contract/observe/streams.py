@@ -101,11 +101,12 @@ class Routing:
         folder = os.path.join(attempt_dir, str(slot)) if attempt_dir else None
         if folder:
             os.makedirs(folder, exist_ok=True)
-        return tuple(Route(
+        out, err = (Route(
             console=shown and not (to_file & std and not tee & std),
             prefix=prefix if tee & std else None,
             file=os.path.join(folder, name) if folder and to_file & std else None)
             for std, name in ((OUT, "stdout.log"), (ERR, "stderr.log")))
+        return out, err
 
     def error_file(self, slot: int, attempt_dir: str | None) -> str | None:
         """torchrun's place for the rank's error.json under --log-dir."""

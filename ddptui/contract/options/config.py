@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from ddptui.contract.options.argtypes import (
     non_negative_float,
@@ -218,7 +219,7 @@ class RunConfig:
     def replace(self, **changes) -> RunConfig:
         """A copy with fields changed by name, whichever section holds them (names are unique
         across sections): config.replace(batch_size=64, cudnn_benchmark=False)."""
-        sections = {}
+        sections: dict[str, dict[str, Any]] = {}
         for name, value in changes.items():
             section = _SECTION_OF.get(name)
             if section is None:
@@ -228,5 +229,5 @@ class RunConfig:
             s: dataclasses.replace(getattr(self, s), **fields) for s, fields in sections.items()})
 
 
-_SECTION_OF = {f.name: s.name for s in dataclasses.fields(RunConfig)
-               for f in dataclasses.fields(s.default_factory())}
+_SECTION_OF = {f.name: s.name for s in dataclasses.fields(RunConfig)  # every section has a factory
+               for f in dataclasses.fields(s.default_factory())}  # type: ignore[misc,operator]

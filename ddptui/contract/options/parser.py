@@ -31,7 +31,7 @@ def option(default: Any, help: str | None = None, /, *, flag: str | None = None,
         "flag": flag, "help": help, "group": group, "argparse": argparse_kwargs})
 
 
-def add_sections(parser: argparse.ArgumentParser, *sections: type) -> dict[str, Any]:
+def add_sections(parser: argparse.ArgumentParser, *sections: Any) -> dict[str, Any]:
     """Add every option field of `sections` to `parser`, in argument groups titled by each
     section's GROUP class attribute (or a field's own group); returns the groups by title."""
     groups: dict[str, Any] = {}

@@ -10,8 +10,9 @@ import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+W = TypeVar("W", bound="Wire")
 
 
 def doc(meaning: str, default: Any = dataclasses.MISSING,
@@ -59,8 +60,8 @@ class Family:
         self.tag = tag
         self.kinds: dict[str, type[Wire]] = {}
 
-    def register(self, name: str) -> Callable[[type], type]:
-        def add(cls: type) -> type:
+    def register(self, name: str) -> Callable[[type[W]], type[W]]:
+        def add(cls: type[W]) -> type[W]:
             cls.TAG, cls.NAME = self.tag, name
             self.kinds[name] = cls
             return cls
@@ -71,29 +72,36 @@ class Family:
         """The message `obj` holds, its values checked against its class's fields; None for an
         unknown name, a required field missing, a value of the wrong type. Fields the class does
         not have are left out (a log written by another version)."""
-        cls = self.kinds.get(obj.get(self.tag)) if isinstance(obj.get(self.tag), str) else None
+        name = obj.get(self.tag)
+        cls = self.kinds.get(name) if isinstance(name, str) else None
         if cls is None or base is not None and not issubclass(cls, base):
             return None
-        values = {}
-        for name, (check, required) in checks(cls).items():
-            value = obj.get(name)
+        values: dict[str, Any] = {}
+        for field, (check, required) in checks(cls).items():
+            value = obj.get(field)
             if value is None:
-                if required and not (name in obj and check(None)):
+                if required and not (field in obj and check(None)):
                     return None  # missing, or null where it may not be
                 if required:
-                    values[name] = None
+                    values[field] = None
                 continue  # an optional field: its default
             if not check(value):
                 return None
-            values[name] = value
+            values[field] = value
         return cls(**values)
 
 
-@cache
+_CHECKS: dict[type, dict[str, tuple[Callable[[Any], bool], bool]]] = {}  # by class, made once
+
+
 def checks(cls: type) -> dict[str, tuple[Callable[[Any], bool], bool]]:
     """field -> (whether a JSON value fits it, whether it is required)."""
-    hints = get_type_hints(cls)
-    return {f.name: (_fits(hints[f.name]), not _optional(f)) for f in dataclasses.fields(cls)}
+    found = _CHECKS.get(cls)
+    if found is None:
+        hints = get_type_hints(cls)
+        found = _CHECKS[cls] = {f.name: (_fits(hints[f.name]), not _optional(f))
+                                for f in dataclasses.fields(cls)}
+    return found
 
 
 def _fits(hint: Any) -> Callable[[Any], bool]:

@@ -24,7 +24,7 @@ def malformed(order: dict | None) -> str | None:
         return f"unknown op {str(op)[:40]!r}"
     for name, (fits, required) in checks(cls).items():
         value = order.get(name)
-        if value is None and not required and name not in REQUIRED.get(op, ()):
+        if value is None and not required and name not in REQUIRED.get(str(op), ()):
             continue
         if value is None and not required or not fits(value) or isinstance(value, bool):
             return f"{op}: bad {name}"  # no field of an order is a flag

@@ -121,7 +121,7 @@ def blocked_in_collective(stacks: str) -> str | None:
     return None
 
 
-def blame(stacks: dict[int, str], frozen: set[int] = frozenset()
+def blame(stacks: dict[int, str], frozen: set[int] | frozenset[int] = frozenset()
           ) -> dict[int, tuple[str, list[int]]]:
     """Among stalled ranks with their stacks: those blocked in a collective while another is
     stuck elsewhere (its own code, or `frozen`: a stopped process, which gives no stacks) wait

@@ -63,7 +63,7 @@ class RunState:
         self.ended_t: float | None = None
         self.ranks: dict[int, RankView] = {}
         self.devices: dict[str, DeviceView] = {}
-        self.epochs: dict[tuple[int, int], EpochRow] = {}  # (epoch, first step) -> row
+        self.epochs: dict[tuple[int, int, int], EpochRow] = {}  # (restart, epoch, step0) -> row
         self.settings: dict = {}
         self.pending: dict = {}
         self.asked: dict[str, dict] = {}  # requests rank 0 has not echoed yet, oldest first
@@ -223,7 +223,7 @@ class RunState:
         if state != r.state:
             r.state, r.state_t = state, ev.t
             r.reason = ""
-        standby = ev.standby or ""
+        standby = ev.standby if isinstance(ev.standby, str) else ""  # older logs: a bool
         if standby != r.standby:
             r.standby, r.standby_t = standby, ev.t
         for name in ("pid", "device", "gpu", "host", "reason"):
@@ -391,7 +391,7 @@ class RunState:
             return [line for line in self.lines if line[0] > seq]
 
 
-_HANDLERS: dict[type, Callable[[RunState, Event], None]] = {
+_HANDLERS: dict[type, Callable[..., None]] = {
     Step: RunState._on_step, Gpu: RunState._on_gpu, Epoch: RunState._on_epoch,
     Settings: RunState._on_settings, Rank: RunState._on_rank, World: RunState._on_world,
     Run: RunState._on_run, Notice: RunState._on_notice, Facts: RunState._on_facts,

@@ -50,8 +50,8 @@ def load(data: dict, live: bool = True) -> RunState:
     for d in data["devices"]:
         history = Recent(d["history"]["seconds"], d["history"]["limit"])
         history.rows.extend(tuple(row) for row in d["history"]["rows"])
-        view = DeviceView(**{**d, "history": history})
-        state.devices[view.key] = view
+        device = DeviceView(**{**d, "history": history})
+        state.devices[device.key] = device
     for key, row in data["epochs"]:
         ranks = {rank: event_of(ev) for rank, ev in row["ranks"]}
         state.epochs[tuple(key)] = EpochRow(**{**row, "ranks": {rank: ev for rank, ev in

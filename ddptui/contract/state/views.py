@@ -96,8 +96,9 @@ class DeviceView:
                 setattr(self, name, getattr(ev, name))
         mem = 100 * self.mem_used / self.mem_total if self.mem_used is not None and self.mem_total \
             else None
-        self.history.add(ev.t, self.util if self.util is not None else self.cpu_percent, mem,
-                         self.power_w)
+        if isinstance(self.history, Recent):  # a view's copy is a plain list: it takes nothing
+            self.history.add(ev.t, self.util if self.util is not None else self.cpu_percent, mem,
+                             self.power_w)
 
     def copy(self, now: float, over: bool) -> DeviceView:
         """For a view: its history copied, and stale once its readings stopped or the run is
