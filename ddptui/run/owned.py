@@ -11,6 +11,7 @@ import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ddptui.contract.jsonl import JsonlWriter
 from ddptui.contract.protocol.events import PARENT, Event, Notice, Rank, Run
@@ -27,9 +28,11 @@ from ddptui.contract.protocol.orders import (
     TakeCheckpoint,
     settings_request,
 )
+from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 from ddptui.run.actions import Action, Fail, Flag, Joining, Kill, Record, Say, Standby, Tell
-from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Ending
+from ddptui.run.outcome import EXIT_FAILED, EXIT_INTERRUPTED, Ending, Outcome
+from ddptui.run.readings import RunSampler
 
 
 @dataclass(frozen=True)
@@ -41,15 +44,20 @@ class _Note:
 
 
 class OwnedRun(RunSource):
-    """Subclasses set `log_path`, `state`, `outcome`, `_thread` (their main loop), `sampler`
-    once it exists, `_own` (the commands the thread carries out itself, by op) and `_handle`
-    (every event: state, then log); `_order` sends what the ranks carry out. `_own` is keyed
-    by order class."""
+    """Made with what every owned run has: its log, its state, the loop its thread runs
+    (`main`) and the orders that thread carries out itself (`own`, by order class; the rest go
+    to the ranks through `_send`). Subclasses give `_handle` (every event: state, then log)
+    and the abstract methods below; `sampler` is theirs once NVML and psutil are open."""
 
-    def __init__(self):
+    def __init__(self, log_path: str, state: RunState, main: Callable[[], None], name: str,
+                 own: dict[type[Order], Callable[[Any], None]]):
+        self.log_path, self.state = log_path, state
+        self._thread = threading.Thread(target=main, name=name, daemon=True)
+        self._own = own
+        self.outcome = Outcome()  # a script's: its current attempt's
         self.done = threading.Event()
         self.exit_code: int | None = None
-        self.sampler = None
+        self.sampler: RunSampler | None = None
         self._writer: JsonlWriter | None = None
         # SimpleQueue: stop() runs in signal handlers, and Queue.put's lock is not reentrant.
         self._commands: queue.SimpleQueue = queue.SimpleQueue()

@@ -4,12 +4,25 @@ run on screen allows; where a key cannot act, a notification says why. Part of D
 
 from __future__ import annotations
 
-from ddptui.contract.state.views import RankView
+from collections.abc import Callable
+from typing import Any
+
+from ddptui.contract.state.source import RunSource
+from ddptui.contract.state.views import RankView, RunView
 from ddptui.dashboard.view.screens.confirm import ConfirmEndJob, ConfirmRestart
 
 
 class RankKeys:
-    """The rank keys' actions, for DashboardApp: they read its source, view and selected_rank."""
+    """The rank keys' actions, for DashboardApp: what they take of the app, declared."""
+
+    source: RunSource
+    view: RunView | None
+    selected_rank: int
+    notify: Callable[..., None]  # App.notify
+    push_screen: Callable[..., Any]  # App.push_screen
+    _can_steer: Callable[..., bool]
+    _ranks: Callable[[], list[RankView]]
+    _selected: Callable[[], RankView | None]
 
     def _whole_group(self, key: str) -> bool:
         """s, r, k on a script's run: its ranks restart together (asked first while they run)."""

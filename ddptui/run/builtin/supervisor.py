@@ -9,7 +9,6 @@ for every rank that is out of the world, ready to join.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from multiprocessing.connection import wait as wait_any
 
@@ -35,7 +34,7 @@ from ddptui.run.builtin.processes import ProcessPool, RankProcess
 from ddptui.run.builtin.watchdog import Member, Watchdog
 from ddptui.run.inputwatch import Pipeline
 from ddptui.run.membership import Membership
-from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE, Outcome
+from ddptui.run.outcome import EXIT_FAILED, EXIT_USAGE
 from ddptui.run.owned import OwnedRun
 from ddptui.run.ports import free_port
 from ddptui.run.readings import SAMPLE_EVERY_S, RunSampler
@@ -51,29 +50,24 @@ class Supervisor(OwnedRun):
 
     def __init__(self, config: RunConfig, log_path: str | None = None,
                  policy: RunPolicy | None = None):
-        self.config, self.policy = config, policy or RunPolicy()
-        self.log_path = log_path or config.telemetry.log or default_log_path()
-        self.state = RunState({
+        log_path = log_path or config.telemetry.log or default_log_path()
+        # The supervisor's own commands; the rest go to the world's rank 0.
+        super().__init__(log_path, RunState({
             "model": config.model.name, "data": config.data.spec, "epochs": config.train.epochs,
             "world_size": config.devices.world_size, "device_kind": config.devices.kind,
             "gpus": list(config.devices.gpus or []), "batch_size": config.train.batch_size,
-            "log": self.log_path, "checkpoint_dir": config.checkpoint.dir,
-        })
+            "log": log_path, "checkpoint_dir": config.checkpoint.dir,
+        }), self._main, "supervisor", own={
+            Stop: self._stop, StopRank: self._change_world, RestartRank: self._change_world,
+            KillRank: self._kill_asked, AskStacks: self._ask_stacks})
+        self.config, self.policy = config, policy or RunPolicy()
         self.pool = ProcessPool(config, self.log_path)
         self.world = Membership([], lambda: f"tcp://127.0.0.1:{free_port()}")
         self._restarts = 0
         self._autotuner = None
-        OwnedRun.__init__(self)
-        self.outcome = Outcome()
         self._stop_deadline: float | None = None
         self.watchdog = Watchdog(self.policy.stall_after, self.policy.on_stall == "recover",
-                                 config.telemetry.hz > 0, lambda pid: self.sampler.process(pid),
-                                 self._pipeline)
-        self._thread = threading.Thread(target=self._main, name="supervisor", daemon=True)
-        # The supervisor's own commands; the rest go to the world's rank 0.
-        self._own = {Stop: self._stop, StopRank: self._change_world,
-                     RestartRank: self._change_world, KillRank: self._kill_asked,
-                     AskStacks: self._ask_stacks}
+                                 config.telemetry.hz > 0, self._process_of, self._pipeline)
 
     @property
     def slots(self) -> dict[int, RankProcess]:
@@ -226,6 +220,11 @@ class Supervisor(OwnedRun):
                 self.say("ranks did not stop in time: terminating them", "warning")
                 self._end_now()
         self._reap()
+
+    def _process_of(self, pid: int) -> tuple[str, float]:
+        """A process's state and CPU, for the watchdog (the sampler is open by then)."""
+        assert self.sampler is not None
+        return self.sampler.process(pid)
 
     def _pipeline(self) -> Pipeline | None:
         """The input pipeline in force, for the input watch; None while --autotune tries

@@ -12,18 +12,39 @@ from dataclasses import replace
 
 from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.launchers import collided
-from ddptui.contract.protocol.events import PARENT, Notice, Rank, World
+from ddptui.contract.options.script import ScriptConfig
+from ddptui.contract.protocol.events import PARENT, Event, Notice, Rank, World
+from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
-from ddptui.run.script.group import LAUNCHER, ScriptRank
+from ddptui.run.outcome import Outcome
+from ddptui.run.script.group import LAUNCHER, RankGroup, ScriptRank
 from ddptui.run.script.launch import described
+from ddptui.run.script.roster import ScriptWorld
 from ddptui.run.script.spawned import RankDoor
+from ddptui.run.script.watch import ScriptWatch
 
 LAUNCHER_LINES = 10  # a launcher's lines shown a second, at most
 SAME_FAILURE_S = 30.0  # copies of a script that fail alike this soon after their start
 
 
 class LaunchedRanks:
-    """For ScriptRun: reads its group, watch, world, state and outcome, and says through it."""
+    """For ScriptRun: reads its group, watch, world, state and outcome, and says through it.
+    What it takes of its run, declared (ScriptRun sets each before its thread starts):"""
+
+    config: ScriptConfig
+    group: RankGroup
+    door: RankDoor
+    watch: ScriptWatch
+    world: ScriptWorld
+    state: RunState
+    outcome: Outcome
+    meta: dict
+    say: Callable[..., None]  # OwnedRun.say
+    _handle: Callable[[Event], None]
+    _fail: Callable[[int, str], None]
+    _ending: bool  # ScriptRun._ending
+    _restart: bool
+    _restarted_why: str
 
     @staticmethod
     def _door(put: Callable[[object], None]) -> RankDoor:

@@ -10,7 +10,6 @@ import os
 import queue
 import secrets
 import signal
-import threading
 import time
 
 from ddptui.contract.listener import ReportListener
@@ -41,38 +40,35 @@ class ScriptRun(LaunchedRanks, OwnedRun):
     _restarted_why = "restarted on request"  # or: started again as its ranks' launcher
 
     def __init__(self, config: ScriptConfig, log_path: str | None = None):
-        self.config = config
-        self.log_path = log_path or config.log or default_log_path()
-        self.stem = os.path.splitext(self.log_path)[0]
+        log_path = log_path or config.log or default_log_path()
         self.meta = {"model": config.label, "script": described(config),
                      "data": "", "epochs": 0, "world_size": config.world_size,
                      "device_kind": config.device_kind, "gpus": list(config.gpus or []),
-                     "log": self.log_path, "launcher": config.launch or None}
-        self.state = RunState(dict(self.meta))
-        OwnedRun.__init__(self)
+                     "log": log_path, "launcher": config.launch or None}
+        super().__init__(log_path, RunState(dict(self.meta)), self._main, "script-run", own={
+            orders.Stop: self._stop, orders.AskStacks: self._ask_stacks,
+            orders.RestartGroup: self._restart_group, orders.StopRank: self._stop_rank,
+            orders.KillRank: self._kill_rank, orders.RestartRank: self._restart_rank})
+        self.config = config
+        self.stem = os.path.splitext(self.log_path)[0]
         self.world = ScriptWorld([])  # who is in it (run.elastic: s and k act on one rank)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # events and lines from threads
         self._key = secrets.token_hex(16)
         self._link = ReportListener(("127.0.0.1", 0), self._key.encode(), self._inbox.put,
                                     lambda level, text: self._inbox.put(
                                         Notice(rank=PARENT, level=level, text=text)))
-        self._thread = threading.Thread(target=self._main, name="script-run", daemon=True)
         self.door = self._door(self._inbox.put)
         self.watch = ScriptWatch(config, self._handle, self.say, trace_prefix(self.stem))
         self.group: RankGroup | None = None
         self._tensorboard: TensorBoardSink | None = None  # --tensorboard: every rank's scalars
         self.run_id = new_run_id()
         self.attempts = self.failures = 0  # group starts; failures --max-restarts counts
-        self.outcome = Outcome()  # the current attempt's
         self._restart: bool = False  # start the group again once every rank has ended
         self._ended = False  # the current attempt's `run` outcome was emitted
         self._unneeded: set[int] = set()  # standbys and joiners ended as the others finished
         # A failed run waits for r or q while a dashboard shows it (in the run's own process:
         # while one is attached; with none, nobody is there to press r).
         self.watched = lambda: not config.headless
-        self._own = {orders.Stop: self._stop, orders.AskStacks: self._ask_stacks,
-                     orders.RestartGroup: self._restart_group, orders.StopRank: self._stop_rank,
-                     orders.KillRank: self._kill_rank, orders.RestartRank: self._restart_rank}
 
     # -- the calls the dashboard and the signal handlers make (queued for the thread) ----------
     def restart_group(self, kill: int | None = None) -> None:
