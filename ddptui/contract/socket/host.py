@@ -15,9 +15,12 @@ from typing import TYPE_CHECKING
 from ddptui.contract.runs.registry import register, run_name
 from ddptui.contract.runs.runtime_dir import RuntimeDir
 from ddptui.contract.socket.order_check import refusal
+from ddptui.contract.socket.refusals import Refusals
 from ddptui.contract.socket.viewers import (
     MAX_ORDER,
     ORDER_NESTING,
+    STACKS_FRESH_S,
+    WATCHING,
     Lines,
     TooLong,
     frame,
@@ -66,6 +69,8 @@ class RunHost:
             raise
         self._viewers: list[_Viewer] = []
         self._behind: list[int] = []  # pids of the viewers dropped for lagging, to be said
+        self._refusals = Refusals()
+        self._stacks_asked: dict[int, float] = {}  # rank -> when a dashboard last asked
         self._faces = self._read_faces()
         self._closing = threading.Event()
         source.state.listener = self._publish
@@ -84,6 +89,8 @@ class RunHost:
         """The run is over: every viewer gets its end and the last changes, then the socket
         goes."""
         self._closing.set()
+        for line in self._refusals.due(time.monotonic(), every=True):
+            self.source.note(line)
         with self.source.state.lock:
             self.source.state.listener = None
             viewers, self._viewers = self._viewers, []
@@ -116,7 +123,7 @@ class RunHost:
                 self.source.note(f"refused the dashboard of pid {pid}: {MAX_VIEWERS} dashboards "
                                  "are attached already")
                 continue
-            viewer = _Viewer(conn, pid, self._order, self.source.note)
+            viewer = _Viewer(conn, pid, self._order, self._too_long)
             state = self.source.state
             with state.lock:  # no change is lost or sent twice between the snapshot and the stream
                 viewer.send(frame({"type": "hello", "name": self.name, "pid": os.getpid(),
@@ -143,6 +150,8 @@ class RunHost:
     def _watch(self) -> None:
         """What the keys may do changes as a script's ranks opt in; each change goes out."""
         while not self._closing.wait(FACES_S):
+            for line in self._refusals.due(time.monotonic()):
+                self.source.note(line)
             while self._behind:
                 self.source.note(f"dropped the dashboard of pid {self._behind.pop(0)}: it fell "
                                  f"{MAX_BEHIND >> 20} MiB behind (it can attach again)")
@@ -162,11 +171,12 @@ class RunHost:
 
     # -- orders --------------------------------------------------------------------------------
     def _order(self, viewer: _Viewer, order: dict | None) -> None:
-        """A dashboard's message: carried out when the run can take it, else one line saying
-        why (nothing an order does may end its dashboard's reader, or the run)."""
+        """A dashboard's message: carried out when the run can take it, else refused: a line
+        saying why, as long as that dashboard's refusals are few (refusals.py); nothing an
+        order does may end its dashboard's reader, or the run."""
         try:
             why = refusal(order, self.source)
-            if why is None and viewer.read_only:
+            if why is None and viewer.read_only and order["op"] not in WATCHING:
                 why = f"{order['op']}: this dashboard may only watch (read-only)"
             elif why is None and order["op"] == "read_only":
                 viewer.read_only = True
@@ -176,7 +186,18 @@ class RunHost:
                 return
         except Exception as e:  # a bug of ours: that order is lost, the run goes on
             why = f"{type(e).__name__}: {e}"
-        self.source.note(f"a dashboard's message was dropped: {why} (dashboard pid {viewer.pid})")
+        line, close = self._refusals.refused(viewer.pid, why, time.monotonic())
+        if line:
+            self.source.note(line)
+        if close:
+            viewer.drop()
+
+    def _too_long(self, viewer: _Viewer, e: TooLong) -> None:
+        """A message over the bound: its connection ends, said as a refusal is (a dashboard that
+        attaches again and again to send them is summed up too)."""
+        line, _close = self._refusals.refused(viewer.pid, str(e), time.monotonic())
+        if line:
+            self.source.note(f"closed the dashboard of pid {viewer.pid}: {e}")
 
     def _carry_out(self, order: dict) -> None:
         s, op = self.source, order["op"]
@@ -187,7 +208,12 @@ class RunHost:
                 s.stop(code=order["code"])
             case "restart_group":
                 s.restart_group(kill=order["kill"])
-            case "stop_rank" | "restart_rank" | "kill_rank" | "stacks":
+            case "stacks":
+                now, rank = time.monotonic(), order["rank"]
+                if now - self._stacks_asked.get(rank, -STACKS_FRESH_S) >= STACKS_FRESH_S:
+                    self._stacks_asked[rank] = now
+                    s.stacks(rank)
+            case "stop_rank" | "restart_rank" | "kill_rank":
                 getattr(s, op)(order["rank"])
             case "apply":
                 s.apply_now()
@@ -199,8 +225,8 @@ class _Viewer:
     """One dashboard's connection (`pid`: its process): a thread sends what is queued for it,
     another reads its orders."""
 
-    def __init__(self, conn: socket.socket, pid: int, on_order, note):
-        self.conn, self.pid, self.on_order, self.note = conn, pid, on_order, note
+    def __init__(self, conn: socket.socket, pid: int, on_order, on_too_long):
+        self.conn, self.pid, self.on_order, self.on_too_long = conn, pid, on_order, on_too_long
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.behind = 0  # bytes queued, not sent yet
         self.read_only = False  # it said so: every order of its after that is refused
@@ -254,9 +280,11 @@ class _Viewer:
     def _read_loop(self) -> None:
         try:
             for order in Lines(self.conn, MAX_ORDER, ORDER_NESTING):
+                if self.gone.is_set():  # dropped: what it sent after that is not read
+                    break
                 self.on_order(self, order)
         except TooLong as e:
-            self.note(f"closed the dashboard of pid {self.pid}: {e}")
+            self.on_too_long(self, e)
         except OSError:
             pass  # gone
         self.drop()

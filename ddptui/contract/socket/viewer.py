@@ -13,7 +13,7 @@ import psutil
 
 from ddptui.contract.events import PARENT, event, settings_request
 from ddptui.contract.observe.endings import last_run_event
-from ddptui.contract.socket.viewers import MAX_UPDATE, Lines, connect, frame
+from ddptui.contract.socket.viewers import MAX_UPDATE, WATCHING, Lines, connect, frame
 from ddptui.contract.state.snapshot import load
 from ddptui.contract.state.source import RunSource
 
@@ -32,7 +32,7 @@ class Viewer(RunSource):
     can_detach = True
 
     def __init__(self, path: str, read_only: bool = False):
-        self.read_only = read_only  # it may only watch: the run refuses its orders (ddptui web)
+        self.read_only = read_only  # it may only watch: no order but stacks (the run refuses any other)
         self.sock = connect(path)
         self._messages = iter(Lines(self.sock, MAX_UPDATE))  # hello first, then the changes
         hello = self._hello()
@@ -125,7 +125,9 @@ class Viewer(RunSource):
                 return
 
     def _order(self, op: str, note: dict | None = None, **fields) -> None:
-        if note is not None and not self.read_only:  # on screen at once, as in the run's
+        if self.read_only and op not in WATCHING:
+            return  # the run would refuse it (the screen says why the key cannot act)
+        if note is not None:  # on screen at once, as in the run's
             self.state.apply(note)
         self._orders.put({"op": op, **fields})
 

@@ -15,6 +15,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import Footer
 
+from ddptui.contract.socket.viewers import STACKS_FRESH_S
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import onoff
@@ -38,6 +39,7 @@ CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows 
 TABLES_S = 0.5
 CONTROL_ACTIONS = {"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank", "restart_rank",
                    "kill_rank", "end_job"}
+READ_ONLY = "this dashboard may only watch (read-only)"
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 _ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
 # The footer's order: q and ? first, so a narrow terminal cuts the least used keys instead
@@ -65,6 +67,7 @@ class DashboardApp(RankKeys, App[int]):
     def __init__(self, source: RunSource, refresh_s: float = REFRESH_S):
         super().__init__()
         self.source = source
+        self.read_only = bool(getattr(source, "read_only", False))  # a Viewer's (ddptui web's tab)
         self.refresh_s = refresh_s
         self.view: RunView | None = None
         self.quitting = False
@@ -109,7 +112,7 @@ class DashboardApp(RankKeys, App[int]):
 
     def on_mount(self) -> None:
         self.on_resize()
-        self.header.read_only = bool(getattr(self.source, "read_only", False))
+        self.header.read_only = self.read_only
         self.source.start()
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view)
@@ -219,6 +222,8 @@ class DashboardApp(RankKeys, App[int]):
             return "a replay has nothing to steer"
         if action in CONTROL_ACTIONS and self.source.done.is_set():
             return "the run is over: q quits"
+        if action in CONTROL_ACTIONS and self.read_only:
+            return READ_ONLY
         if action == "end_job" and not self.source.can_end_job:
             return "K ends a job ddptui attached to; in a run ddptui owns, q ends it"
         need = NEEDS.get(action)
@@ -270,8 +275,8 @@ class DashboardApp(RankKeys, App[int]):
             return
         asked = self.source.can_steer and not self.source.done.is_set() and not rank.state.is_final
         screen = StacksScreen(rank.rank, asked)
-        if asked:
-            self._stacks_asked_t = self.view.now if self.view else 0.0
+        if asked:  # what another dashboard asked for just before is this ask's answer too
+            self._stacks_asked_t = self.view.now - STACKS_FRESH_S if self.view else 0.0
             self.source.stacks(rank.rank)
         else:  # a replay, or a rank with no live process: the last stacks taken, if any
             self._stacks_asked_t = 0.0
@@ -308,6 +313,9 @@ class DashboardApp(RankKeys, App[int]):
         self.push_screen(HelpScreen(key_rows(self.why_not, self.source.restarts_group)))
 
     async def action_quit(self) -> None:
+        if self.read_only:  # it has nothing to end: it leaves
+            self.action_detach()
+            return
         if self.source.done.is_set() or not self.source.can_steer or not self.source.owns_ranks:
             # Nothing of ours to stop: a replay, a finished run, or an attach (which detaches).
             self.source.stop()

@@ -17,6 +17,7 @@ import time
 
 import psutil
 import pytest
+from aiohttp import WSMsgType
 from aiohttp.test_utils import TestClient, TestServer
 
 from ddptui.dashboard.web.server import WebServer
@@ -38,7 +39,7 @@ async def _client(server: WebServer) -> TestClient:
     return client
 
 
-async def test_every_request_needs_the_token_then_its_cookie():
+async def test_every_request_needs_the_token_then_its_cookie_and_the_address_bar_drops_it():
     server = _server()
     client = await _client(server)
     try:
@@ -46,17 +47,51 @@ async def test_every_request_needs_the_token_then_its_cookie():
         for path in ("/", "/ws", "/ws-control", "/static/js/textual.js", "/download/x"):
             assert (await client.get(path)).status == 403, path
             assert (await client.get(path + "?token=wrong")).status == 403, path
-        page = await client.get(f"/?token={view}")
+        # The token becomes a cookie, and the page is loaded again without it (history, the
+        # address bar and anyone looking over a shoulder see no token).
+        first = await client.get(f"/?token={view}&fontsize=14", allow_redirects=False)
+        assert first.status == 303 and first.headers["Location"] == "./?fontsize=14"
+        cookie = first.cookies["ddptui_view"]
+        assert cookie.value == view and cookie["httponly"] and cookie["samesite"] == "Strict"
+        page = await client.get("/?fontsize=14", cookies={"ddptui_view": view})
         assert page.status == 200
         html = await page.text()
-        cookie = page.cookies["ddptui_view"]
-        assert cookie.value == view and cookie["httponly"] and cookie["samesite"] == "Strict"
-        # Relative URLs only: a forwarded port or a proxy's path prefix works as it is.
+        # Relative URLs only: a forwarded port or a proxy's path prefix works as it is; and
+        # nothing is asked of another host (the font is served with the page).
         assert 'data-session-websocket-url="ws"' in html and 'src="static/js/textual.js"' in html
-        assert "127.0.0.1" not in html
-        assert (await client.get("/static/js/textual.js")).status == 200  # the cookie now
-        page = await client.get(f"/?token={control}")
+        assert "127.0.0.1" not in html and "://" not in html
+        font = await client.get("/static/fonts/RobotoMono-VariableFont_wght.ttf",
+                                cookies={"ddptui_view": view})
+        assert font.status == 200
+        steer = await client.get(f"/?token={control}", allow_redirects=False)
+        assert steer.headers["Location"] == "./?as=control"
+        page = await client.get("/?as=control", cookies={"ddptui_control": control})
         assert 'data-session-websocket-url="ws-control"' in await page.text()
+        # The control URL asked for with the view token alone watches.
+        client.session.cookie_jar.clear()
+        page = await client.get("/?as=control", cookies={"ddptui_view": view})
+        assert 'data-session-websocket-url="ws"' in await page.text()
+    finally:
+        await client.close()
+
+
+async def test_no_response_may_be_framed_and_a_host_name_must_be_the_one_served():
+    server = _server()
+    client = await _client(server)
+    try:
+        view = server.tokens["view"]
+        for path in ("/", f"/?token={view}", "/static/js/textual.js", "/ws"):
+            r = await client.get(path, allow_redirects=False)
+            assert r.headers["Content-Security-Policy"] == "frame-ancestors 'none'", path
+            assert r.headers["X-Frame-Options"] == "DENY", path
+        # DNS rebinding: a name of another site's that resolves to 127.0.0.1 is refused, token
+        # or not; an address (a forwarded port) and localhost are this machine.
+        for host, status in [("evil.example", 403), (f"evil.example:{client.port}", 403),
+                             ("localhost:9000", 303), ("127.0.0.1:9000", 303), ("[::1]", 303)]:
+            r = await client.get(f"/?token={view}", headers={"Host": host}, allow_redirects=False)
+            assert r.status == status, host
+        r = await client.get(f"/?token={view}", headers={"Host": "evil.example"})
+        assert "a request for another host" in await r.text()
     finally:
         await client.close()
 
@@ -65,28 +100,35 @@ async def test_a_websocket_from_another_origin_or_beyond_its_role_is_refused():
     server = _server()
     client = await _client(server)
     try:
-        await client.get(f"/?token={server.tokens['view']}")
+        cookies = {"ddptui_view": server.tokens["view"]}
         host = f"http://{client.host}:{client.port}"
         for origin in ("http://evil.example", "null", ""):
-            r = await client.get("/ws", headers={"Origin": origin, "Connection": "Upgrade",
-                                                  "Upgrade": "websocket"})
+            r = await client.get("/ws", cookies=cookies, headers={
+                "Origin": origin, "Connection": "Upgrade", "Upgrade": "websocket"})
             assert r.status == 403 and "another origin" in await r.text(), origin
-        r = await client.get("/ws-control", headers={"Origin": host})
+        r = await client.get("/ws-control", cookies=cookies, headers={"Origin": host})
         assert r.status == 403 and "may only watch" in await r.text()
     finally:
         await client.close()
 
 
-async def test_past_max_viewers_a_tab_gets_a_page_saying_so():
+async def test_past_max_viewers_a_tab_gets_a_page_saying_so_in_the_dashboards_style():
     server = _server(max_viewers=1)
-    server.viewers = 1  # one tab's process runs
+    server.tabs.add(object())  # one tab's process runs
     client = await _client(server)
     try:
-        page = await client.get(f"/?token={server.tokens['view']}")
-        assert page.status == 503 and "--max-viewers 1" in await page.text()
-        r = await client.get("/ws", headers={"Origin": f"http://{client.host}:{client.port}"})
-        assert r.status == 503
+        cookies = {"ddptui_view": server.tokens["view"]}
+        page = await client.get("/", cookies=cookies)
+        html = await page.text()
+        assert page.status == 503 and "1 tabs watch r1 already (--max-viewers 1): close one, " \
+            "then reload" in html and 'class="box"' in html
+        # A page loaded before the cap was reached: its WebSocket is told why as it closes.
+        ws = await client.ws_connect(f"/ws?token={server.tokens['view']}",
+                                     origin=f"http://{client.host}:{client.port}")
+        closing = await ws.receive()
+        assert closing.type == WSMsgType.CLOSE and "--max-viewers 1" in closing.extra
     finally:
+        server.tabs.clear()
         await client.close()
 
 
