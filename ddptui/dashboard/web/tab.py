@@ -13,6 +13,7 @@ from textual_serve.download_manager import DownloadManager
 MAX_MESSAGE = 1 << 16  # bytes of one message from the page: a key, a paste, a size
 MAX_CELLS = 2000  # columns or rows a page may ask for
 REASON_BYTES = 123  # what a WebSocket's close frame may carry
+FIRST_SCREEN = 1024  # bytes of a write that draws a screen (the driver's mode switches: a few)
 
 
 def size(width: object, height: object) -> tuple[int, int] | None:
@@ -47,13 +48,14 @@ class Tab:
         self.command, self.downloads = command, downloads
         self.ws = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE)
         self.service: AppService | None = None
+        self._shown = False  # its process drew its first screen
 
     async def run(self, request: web.Request, ended: str) -> web.WebSocketResponse:
         """Until the page or the tab's process goes; `ended` says why, where the process did."""
         await self.ws.prepare(request)
         width, height = size(_int(request.query.get("width")), _int(request.query.get("height"))) \
             or (80, 24)
-        self.service = AppService(self.command, write_bytes=self.ws.send_bytes,
+        self.service = AppService(self.command, write_bytes=self._draw,
                                   write_str=self.ws.send_str, close=self._gone,
                                   download_manager=self.downloads)
         await self.service.start(width, height)
@@ -66,6 +68,14 @@ class Tab:
         if not self.ws.closed:
             await close(self.ws, ended)
         return self.ws
+
+    async def _draw(self, data: bytes) -> None:
+        await self.ws.send_bytes(data)
+        if not self._shown and len(data) > FIRST_SCREEN and self.service is not None:
+            # Textual's web driver starts blurred, and a blurred app draws no footer: the page
+            # is the tab's whole window, so it has the focus from its first screen on.
+            self._shown = True
+            await self.service.focus()
 
     async def _gone(self) -> None:
         """The tab's process said it exits (q, d): the page is told so."""
@@ -85,8 +95,10 @@ class Tab:
                 await self.service.set_terminal_size(*cells)
         elif kind == "ping" and isinstance(payload, str) and len(payload) <= 32:
             await self.ws.send_json(["pong", payload])
-        # focus and blur are not passed on: Textual draws no footer while it is blurred, and a
-        # page starts without the focus until it is clicked.
+        elif kind == "focus":
+            await self.service.focus()
+        elif kind == "blur":
+            await self.service.blur()
 
 
 def _int(value: str | None) -> int | None:
