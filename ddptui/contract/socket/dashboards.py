@@ -12,10 +12,12 @@ from ddptui.contract.schema import Settings
 class ViewerOrder(TypedDict):
     """A dashboard's order to a run's own process, one JSON object a line on the run's Unix
     socket (docs/dashboard.md), at most 64 KiB. A key becomes one order, and the run carries it
-    out as its own key would; a message that is not one of these, with these fields, is dropped
-    with a line in the events. `pause`, `resume`, `checkpoint` and `apply` carry nothing more;
-    nor does `read_only`, a dashboard's first order where it may only watch (a browser tab of
-    `ddptui web` without --control): the run refuses every order after it, with a line each."""
+    out as its own key would; a message that is not one of these, with these fields, is refused:
+    a line in the events for each of a dashboard's first 10 in 10 s, the rest summed up in one,
+    and a dashboard with 100 refused in 10 s is closed. `pause`, `resume`, `checkpoint` and
+    `apply` carry nothing more; nor does `read_only`, a dashboard's first order where it may
+    only watch (a browser tab of `ddptui web` without --control): the run refuses every order
+    after it but `stacks` (asking is watching)."""
 
     op: Annotated[str, "one of the ops below"]
 

@@ -7,6 +7,7 @@ process, and the page says why; a page of another local port cannot frame a tab.
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.server
 import os
 import signal
@@ -95,23 +96,6 @@ def test_the_dashboard_in_a_real_browser_watches_or_steers_by_its_token(env, tmp
         assert_gone(pids, timeout=60)
 
 
-class _Framing(http.server.BaseHTTPRequestHandler):
-    """Another local user's page: the --control tab in an invisible frame."""
-
-    target = ""
-
-    def do_GET(self) -> None:
-        body = (f'<iframe id="f" src="{self.target}" width="1400" height="900" '
-                'style="opacity: 0"></iframe>').encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 def test_a_page_of_another_local_port_cannot_frame_a_tab(env, tmp_path):
     from playwright.sync_api import sync_playwright
 
@@ -120,8 +104,11 @@ def test_a_page_of_another_local_port_cannot_frame_a_tab(env, tmp_path):
     pids = run_pids(log) | {pid}
     web, urls = start_web(env, log.stem, "--control")
     pids.add(web.pid)
-    _Framing.target = urls["control"]
-    other = http.server.HTTPServer(("127.0.0.1", 0), _Framing)
+    # Another local user's page: the --control tab in an invisible frame.
+    (tmp_path / "index.html").write_text(f'<iframe id="f" src="{urls["control"]}" width="1400" '
+                                         'height="900" style="opacity: 0"></iframe>')
+    serve = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    other = http.server.HTTPServer(("127.0.0.1", 0), serve)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     try:
         with sync_playwright() as pw:
