@@ -23,7 +23,7 @@ from textual_serve.server import Server, to_int
 
 from ddptui.dashboard.web import checks
 from ddptui.dashboard.web.tab import Tab, close
-from ddptui.dashboard.web.tab_process import WEB_TAB_ENV, end_children
+from ddptui.dashboard.web.tab_process import LEFT_S, WEB_TAB_ENV, end_children, kill, tabs_left
 
 ROLES = ("view", "control")  # a tab that watches; one that steers as a terminal dashboard does
 WS = {"view": "ws", "control": "ws-control"}  # each role's WebSocket, relative to the page
@@ -150,14 +150,20 @@ class WebServer(Server):
         app[_WATCH] = asyncio.get_running_loop().create_task(self._watch_run())
 
     async def on_shutdown(self, app: web.Application) -> None:
-        """Every tab is told why and its process to leave (a detach: the run goes on)."""
+        """Every tab is told why and its process to leave (as `d`: the run goes on); one that
+        has not left by TABS_END_S is killed. Each is reaped while the loop runs, so that
+        its pipes close in it."""
         app[_WATCH].cancel()
         await asyncio.gather(*(close(t.ws, self.why_closed) for t in list(self.tabs)),
                              return_exceptions=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + TABS_END_S
-        while self.tabs and loop.time() < deadline:
+        while (self.tabs or tabs_left(os.getpid())) and loop.time() < deadline:
             await asyncio.sleep(0.1)
+        kill(tabs_left(os.getpid()))
+        while tabs_left(os.getpid()) and loop.time() < deadline + LEFT_S:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the reaped processes' transports close on the loop
 
     async def _watch_run(self) -> None:
         while self.run_alive():

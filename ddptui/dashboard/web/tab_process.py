@@ -36,17 +36,27 @@ def end_with_server(leave: Callable[[], None]) -> None:
     threading.Thread(target=watch, name="web-tab", daemon=True).start()
 
 
-def end_children(pid: int) -> None:
-    """The processes `pid` started that are still there (a tab's that did not leave when told):
-    killed, which costs the run nothing (a dashboard that goes is only a dashboard gone)."""
+def tabs_left(pid: int) -> list[psutil.Process]:
+    """The processes `pid` started that are still there, ended ones not reaped yet included."""
     try:
-        children = psutil.Process(pid).children(recursive=True)
+        return psutil.Process(pid).children(recursive=True)
     except psutil.Error:
-        return
-    _gone, alive = psutil.wait_procs(children, timeout=LEFT_S)
-    for p in alive:
+        return []
+
+
+def kill(processes: list[psutil.Process]) -> None:
+    """SIGKILL, which costs the run nothing: a dashboard that goes is only a dashboard gone (a
+    SIGTERM would end the run, as it does for a terminal's dashboard)."""
+    for p in processes:
         try:
             p.kill()
         except psutil.Error:
             pass
+
+
+def end_children(pid: int) -> None:
+    """What is left of the tabs of server `pid` once its loop is closed: waited for, then
+    killed."""
+    _gone, alive = psutil.wait_procs(tabs_left(pid), timeout=LEFT_S)
+    kill(alive)
     psutil.wait_procs(alive, timeout=LEFT_S)

@@ -80,9 +80,9 @@ def test_the_dashboard_in_a_real_browser_watches_or_steers_by_its_token(env, tmp
             # process; each page says why.
             tabs = {p.pid for p in attaches(web)}
             os.kill(pid, signal.SIGTERM)
-            out, _err = web.communicate(timeout=60)
+            out, err = web.communicate(timeout=60)
             assert web.returncode == 0 and f"ddptui: {log.stem} ended (interrupted): ddptui " \
-                "web stops" in out
+                "web stops" in out and "Traceback" not in err
             assert_gone(tabs, timeout=60)
             page.wait_for_selector("body.-closed", timeout=60_000)
             assert page.text_content("#why") == f"{log.stem} ended (interrupted): ddptui web " \

@@ -132,3 +132,26 @@ def test_without_its_extra_ddptui_web_says_what_to_install(cli_main, monkeypatch
     code, err = cli_main(["web"])
     assert code == 2 and err == ["ddptui: error: ddptui web needs its extra: pip install "
                                  "'ddptui[web]'"]
+
+
+def test_how_the_run_ended_is_said_as_ddptui_ls_says_it(tmp_path, monkeypatch):
+    """A run whose log could not say its end (a full disk): its record says `failed`, and so
+    does web's last line, where the log alone said `ended`."""
+    import json
+    import subprocess
+    import time
+
+    from ddptui.contract.runs.registry import RunRecord, runs
+    from ddptui.contract.runs.runtime_dir import RuntimeDir
+    from ddptui.dashboard.web.command import _ended
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "rt"))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # a pid that ended
+    started = time.time()
+    record = RunRecord("r9", int(gone), "resnet18", 2, str(tmp_path / "r9.jsonl"), started,
+                       state="failed", reason="its log cannot be written: No space left")
+    with RuntimeDir() as folder:
+        folder.write(f"r9.{gone}.json", json.dumps(record.__dict__).encode())
+    assert [r.state for r in runs()] == ["failed"]  # what `ddptui ls` says
+    assert _ended(RunRecord("r9", int(gone), "resnet18", 2, record.log, started)) == "failed"
