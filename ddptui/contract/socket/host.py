@@ -229,7 +229,7 @@ class _Viewer:
         self.conn, self.pid, self.on_order, self.on_too_long = conn, pid, on_order, on_too_long
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.behind = 0  # bytes queued, not sent yet
-        self.read_only = False  # it said so: every order of its after that is refused
+        self.read_only = False  # it said so: every order of its after that but stacks is refused
         self._lock = threading.Lock()
         self.gone = threading.Event()
         self.sender = threading.Thread(target=self._send_loop, name="viewer-out", daemon=True)

@@ -10,9 +10,10 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-# No page of another origin may frame a tab: a framed --control tab took a click and a key.
-NO_FRAMING = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY",
-              "Referrer-Policy": "no-referrer"}
+# On every response: no page of another origin may frame a tab (a framed --control tab took a
+# click and a key), and no request the page makes names the page it came from.
+EVERY_RESPONSE = {"Content-Security-Policy": "frame-ancestors 'none'", "X-Frame-Options": "DENY",
+                  "Referrer-Policy": "no-referrer"}
 
 
 def wrong_host(host: str, served: str) -> str | None:
@@ -43,7 +44,7 @@ def wrong_socket(origin: str, host: str, control_socket: bool, may_control: bool
 
 async def no_framing(_request: web.Request, response: web.StreamResponse) -> None:
     """On every response, the token's 403 and the WebSocket's handshake too."""
-    response.headers.update(NO_FRAMING)
+    response.headers.update(EVERY_RESPONSE)
 
 
 class _OneLine(logging.Formatter):
