@@ -103,12 +103,15 @@ class WebServer(Server):
         return await handler(request)
 
     def _without_token(self, request: web.Request, offered: str) -> web.HTTPSeeOther:
-        """The page again without its token (kept in a cookie), the role named instead."""
-        role = next(r for r, t in self.tokens.items() if secrets.compare_digest(offered, t))
+        """The page again without its token (kept in a cookie, where it is one), the role named
+        instead."""
+        role = next((r for r, t in self.tokens.items() if secrets.compare_digest(offered, t)),
+                    None)
         query = [(k, v) for k, v in request.query.items() if k not in ("token", "as")]
         query += [("as", "control")] if role == "control" else []
         redirect = web.HTTPSeeOther("./" + (f"?{urlencode(query)}" if query else ""))
-        redirect.set_cookie(f"ddptui_{role}", offered, httponly=True, samesite="Strict")
+        if role is not None:  # else a cookie let it in, and keeps its role
+            redirect.set_cookie(f"ddptui_{role}", offered, httponly=True, samesite="Strict")
         return redirect
 
     async def _make_app(self) -> web.Application:

@@ -53,6 +53,10 @@ async def test_every_request_needs_the_token_then_its_cookie_and_the_address_bar
         assert steer.headers["Location"] == "./?as=control"
         page = await client.get("/?as=control", cookies={"ddptui_control": control})
         assert 'data-session-websocket-url="ws-control"' in await page.text()
+        # A wrong token beside a cookie that holds one: out of the address bar, nothing set.
+        stale = await client.get("/?token=wrong", allow_redirects=False,
+                                 cookies={"ddptui_view": view})
+        assert stale.status == 303 and "Set-Cookie" not in stale.headers
         # The control URL asked for with the view token alone watches.
         client.session.cookie_jar.clear()
         page = await client.get("/?as=control", cookies={"ddptui_view": view})
