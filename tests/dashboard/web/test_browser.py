@@ -56,6 +56,7 @@ def test_the_dashboard_in_a_real_browser_watches_or_steers_by_its_token(env, tmp
             page.click(".xterm-screen")  # the terminal takes the keys
             # Read-only: a steering key says why it cannot act, and sends the run nothing.
             _press(page, "Space", "may only watch (read-only)")
+            page.screenshot(path=str(tmp_path / "web.png"))  # kept with the test's files
             # Each screen is closed by its own key: an escape followed at once by a key reads as
             # alt and that key.
             _press(page, "?", "cannot act here")  # the help says it of every steering key
@@ -65,7 +66,6 @@ def test_the_dashboard_in_a_real_browser_watches_or_steers_by_its_token(env, tmp
             page.keyboard.press("t")
             _press(page, "g", "GPUs of the run")
             page.keyboard.press("g")
-            page.screenshot(path=str(tmp_path / "web.png"))  # kept with the test's files
             # A --control tab steers: the same key pauses the run.
             steer = open_tab(browser, urls["control"], requests)
             assert len(attaches(web)) == 2  # a process a tab
