@@ -91,8 +91,9 @@ def build_parser() -> Parser:
     attach.add_argument("--headless", action="store_true",
                         help=HEADLESS_HELP)
     attach.add_argument("--read-only", action="store_true",
-                        help="watch only: the run refuses this dashboard's keys, with a line "
-                        "each (ddptui web's tabs without --control)")
+                        help="watch only: the steering keys are dimmed and say why (t, g, ? "
+                        "work; q leaves) and the run refuses any order but stacks (ddptui "
+                        "web's tabs without --control)")
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
                         help="telemetry log (default runs/attach-<time>.jsonl)")
     attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",

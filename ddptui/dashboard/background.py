@@ -16,6 +16,7 @@ from ddptui.contract.runs.registry import HOST_ENV, run_name
 from ddptui.contract.runs.runtime_dir import FolderRefused, RuntimeDir, safe_name
 from ddptui.contract.socket.viewer import Viewer
 from ddptui.contract.socket.viewers import Refused
+from ddptui.dashboard.web.tab_process import end_with_server, is_tab
 
 READY_S = 120.0  # for the run's process to listen (it imports little before it does)
 REAP_S = 10.0  # for the run's process to close, once a dashboard saw it end
@@ -110,6 +111,8 @@ def watch(viewer: Viewer, started: subprocess.Popen | None = None) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, on_signal)
+    if is_tab():  # a browser tab's: it leaves with ddptui web, however that ends
+        end_with_server(viewer.close)
     app.run()
     if app.detached or not viewer.done.is_set():
         viewer.close()

@@ -19,7 +19,9 @@ class Order(Wire):
     """A dashboard's key becomes one order for the run's own process, which carries it out as its
     own key would (a dashboard's at most 64 KiB, one JSON object a line on the run's socket);
     those for the ranks go to the world's rank 0, which offers them to every rank at an agreed
-    step. An order that is not one of these, with these fields, is dropped with a line."""
+    step. A dashboard's order that is not one of these, with these fields, is refused: a line
+    in the events for each of a dashboard's first 10 in 10 s, the rest summed up in one, and a
+    dashboard with 100 refused in 10 s is closed."""
 
 
 @ORDERS.register("pause")
@@ -51,7 +53,7 @@ class Apply(Order):
 @dataclass(frozen=True, kw_only=True)
 class ReadOnly(Order):
     """A dashboard's first order where it may only watch (a browser tab of `ddptui web` without
-    --control): the run refuses every steering order after it, with a line each."""
+    --control): the run refuses every order after it but `stacks` (asking is watching)."""
 
 
 @ORDERS.register("stop")

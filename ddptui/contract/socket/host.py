@@ -31,9 +31,12 @@ from ddptui.contract.protocol.updates import End, Hello, Update
 from ddptui.contract.runs.registry import register, run_name
 from ddptui.contract.runs.runtime_dir import RuntimeDir
 from ddptui.contract.socket.order_check import checked
+from ddptui.contract.socket.refusals import Refusals
 from ddptui.contract.socket.viewers import (
     MAX_ORDER,
     ORDER_NESTING,
+    STACKS_FRESH_S,
+    WATCHING,
     Lines,
     TooLong,
     frame,
@@ -81,6 +84,8 @@ class RunHost:
             raise
         self._viewers: list[_Viewer] = []
         self._behind: list[int] = []  # pids of the viewers dropped for lagging, to be said
+        self._refusals = Refusals()
+        self._stacks_asked: dict[int, float] = {}  # rank -> when a dashboard last asked
         self._closing = threading.Event()
         source.state.listener = self._publish
         self._threads = [threading.Thread(target=self._accept, name="viewers", daemon=True),
@@ -98,6 +103,8 @@ class RunHost:
         """The run is over: every viewer gets its end and the last changes, then the socket
         goes."""
         self._closing.set()
+        for line in self._refusals.due(time.monotonic(), every=True):
+            self.source.note(line)
         with self.source.state.lock:
             self.source.state.listener = None
             viewers, self._viewers = self._viewers, []
@@ -130,7 +137,7 @@ class RunHost:
                 self.source.note(f"refused the dashboard of pid {pid}: {MAX_VIEWERS} dashboards "
                                  "are attached already")
                 continue
-            viewer = _Viewer(conn, pid, self._order, self.source.note)
+            viewer = _Viewer(conn, pid, self._order, self._too_long)
             state = self.source.state
             with state.lock:  # no change is lost or sent twice between the snapshot and the stream
                 viewer.send(frame(Hello(name=self.name, pid=os.getpid(), log=self.source.log_path,
@@ -154,9 +161,11 @@ class RunHost:
                 v.drop()
 
     def _tidy(self) -> None:
-        """Dashboards dropped for lagging are said (not under the state's lock), and those
-        that left are let go."""
+        """Refusals summed up, dashboards dropped for lagging said (not under the state's
+        lock), and those that left let go."""
         while not self._closing.wait(TIDY_S):
+            for line in self._refusals.due(time.monotonic()):
+                self.source.note(line)
             while self._behind:
                 self.source.note(f"dropped the dashboard of pid {self._behind.pop(0)}: it fell "
                                  f"{MAX_BEHIND >> 20} MiB behind (it can attach again)")
@@ -165,11 +174,13 @@ class RunHost:
 
     # -- orders --------------------------------------------------------------------------------
     def _order(self, viewer: _Viewer, message: dict | None) -> None:
-        """A dashboard's message: carried out when the run can take it, else one line saying
-        why (nothing an order does may end its dashboard's reader, or the run)."""
+        """A dashboard's message: carried out when the run can take it, else refused: a line
+        saying why, as long as that dashboard's refusals are few (refusals.py); nothing an
+        order does may end its dashboard's reader, or the run."""
         try:
             order, why = checked(message, self.source)
-            if order is not None and why is None and viewer.read_only:
+            if order is not None and why is None and viewer.read_only and \
+                    order.NAME not in WATCHING:
                 why = f"{order.NAME}: this dashboard may only watch (read-only)"
             elif isinstance(order, ReadOnly) and why is None:
                 viewer.read_only = True
@@ -179,7 +190,18 @@ class RunHost:
                 return
         except Exception as e:  # a bug of ours: that order is lost, the run goes on
             why = f"{type(e).__name__}: {e}"
-        self.source.note(f"a dashboard's message was dropped: {why} (dashboard pid {viewer.pid})")
+        line, close = self._refusals.refused(viewer.pid, why, time.monotonic())
+        if line:
+            self.source.note(line)
+        if close:
+            viewer.drop()
+
+    def _too_long(self, viewer: _Viewer, e: TooLong) -> None:
+        """A message over the bound: its connection ends, said as a refusal is (a dashboard that
+        attaches again and again to send them is summed up too)."""
+        line, _close = self._refusals.refused(viewer.pid, str(e), time.monotonic())
+        if line:
+            self.source.note(f"closed the dashboard of pid {viewer.pid}: {e}")
 
     def _carry_out(self, order: Order) -> None:
         s = self.source
@@ -197,7 +219,10 @@ class RunHost:
             case KillRank():
                 s.kill_rank(order.rank)
             case AskStacks():
-                s.stacks(order.rank)
+                now = time.monotonic()
+                if now - self._stacks_asked.get(order.rank, -STACKS_FRESH_S) >= STACKS_FRESH_S:
+                    self._stacks_asked[order.rank] = now
+                    s.stacks(order.rank)
             case Apply():
                 s.apply_now()
             case Pause():
@@ -212,11 +237,11 @@ class _Viewer:
     """One dashboard's connection (`pid`: its process): a thread sends what is queued for it,
     another reads its orders."""
 
-    def __init__(self, conn: socket.socket, pid: int, on_order, note):
-        self.conn, self.pid, self.on_order, self.note = conn, pid, on_order, note
+    def __init__(self, conn: socket.socket, pid: int, on_order, on_too_long):
+        self.conn, self.pid, self.on_order, self.on_too_long = conn, pid, on_order, on_too_long
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.behind = 0  # bytes queued, not sent yet
-        self.read_only = False  # it said so: every order of its after that is refused
+        self.read_only = False  # it said so: every order of its after that but stacks is refused
         self._lock = threading.Lock()
         self.gone = threading.Event()
         self.sender = threading.Thread(target=self._send_loop, name="viewer-out", daemon=True)
@@ -267,9 +292,11 @@ class _Viewer:
     def _read_loop(self) -> None:
         try:
             for order in Lines(self.conn, MAX_ORDER, ORDER_NESTING):
+                if self.gone.is_set():  # dropped: what it sent after that is not read
+                    break
                 self.on_order(self, order)
         except TooLong as e:
-            self.note(f"closed the dashboard of pid {self.pid}: {e}")
+            self.on_too_long(self, e)
         except OSError:
             pass  # gone
         self.drop()

@@ -30,7 +30,7 @@ from ddptui.contract.protocol.orders import (
     settings_request,
 )
 from ddptui.contract.protocol.updates import Applied, End, Hello, HostReadings, Said
-from ddptui.contract.socket.viewers import MAX_UPDATE, Lines, connect, frame
+from ddptui.contract.socket.viewers import MAX_UPDATE, WATCHING, Lines, connect, frame
 from ddptui.contract.state.snapshot import load
 from ddptui.contract.state.source import RunSource
 
@@ -49,7 +49,7 @@ class Viewer(RunSource):
     can_detach = True
 
     def __init__(self, path: str, read_only: bool = False):
-        self.read_only = read_only  # it may only watch: the run refuses its orders (ddptui web)
+        self.read_only = read_only  # it may only watch: no order but stacks (the run refuses any other)
         self.sock = connect(path)
         self._messages = iter(Lines(self.sock, MAX_UPDATE))  # hello first, then the changes
         hello = self._hello()
@@ -136,7 +136,9 @@ class Viewer(RunSource):
                 return
 
     def _order(self, order: Order, note: Event | None = None) -> None:
-        if note is not None and not self.read_only:  # on screen at once, as in the run's
+        if self.read_only and order.NAME not in WATCHING:
+            return  # the run would refuse it (the screen says why the key cannot act)
+        if note is not None:  # on screen at once, as in the run's
             self.state.apply(note)
         self._orders.put(order)
 

@@ -5,6 +5,7 @@ who may use it, and the framing (a JSON object a line, bounded); what crosses it
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 import struct
@@ -15,7 +16,13 @@ from ddptui.contract.protocol.wire import Wire
 
 MAX_ORDER = 1 << 16  # bytes of one viewer's message: an order is a few dozen
 MAX_UPDATE = 1 << 26  # bytes of one message of the run's: its snapshot is the largest (~1 MB)
-ORDER_NESTING = 8  # objects and arrays one order may open: the deepest order opens 2
+ORDER_NESTING = 8  # objects and arrays one order may hold one inside another: the deepest holds 2
+WATCHING = ("stacks",)  # the orders a read-only dashboard gives: asking for stacks is watching
+# A rank's stacks asked for again within this long are the ones on their way or just in: each
+# answer is a message in the run's log, and no number of dashboards makes it write more often.
+STACKS_FRESH_S = 5.0
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')  # a JSON string, escapes and all
+_BRACKET = re.compile(rb"[][{}]")
 
 
 class Refused(OSError):
@@ -77,8 +84,9 @@ def frame(message: Wire | dict) -> bytes:
 
 class Lines:
     """A socket's messages, one JSON object a line, in order until the peer closes (iterate); a
-    line over `limit` bytes ends the connection (OSError), one that is not an object is None,
-    and so is one that opens more than `nesting` objects and arrays (counted before parsing)."""
+    line over `limit` bytes ends the connection (TooLong), however it arrived (one write or
+    many), before it is parsed; one that is not an object is None, and so is one nested deeper
+    than `nesting` objects and arrays (counted before parsing, outside strings)."""
 
     def __init__(self, sock: socket.socket, limit: int, nesting: int | None = None):
         self.sock, self.limit, self.nesting = sock, limit, nesting
@@ -94,11 +102,28 @@ class Lines:
                 if len(buf) > self.limit and b"\n" not in buf:
                     raise TooLong(f"a message over {self.limit} bytes")
             *lines, buf = buf.split(b"\n")
-            yield from (_object(line, self.nesting) for line in lines if line.strip())
+            for line in lines:
+                if len(line) > self.limit:
+                    raise TooLong(f"a message over {self.limit} bytes")
+                if line.strip():
+                    yield _object(line, self.nesting)
 
 
-def _object(line: bytes, nesting: int | None = None) -> dict | None:
-    if nesting is not None and line.count(b"{") + line.count(b"[") > nesting:
+def nesting(line: bytes) -> int:
+    """How deep a JSON text's objects and arrays go, brackets inside its strings not counted."""
+    brackets = _BRACKET.findall(_STRING.sub(b"", line))
+    if len(brackets) <= 1:
+        return len(brackets)
+    deepest = depth = 0
+    for b in brackets:
+        depth += 1 if b in b"[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _object(line: bytes, limit: int | None = None) -> dict | None:
+    if limit is not None and line.count(b"{") + line.count(b"[") > limit and \
+            nesting(line) > limit:
         return None
     return parse(line)
 

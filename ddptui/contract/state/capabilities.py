@@ -23,6 +23,7 @@ NO_CONTROL = ("your script takes no {what} from ddptui: call run = ddptui.init()
 # The keys that steer (a replay or a finished run has none of them).
 STEERING = frozenset({"pause", "toggle", "workers", "checkpoint", "apply", "stop_rank",
                       "restart_rank", "kill_rank", "end_job"})
+READ_ONLY = "this dashboard may only watch (read-only)"
 AFTER_KILL = "the others go on through crash recovery"
 LAUNCHED_KILL = ("the script's launcher then does what it does (mp.spawn ends the other ranks and "
                  "fails)")
@@ -34,6 +35,7 @@ class Capabilities:
     comes from."""
 
     steer: bool = True  # it takes orders at all (a replay: no)
+    read_only: bool = False  # this dashboard may only watch (ddptui web's tab without --control)
     over: bool = False  # nothing can act any more: q quits
     owns_ranks: bool = True  # ddptui started the ranks (an attach: no)
     end_job: bool = False  # K ends a job ddptui attached to
@@ -44,12 +46,12 @@ class Capabilities:
     checkpoint_dir: bool = False  # the built-in loop has somewhere to write a checkpoint
 
     @classmethod
-    def of(cls, state: RunState, *, steer: bool = True, over: bool = False,
-           owns_ranks: bool = True, end_job: bool = False) -> Capabilities:
+    def of(cls, state: RunState, *, steer: bool = True, read_only: bool = False,
+           over: bool = False, owns_ranks: bool = True, end_job: bool = False) -> Capabilities:
         """From the run state (the caller holds its lock, or owns it) and its source's kind."""
         ranks = [r for r in state.ranks.values() if r.rank >= 0]  # not a script's launcher
         launcher = bool(state.meta.get("launcher"))
-        return cls(steer=steer, over=over, owns_ranks=owns_ranks, end_job=end_job,
+        return cls(steer=steer, read_only=read_only, over=over, owns_ranks=owns_ranks, end_job=end_job,
                    script=bool(state.meta.get("script")),
                    takes=frozenset(c for r in ranks for c in r.control),
                    elastic=not launcher and bool(ranks) and all("elastic" in r.control
@@ -63,6 +65,8 @@ class Capabilities:
             return "a replay has nothing to steer"
         if action in STEERING and self.over:
             return "the run is over: q quits"
+        if action in STEERING and self.read_only:
+            return READ_ONLY
         if action == "end_job" and not self.end_job:
             return "K ends a job ddptui attached to; in a run ddptui owns, q ends it"
         need = _TAKES.get(action)

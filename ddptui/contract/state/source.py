@@ -22,6 +22,7 @@ class RunSource(ABC):
     owns_ranks: ClassVar[bool] = True  # q ends the ranks (an Attach detaches, a Replay stops)
     can_end_job: ClassVar[bool] = False  # K ends a job it does not own (an Attach)
     can_detach: ClassVar[bool] = False  # d leaves the run going (a Viewer of a run's process)
+    read_only: bool = False  # this dashboard may only watch (a Viewer's, for ddptui web)
 
     state: RunState
     done: threading.Event
@@ -53,7 +54,8 @@ class RunSource(ABC):
     def capabilities(self) -> Capabilities:
         """What can act now (the caller does not hold the state's lock)."""
         with self.state.lock:
-            return Capabilities.of(self.state, steer=self.can_steer, over=self.done.is_set(),
+            return Capabilities.of(self.state, steer=self.can_steer, read_only=self.read_only,
+                                   over=self.done.is_set(),
                                    owns_ranks=self.owns_ranks, end_job=self.can_end_job)
 
     # -- steering: each queues or sends a command and returns at once ------------------------

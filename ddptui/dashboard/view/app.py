@@ -16,6 +16,7 @@ from textual.reactive import reactive
 from textual.widgets import Footer
 
 from ddptui.contract.keys import KEYS, key_rows
+from ddptui.contract.socket.viewers import STACKS_FRESH_S
 from ddptui.contract.state.capabilities import STEERING
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.state.views import RunView
@@ -64,6 +65,7 @@ class DashboardApp(RankKeys, App[int]):
     def __init__(self, source: RunSource, refresh_s: float = REFRESH_S):
         super().__init__()
         self.source = source
+        self.read_only = source.read_only  # a Viewer's (ddptui web's tab without --control)
         self.refresh_s = refresh_s
         self.view: RunView | None = None
         self.quitting = False
@@ -108,7 +110,7 @@ class DashboardApp(RankKeys, App[int]):
 
     def on_mount(self) -> None:
         self.on_resize()
-        self.header.read_only = bool(getattr(self.source, "read_only", False))
+        self.header.read_only = self.read_only
         self.source.start()
         self.refresh_view()
         self.set_interval(self.refresh_s, self.refresh_view)
@@ -263,8 +265,8 @@ class DashboardApp(RankKeys, App[int]):
             return
         asked = self.source.can_steer and not self.source.done.is_set() and not rank.state.is_final
         screen = StacksScreen(rank.rank, asked)
-        if asked:
-            self._stacks_asked_t = self.view.now if self.view else 0.0
+        if asked:  # what another dashboard asked for just before is this ask's answer too
+            self._stacks_asked_t = self.view.now - STACKS_FRESH_S if self.view else 0.0
             self.source.stacks(rank.rank)
         else:  # a replay, or a rank with no live process: the last stacks taken, if any
             self._stacks_asked_t = 0.0
@@ -302,6 +304,9 @@ class DashboardApp(RankKeys, App[int]):
         self.push_screen(HelpScreen(key_rows(can.why_not, can.restarts_group)))
 
     async def action_quit(self) -> None:
+        if self.read_only:  # it has nothing to end: it leaves
+            self.action_detach()
+            return
         if self.source.done.is_set() or not self.source.can_steer or not self.source.owns_ranks:
             # Nothing of ours to stop: a replay, a finished run, or an attach (which detaches).
             self.source.stop()

@@ -10,7 +10,7 @@ import ipaddress
 import socket
 
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.runs.registry import end_status, find, is_running
+from ddptui.contract.runs.registry import RunRecord, end_status, find, is_running, runs
 
 
 def cmd_web(args: argparse.Namespace) -> int:
@@ -28,10 +28,17 @@ def cmd_web(args: argparse.Namespace) -> int:
         raise UsageError(str(e)) from None
     sock = _bind(args.host, args.port)
     server = WebServer(record.name, sock, args.max_viewers, args.control,
-                       lambda: is_running(record), lambda: end_status(record.log))
+                       lambda: is_running(record), lambda: _ended(record), args.host)
     _say_where(server, args.host, sock.getsockname()[1])
     server.serve()
     return server.exit_code
+
+
+def _ended(record: RunRecord) -> str:
+    """How the run ended, as `ddptui ls` says it: its record where the log could not say it
+    (a full disk), else its log's last status."""
+    said = next((r.state for r in runs() if r.name == record.name and r.pid == record.pid), None)
+    return said if said and said != "running" else end_status(record.log)
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -1,11 +1,13 @@
 """A run's socket under abuse, as a careless script or a hostile process of the same user would
-send: every order is checked before it acts (each bad one is one line in the events, naming the
-dashboard's pid, and the run trains on), and the dashboards it serves are bounded in number,
-in threads and in what they may lag behind."""
+send: every order is checked before it acts (each bad one is refused, the first few with a line
+each naming the dashboard's pid, the rest summed up, and the run trains on), and the dashboards
+it serves are bounded in number, in threads and in what they may lag behind (the bounds on what
+one dashboard sends: test_host_bounds.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import time
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from ddptui.contract.runs.runtime_dir import RuntimeDir
 from ddptui.contract.socket.host import MAX_BEHIND, MAX_VIEWERS, RunHost
 from ddptui.contract.socket.order_check import max_workers
+from ddptui.contract.socket.refusals import SAID
 from ddptui.contract.socket.viewers import frame
 from ddptui.dashboard.background import connect
 from ddptui.run.builtin.supervisor import Supervisor
@@ -86,8 +89,14 @@ def _last(viewer) -> str:
     return [line for line in viewer_lines(viewer) if line.startswith(DROPPED)][-1]
 
 
+def _summed(lines: list[str]) -> int:
+    """The orders the run refused without a line each, as its sums say."""
+    return sum(int(m[1].replace(",", "")) for line in lines
+               if (m := re.search(r"dropped ([\d,]+) more orders from dashboard pid ", line)))
+
+
 @pytest.mark.timeout(300)
-def test_every_bad_order_is_one_line_and_the_run_trains_on(env, tmp_path):
+def test_every_bad_order_is_refused_and_said_and_the_run_trains_on(env, tmp_path):
     log = tmp_path / "fuzz.jsonl"
     pid, path = detached(env, log)
     pids = run_pids(log) | {pid}
@@ -104,7 +113,7 @@ def test_every_bad_order_is_one_line_and_the_run_trains_on(env, tmp_path):
                 s.sendall(line)
                 sent += 1
                 deadline = time.monotonic() + 30
-                while _dropped(watcher) < sent:
+                while sent <= SAID and _dropped(watcher) < sent:  # the first few: a line each
                     assert time.monotonic() < deadline, f"no line for {line[:80]!r}"
                     time.sleep(0.02)
 
@@ -126,7 +135,7 @@ def test_every_bad_order_is_one_line_and_the_run_trains_on(env, tmp_path):
             ]:
                 send(frame(order))
                 assert _last(watcher) == f"{DROPPED}{why} (dashboard pid {os.getpid()})"
-            send(b"[" * 50_000 + b"]" * 50_000 + b"\n")  # parsed, it would recurse past the stack
+            send(b"[" * 30_000 + b"]" * 30_000 + b"\n")  # parsed, it would recurse past the stack
             assert _last(watcher).startswith(f"{DROPPED}not a JSON object")
 
             @settings(max_examples=60, deadline=None, database=None,
@@ -136,13 +145,20 @@ def test_every_bad_order_is_one_line_and_the_run_trains_on(env, tmp_path):
                 send(line)
 
             fuzz()
+            # The rest are summed up once their window is over.
+            deadline = time.monotonic() + 60
+            while _dropped(watcher) + _summed(viewer_lines(watcher)) < sent:
+                assert time.monotonic() < deadline, viewer_lines(watcher)[-3:]
+                time.sleep(0.1)
         # The run took none of it: it trains on with both ranks, as it was set up.
         step = events(log, "step")[-1]["global_step"]
         wait_for_event(log, lambda e: e["kind"] == "step" and e["global_step"] > step + 5, 60)
         assert not [e for e in events(log, "rank") if e.get("state") in ("stopped", "crashed")]
         assert not [e for e in events(log, "settings") if e.get("status") == "requested"]
-        logged = [e for e in events(log, "message") if e["text"].startswith(DROPPED[9:])]
-        assert len(logged) == sent == _dropped(watcher)
+        texts = [e["text"] for e in events(log, "message")]
+        logged = [t for t in texts if t.startswith(DROPPED[9:])]
+        assert len(logged) + _summed(texts) == sent == _dropped(watcher) + \
+            _summed(viewer_lines(watcher))
         assert psutil.Process(pid).num_threads() <= threads + 2  # its one connection's, at most
     finally:
         os.kill(pid, signal.SIGTERM)
