@@ -28,10 +28,10 @@ sys.path.insert(0, ROOT)
 from ddptui.contract.protocol.codec import event_of  # noqa: E402
 from ddptui.contract.protocol.events import PARENT  # noqa: E402
 from ddptui.contract.protocol.updates import Hello  # noqa: E402
-from ddptui.contract.socket.host import RunHost  # noqa: E402
 from ddptui.contract.socket.viewers import frame  # noqa: E402
 from ddptui.contract.state.snapshot import dump  # noqa: E402
 from ddptui.dashboard.sources.replay import Replay  # noqa: E402
+from ddptui.run.host.host import RunHost  # noqa: E402
 
 
 def events(ranks: int, hz: int, seconds: float, t0: float, first: bool = False,

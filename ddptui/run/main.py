@@ -14,8 +14,8 @@ from ddptui.contract.options.config import RunConfig
 from ddptui.contract.options.policy import RunPolicy
 from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.runs.registry import record_end
-from ddptui.contract.socket.host import serve
 from ddptui.run.builtin.helpers import end_helpers
+from ddptui.run.host.host import serve
 from ddptui.run.owned import OwnedRun
 
 

@@ -1,2 +1,2 @@
-"""The run <-> dashboard socket, both ends: the run's process serves (host.py, each order checked
-by order_check.py), a dashboard's process connects (viewer.py); viewers.py frames, dashboards.py orders."""
+"""The run <-> dashboard socket as a dashboard's process uses it (viewer.py) and both ends frame it
+(viewers.py); the run's own end is ddptui/run/host/."""

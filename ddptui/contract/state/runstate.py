@@ -81,7 +81,7 @@ class RunState:
         self.last_t = 0.0
         self.checkpoint_t: float | None = None
         self.host: dict = {}
-        # Each change, as the run's viewers take it (ddptui/contract/socket/host.py), under the lock.
+        # Each change, as the run's viewers take it (ddptui/run/host/host.py), under the lock.
         self.listener: Callable[[Update], None] | None = None
 
     # -- writing -------------------------------------------------------------------------

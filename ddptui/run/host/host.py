@@ -1,5 +1,5 @@
 """A run ddptui owns, served to the dashboards that watch it: each viewer gets the run state as
-it is, then every change to it; any viewer's orders steer the run. Lives in the run's process.
+it is, then every change to it; any viewer's orders steer the run.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import queue
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING
 
 from ddptui.contract.protocol.orders import (
     Apply,
@@ -30,8 +29,6 @@ from ddptui.contract.protocol.orders import (
 from ddptui.contract.protocol.updates import End, Hello, Update
 from ddptui.contract.runs.registry import register, run_name
 from ddptui.contract.runs.runtime_dir import RuntimeDir
-from ddptui.contract.socket.order_check import checked
-from ddptui.contract.socket.refusals import Refusals
 from ddptui.contract.socket.viewers import (
     MAX_ORDER,
     ORDER_NESTING,
@@ -44,9 +41,9 @@ from ddptui.contract.socket.viewers import (
     peer,
 )
 from ddptui.contract.state.snapshot import dump
-
-if TYPE_CHECKING:  # the run's process hands its run in; the floor imports no side
-    from ddptui.run.owned import OwnedRun
+from ddptui.run.host.order_check import checked
+from ddptui.run.host.refusals import Refusals
+from ddptui.run.owned import OwnedRun
 
 TIDY_S = 0.25  # how often dashboards that left or fell behind are tidied away and said
 MAX_VIEWERS = 64  # dashboards at once: each costs the run two threads
@@ -190,7 +187,7 @@ class RunHost:
                 return
         except Exception as e:  # a bug of ours: that order is lost, the run goes on
             why = f"{type(e).__name__}: {e}"
-        line, close = self._refusals.refused(viewer.pid, why, time.monotonic())
+        line, close = self._refusals.refused(viewer.pid, why or "not an order", time.monotonic())
         if line:
             self.source.note(line)
         if close:

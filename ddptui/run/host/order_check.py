@@ -14,8 +14,8 @@ from ddptui.contract.protocol.orders import (
     RestartGroup,
     Stop,
 )
-from ddptui.contract.socket.dashboards import malformed
 from ddptui.contract.state.source import RunSource
+from ddptui.run.host.dashboards import malformed
 
 WORKERS_CAP = 64  # DataLoader workers a rank may be given live, whatever the host
 MAX_REQUEST = 64  # characters of a settings request's id

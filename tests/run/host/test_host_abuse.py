@@ -18,12 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddptui.contract.runs.runtime_dir import RuntimeDir
-from ddptui.contract.socket.host import MAX_BEHIND, MAX_VIEWERS, RunHost
-from ddptui.contract.socket.order_check import max_workers
-from ddptui.contract.socket.refusals import SAID
 from ddptui.contract.socket.viewers import frame
 from ddptui.dashboard.background import connect
 from ddptui.run.builtin.supervisor import Supervisor
+from ddptui.run.host.host import MAX_BEHIND, MAX_VIEWERS, RunHost
+from ddptui.run.host.order_check import max_workers
+from ddptui.run.host.refusals import SAID
 from tests.helpers.runs import (
     TINY,
     assert_gone,
