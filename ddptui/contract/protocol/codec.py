@@ -31,11 +31,16 @@ def encode(msg: Wire | dict) -> str:
 
 def parse(text: str | bytes) -> dict | None:
     """A JSON object, or None for anything else (not JSON, a list, a number)."""
+    obj = json_value(text)
+    return obj if isinstance(obj, dict) else None
+
+
+def json_value(text: str | bytes) -> Any:
+    """Any JSON value (a browser page's messages are lists), or None where it is not JSON."""
     try:
-        obj = json.loads(text)
+        return json.loads(text)
     except (ValueError, RecursionError):
         return None
-    return obj if isinstance(obj, dict) else None
 
 
 def decode(line: str | bytes) -> Event | None:

@@ -4,11 +4,11 @@ checked before it reaches the tab's process (textual-serve's AppService), and a 
 
 from __future__ import annotations
 
-import json
-
 from aiohttp import WSMsgType, web
 from textual_serve.app_service import AppService
 from textual_serve.download_manager import DownloadManager
+
+from ddptui.contract.protocol.codec import json_value
 
 MAX_MESSAGE = 1 << 16  # bytes of one message from the page: a key, a paste, a size
 MAX_CELLS = 2000  # columns or rows a page may ask for
@@ -25,10 +25,7 @@ def size(width: object, height: object) -> tuple[int, int] | None:
 
 def envelope(text: str) -> tuple[str, object] | None:
     """A page's message, ["type", payload], as textual.js sends it; None for anything else."""
-    try:
-        message = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
+    message = json_value(text)
     if not isinstance(message, list) or not 1 <= len(message) <= 2 or \
             not isinstance(message[0], str):
         return None
