@@ -20,7 +20,7 @@ RankState = Literal["starting", "running", "standby", "stopped", "crashed", "res
 Level = Literal["info", "warning", "error"]
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Event(Wire):
     """What every event carries."""
 
@@ -32,7 +32,7 @@ class Event(Wire):
 
 
 @EVENTS.register("step")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Step(Event):
     """A rank's progress, at most about 20 a second (fewer for slow steps). Sent by each rank;
     for a script, read from its output (`source: output`) or sent by `ddptui.init()`."""
@@ -58,7 +58,7 @@ class Step(Event):
 
 
 @EVENTS.register("gpu")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Gpu(Event):
     """One device's readings, twice a second: a GPU's from NVML (the parent's sampler, or a
     rank's own without a ddptui parent), or a CPU rank's process tree from psutil."""
@@ -85,7 +85,7 @@ class Gpu(Event):
 
 
 @EVENTS.register("epoch")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Epoch(Event):
     """The end of an epoch, or of the part of one between two changes (settings applied with
     `a`, a rank leaving or joining, a rollback, a quit). Sent by each rank for its own samples."""
@@ -122,7 +122,7 @@ class Epoch(Event):
 
 
 @EVENTS.register("settings")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Settings(Event):
     """The input-pipeline settings: asked for (the parent, `requested`), acknowledged by the
     world's rank 0 (`pending`, until the next epoch or `a`) and put in force on every rank at
@@ -138,7 +138,7 @@ class Settings(Event):
 
 
 @EVENTS.register("rank")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Rank(Event):
     """A rank slot's state changed, or a detail of it (its standby, a verdict on a stall). Sent
     by the rank itself (running, done), by the parent (what it sees of the process), or by the
@@ -178,7 +178,7 @@ class Rank(Event):
 
 
 @EVENTS.register("world")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class World(Event):
     """The world formed, or changed (a rank left, joined, or died and the rest re-formed)."""
 
@@ -192,7 +192,7 @@ class World(Event):
 
 
 @EVENTS.register("run")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Run(Event):
     """The run as a whole: started, paused, resumed, ended. The parent says started and how it
     ended; rank 0 says paused and resumed, at the step every rank holds at."""
@@ -224,7 +224,7 @@ class Run(Event):
 
 
 @EVENTS.register("message")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Notice(Event):
     """A line for the event pane and the headless console: progress, warnings, errors. The
     kinds below are lines too, each with the facts it tells beside its text."""
@@ -234,7 +234,7 @@ class Notice(Event):
 
 
 @EVENTS.register("stacks")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stacks(Notice):
     """A rank's Python stacks (every thread, as faulthandler prints them), or why none came;
     on GPUs, its NCCL flight recorder's summary."""
@@ -247,7 +247,7 @@ class Stacks(Notice):
 
 
 @EVENTS.register("facts")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Facts(Notice):
     """What a rank found out about its run as it set up: the data, the model, the epochs."""
 
@@ -263,7 +263,7 @@ class Facts(Notice):
 
 
 @EVENTS.register("world_cost")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorldCost(Notice):
     """The first step after a world change: what the change cost."""
 
@@ -274,7 +274,7 @@ class WorldCost(Notice):
 
 
 @EVENTS.register("rollback")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Rollback(Notice):
     """The survivors of a rank's death went back to their newest common rollback point."""
 
@@ -283,7 +283,7 @@ class Rollback(Notice):
 
 
 @EVENTS.register("bad_sample")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class BadSample(Notice):
     """A corrupt sample skipped."""
 
@@ -293,7 +293,7 @@ class BadSample(Notice):
 
 
 @EVENTS.register("autotune")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Autotune(Notice):
     """--autotune: the settings it kept."""
 
@@ -301,7 +301,7 @@ class Autotune(Notice):
 
 
 @EVENTS.register("input_wait")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class InputWait(Notice):
     """The input holds ranks back (a tenth of their step or more waiting for data), or keeps up
     again."""
@@ -313,13 +313,13 @@ class InputWait(Notice):
 
 
 @EVENTS.register("usage")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Usage(Notice):
     """An error in the user's input, found in a rank (ddptui exits 2)."""
 
 
 @EVENTS.register("checkpoint")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpoint(Event):
     """A checkpoint file is on disk, complete (written, fsynced, renamed). Sent by rank 0."""
 
@@ -330,7 +330,7 @@ class Checkpoint(Event):
 
 
 @EVENTS.register("output")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Output(Event):
     """A script rank's latest line of output (stdout and stderr), at most a few a second."""
 
@@ -339,7 +339,7 @@ class Output(Event):
 
 
 @EVENTS.register("lines")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Lines(Event):
     """A rank under `python -m ddptui.wrap`: its whole lines since the last, about once a
     second; attach appends them to that rank's .rankN.out beside its log (not to the log)."""
@@ -349,7 +349,7 @@ class Lines(Event):
 
 
 @EVENTS.register("process")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Process(Event):
     """A script rank's process, as the parent sees it, once a second."""
 
@@ -364,7 +364,7 @@ class Process(Event):
 
 
 @EVENTS.register("error")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Error(Event):
     """How a script rank failed."""
 
@@ -375,7 +375,7 @@ class Error(Event):
 
 
 @EVENTS.register("beat")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Beat(Event):
     """A built-in rank's heartbeat, every 0.5 s, for the supervisor's stall watch only: it is
     not written to the log (the `rank` events say what the watch concluded)."""

@@ -14,7 +14,7 @@ from ddptui.contract.protocol.wire import Family, Wire, doc
 ORDERS = Family("op")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Order(Wire):
     """A dashboard's key becomes one order for the run's own process, which carries it out as its
     own key would (a dashboard's at most 64 KiB, one JSON object a line on the run's socket);
@@ -25,39 +25,39 @@ class Order(Wire):
 
 
 @ORDERS.register("pause")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Pause(Order):
     """space: every rank holds at the same step (`run` paused)."""
 
 
 @ORDERS.register("resume")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Resume(Order):
     """space again: every rank goes on (`run` resumed)."""
 
 
 @ORDERS.register("checkpoint")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TakeCheckpoint(Order):
     """c: every rank checkpoints at the same step (the built-in trainer writes with
     --checkpoint-dir; a script's `run.should_checkpoint`)."""
 
 
 @ORDERS.register("apply")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Apply(Order):
     """a: pending settings apply at the next agreed step."""
 
 
 @ORDERS.register("read_only")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ReadOnly(Order):
     """A dashboard's first order where it may only watch (a browser tab of `ddptui web` without
     --control): the run refuses every order after it but `stacks` (asking is watching)."""
 
 
 @ORDERS.register("stop")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stop(Order):
     """q then y, Ctrl-C, SIGTERM: the ranks stop at an agreed step and the run ends as ddptui's
     own would (to the ranks: the order alone)."""
@@ -69,7 +69,7 @@ class Stop(Order):
 
 
 @ORDERS.register("settings")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ChangeSettings(Order):
     """p, w, W, b: new input-pipeline settings from the next epoch."""
 
@@ -78,7 +78,7 @@ class ChangeSettings(Order):
                        "chooses it: its screen shows the change pending at once)")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RankOrder(Order):
     """s, r, k, t on the selected rank."""
 
@@ -86,31 +86,31 @@ class RankOrder(Order):
 
 
 @ORDERS.register("stop_rank")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class StopRank(RankOrder):
     """s: the rank leaves at the next agreed step."""
 
 
 @ORDERS.register("restart_rank")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RestartRank(RankOrder):
     """r: the rank joins again (a running one leaves first)."""
 
 
 @ORDERS.register("kill_rank")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KillRank(RankOrder):
     """k: the rank is killed."""
 
 
 @ORDERS.register("stacks")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class AskStacks(RankOrder):
     """t: the rank's Python stacks (to a wrapped rank's sidecar: its own, `rank` its slot)."""
 
 
 @ORDERS.register("restart_group")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class RestartGroup(Order):
     """s, r, k on a script's rank without run.elastic(): every rank ends and the group starts
     again."""
@@ -119,14 +119,14 @@ class RestartGroup(Order):
 
 
 @ORDERS.register("kill")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class KillWrapped(Order):
     """attach's k, to a wrapped rank's sidecar (`python -m ddptui.wrap`): SIGKILL at once; the
     rank's launcher does the rest."""
 
 
 @ORDERS.register("end")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class EndWrapped(Order):
     """attach's K, the whole job, to each wrapped rank's sidecar: SIGTERM, SIGKILL after
     `grace`."""
@@ -134,7 +134,7 @@ class EndWrapped(Order):
     grace: float | None = doc("seconds from the SIGTERM to the SIGKILL", None)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class WorldOrder(Order):
     """A change of the world, decided by the run's process alone (ddptui/run/membership.py) and
     sent to ranks' command pipes (a script's under run.elastic(): its report channel)."""
@@ -151,26 +151,26 @@ class WorldOrder(Order):
 
 
 @ORDERS.register("reform")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Reform(WorldOrder):
     """To the world's rank 0, which offers it to every member at an agreed step: a leave or a
     join."""
 
 
 @ORDERS.register("join")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Join(WorldOrder):
     """To the joining standby."""
 
 
 @ORDERS.register("recover")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Recover(WorldOrder):
     """Straight to every survivor after a rank died: they roll back and re-form without it."""
 
 
 @ORDERS.register("host")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Host(WorldOrder):
     """To the world's rank 0 as a script's joiner is told to join: the new world's store listens
     at once, for the joiner's script to connect to."""

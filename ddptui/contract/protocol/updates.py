@@ -11,14 +11,14 @@ from ddptui.contract.protocol.wire import Family, Wire, doc
 UPDATES = Family("type")
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Update(Wire):
     """One JSON object a line: `hello` first, then each change to the run state as it happens,
     `end` last."""
 
 
 @UPDATES.register("hello")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Hello(Update):
     """The run as it is when the dashboard connects."""
 
@@ -29,7 +29,7 @@ class Hello(Update):
 
 
 @UPDATES.register("event")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Applied(Update):
     """An event the run's state took, as in the log (or not logged: a key's note)."""
 
@@ -37,7 +37,7 @@ class Applied(Update):
 
 
 @UPDATES.register("say")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Said(Update):
     """A line of the events pane that is not an event."""
 
@@ -47,7 +47,7 @@ class Said(Update):
 
 
 @UPDATES.register("host")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class HostReadings(Update):
     """The machine's CPU and memory readings (a CPU run's panel)."""
 
@@ -55,7 +55,7 @@ class HostReadings(Update):
 
 
 @UPDATES.register("end")
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class End(Update):
     """The run ended; the socket closes after it."""
 

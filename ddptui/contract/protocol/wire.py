@@ -27,7 +27,7 @@ def now() -> float:
     return round(time.time(), 3)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Wire:
     """What crosses between ddptui's processes: one JSON object, its family's tag naming the
     class (`kind`, `op` or `type`). A field left at None is not written."""
