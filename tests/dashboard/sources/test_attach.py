@@ -307,3 +307,36 @@ def test_closing_the_listener_ends_every_connection_once(monkeypatch):
             assert time.monotonic() < deadline, "a reader did not end"
             time.sleep(0.01)
     assert failed == []
+
+
+@pytest.mark.timeout(120)
+def test_ranks_that_connect_in_the_same_instant_all_get_in():
+    """A job's ranks connect at once after their rendezvous: with the listen queue's default of
+    one, 12 of 32 never appeared (SYN cookies: the client connected, the listener had dropped
+    it). 256 ranks connecting together each report, and each is connected."""
+    import threading
+
+    from ddptui.contract.channel import connect, send
+    from ddptui.contract.listener import ReportListener
+
+    got: list = []
+    listener = ReportListener(("127.0.0.1", 0), REPORT_KEY.encode(), got.append,
+                              lambda level, text: None)
+    listener.start()
+    go, conns = threading.Barrier(256), {}
+
+    def rank(r: int) -> None:
+        go.wait()
+        conns[r] = connect(listener.address, REPORT_KEY.encode())
+        send(conns[r], logged("rank", r, state="running", pid=1000 + r))
+
+    threads = [threading.Thread(target=rank, args=(r,), daemon=True) for r in range(256)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while len(listener.connected()) < 256 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(listener.connected()) == list(range(256))
+    listener.close()
+    for conn in conns.values():
+        conn.close()
