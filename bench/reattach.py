@@ -93,7 +93,7 @@ def serve(args) -> None:
         n += 1
     fold_s = time.perf_counter() - started
     started = time.perf_counter()
-    snapshot = frame(Hello(name="bench", pid=0, log=args.log, faces={},
+    snapshot = frame(Hello(name="bench", pid=0, log=args.log,
                            snapshot=dump(source.state)))
     dump_s = time.perf_counter() - started
     host = RunHost(source, args.socket, "bench")
