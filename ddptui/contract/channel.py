@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import stat
-from multiprocessing.connection import Client, Connection, answer_challenge, deliver_challenge
+import struct
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 
 from ddptui.contract.protocol.codec import encode, message_of
 from ddptui.contract.protocol.events import Event
@@ -16,6 +18,13 @@ from ddptui.contract.protocol.orders import Order
 KEY_ENV = "DDPTUI_AUTHKEY"
 KEY_FILE_ENV = "DDPTUI_AUTHKEY_FILE"
 MAX_MESSAGE = 1 << 20  # bytes; a longer message drops the connection
+# Each step of a handshake (connect, challenge, answer) gets this long on either side: a peer
+# that accepted and went quiet (a listener that dropped it, a port scanner) costs a retry, never
+# a thread for ever.
+HANDSHAKE_S = 10.0
+# A send that cannot finish this long has no reader: the link reconnects (a dashboard that is
+# merely behind reads far faster than this).
+SEND_S = 60.0
 
 
 class MessageTooLong(OSError):
@@ -62,15 +71,58 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: tuple[str, int], key: bytes) -> Connection:
-    """A connection to a dashboard, both ends proven to hold the key."""
-    return Client(address, authkey=key)
+def connect(address: tuple[str, int], key: bytes, timeout: float = HANDSHAKE_S) -> Connection:
+    """A connection to a dashboard, both ends proven to hold the key. Every step waits at most
+    `timeout` s (OSError after); afterwards a send waits at most SEND_S, a read for ever."""
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setblocking(True)  # Connection reads the descriptor directly: limits go in the kernel
+    conn = Connection(sock.detach())
+    try:
+        _limit(conn, timeout, timeout)
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+        _limit(conn, 0, SEND_S)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
-def handshake(conn: Connection, key: bytes) -> None:
-    """The listening side of connect(); raises AuthenticationError for a wrong key."""
+def handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_S) -> None:
+    """The listening side of connect(); raises AuthenticationError for a wrong key, OSError for a
+    peer that takes over `timeout` s over a step."""
+    _limit(conn, timeout, timeout)
     deliver_challenge(conn, key)
     answer_challenge(conn, key)
+    _limit(conn, 0, SEND_S)
+
+
+def wake(conn: Connection) -> None:
+    """End a connection's blocking read (its reader then closes it) without closing it here:
+    closing it under a blocked reader would free its number for another file."""
+    try:
+        sock = socket.socket(fileno=conn.fileno())
+    except OSError:
+        return
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.detach()  # the descriptor stays the connection's
+
+
+def _limit(conn: Connection, read_s: float, send_s: float) -> None:
+    """Kernel time limits on a connection's reads and sends (0: none): a blocked call then
+    fails with EAGAIN, which Connection raises as OSError."""
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        for opt, seconds in ((socket.SO_RCVTIMEO, read_s), (socket.SO_SNDTIMEO, send_s)):
+            whole = int(seconds)
+            sock.setsockopt(socket.SOL_SOCKET, opt,
+                            struct.pack("ll", whole, int((seconds - whole) * 1e6)))
+    finally:
+        sock.detach()  # the descriptor stays the connection's
 
 
 def send(conn: Connection, message: Event | Order) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
-from ddptui.contract.channel import MessageTooLong, handshake, receive, send
+from ddptui.contract.channel import MessageTooLong, handshake, receive, send, wake
 from ddptui.contract.protocol.events import Event, Rank
 from ddptui.contract.protocol.orders import Order
 from ddptui.contract.states import RankState
@@ -61,7 +61,7 @@ class ReportListener:
             pass
         with self._lock:  # each reader closes its own connection, once (see _serve)
             for conn in self._open:
-                _wake(conn)
+                wake(conn)
 
     def ending(self, pid: int) -> None:
         """The process `pid` is being ended on purpose (a standby the run's end left with
@@ -158,20 +158,6 @@ class ReportListener:
                     if self._conns.get(r) is conn:
                         del self._conns[r]
             self.closed()
-
-
-def _wake(conn: Connection) -> None:
-    """End a connection's blocking read (its reader then closes it) without closing it here."""
-    try:
-        sock = socket.socket(fileno=conn.fileno())
-    except OSError:
-        return
-    try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
-    finally:
-        sock.detach()  # the descriptor stays the connection's
 
 
 def _peer(listener: Listener) -> str:

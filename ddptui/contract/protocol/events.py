@@ -384,3 +384,11 @@ class Beat(Event):
                      "validate, world")
     global_step: int = doc("steps done since the run began")
     phase_s: float = doc("seconds it has been in that phase at that step")
+
+
+@EVENTS.register("clock")
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Clock(Event):
+    """A rank's clock, sent first each time its link to `ddptui attach` connects: attach places
+    the events after it (a backlog included) on its own clock by when they were sent, whatever
+    the node's clock says. Not written to the log."""

@@ -146,5 +146,7 @@ class Silence:
 
     def heard(self, now: float) -> None:
         if self.last is not None:
+            if now <= self.last:  # sent before what came first (a backlog, out of order)
+                return
             self.longest = max(self.longest, now - self.last)
         self.last = now

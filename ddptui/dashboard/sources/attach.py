@@ -12,7 +12,7 @@ import time
 from ddptui.contract.jsonl import JsonlWriter
 from ddptui.contract.listener import ReportListener
 from ddptui.contract.observe.endings import JOB_GRACE_S
-from ddptui.contract.protocol.events import PARENT, Event, Lines, Notice, Rank, Run
+from ddptui.contract.protocol.events import PARENT, Clock, Event, Lines, Notice, Rank, Run
 from ddptui.contract.protocol.orders import (
     Apply,
     AskStacks,
@@ -112,6 +112,10 @@ class Attach(RunSource):
     def _received(self, ev: Event) -> None:
         if isinstance(ev, Lines):  # a wrapped rank's output, kept as ddptui run keeps it
             self._keep_lines(ev)
+            return
+        if isinstance(ev, Clock):
+            with self._lock:
+                self._watch.clock.sync(ev.rank, ev.t, time.time())
             return
         with self._lock:
             self._watch.observe(ev, time.time())

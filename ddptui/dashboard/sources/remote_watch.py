@@ -25,6 +25,7 @@ from ddptui.contract.protocol.events import (
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
+from ddptui.dashboard.sources.sent_time import SentTime
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
 STUCK_AFTER_S = 2.0
@@ -50,11 +51,14 @@ class RemoteWatch:
         # a waiting rank -> (where: "in all_reduce #12 (NCCL)", the ranks it waits for)
         self.waiting: dict[int, tuple[str, list[int]]] = {}
         self._said_stuck: tuple = ()
+        self.clock = SentTime()
 
-    def observe(self, ev: Event, now: float) -> None:
+    def observe(self, ev: Event, received: float) -> None:
+        """An event, as it is read: judged by when its rank sent it (SentTime)."""
         rank = ev.rank
         if rank == PARENT:
             return
+        now = self.clock.sent(rank, ev.t, received)
         # Only a wrapped rank sends its process figures (an attach started mid-run learns it so)
         if isinstance(ev, Rank) and ev.api == "ddptui.rank.wrap" or \
                 isinstance(ev, Process) and rank not in self.silence:
@@ -62,7 +66,7 @@ class RemoteWatch:
             self.ended.pop(rank, None)
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
-        self.heard[rank] = now
+        self.heard[rank] = max(now, self.heard.get(rank, now))  # a backlog comes late
         match ev:
             case Rank():
                 self._rank(ev, now)
@@ -103,6 +107,7 @@ class RemoteWatch:
                 self._clear(rank, "making progress again")
 
     def check(self, now: float) -> None:
+        now = self.clock.judged(now)
         for rank, silence in self.silence.items():
             if rank in self.ended:
                 continue

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import socket
 import threading
 import time
 from multiprocessing import AuthenticationError
 
-from ddptui.contract.channel import connect, receive, send
-from ddptui.contract.protocol.events import Event, Notice
+from ddptui.contract.channel import connect, receive, send, wake
+from ddptui.contract.protocol.events import Clock, Event, Notice
 from ddptui.contract.protocol.orders import Order
 from ddptui.rank.telemetry.buffer import EventBuffer
 
@@ -34,11 +35,13 @@ class RemoteLink:
                  limit: int = 10_000):
         self.address, self.key, self.node, self.warn = address, key, node, warn
         self.buffer = EventBuffer(limit)
+        self.rank: int | None = None  # the rank this link speaks for, from its first event
         self.inbox = _Inbox()
         self.thread = threading.Thread(target=self._run, name="report-link", daemon=True)
         self.thread.start()
 
     def put(self, ev: Event) -> None:
+        self.rank = ev.rank if ev.rank >= 0 else self.rank
         self.buffer.put(ev.replace(node=self.node))
 
     def close(self, timeout: float = 3.0) -> None:
@@ -58,23 +61,33 @@ class RemoteLink:
                     self.warn(f"the dashboard at {where} refused our key: check DDPTUI_AUTHKEY "
                               "or the key file")
                 refused_once = True
-                time.sleep(RETRY_S)
+                self._pause()
                 continue
-            except OSError:
+            except (OSError, EOFError, ValueError):  # absent, or a handshake that failed
                 if not (connected_once or absent_once):  # attach may come later: said once
                     self.warn(f"no dashboard at {where} yet: training goes on, and its latest "
                               f"{self.buffer.limit:,} events wait for `ddptui attach --listen "
                               f"{where}`")
                 absent_once = True
-                time.sleep(RETRY_S)
+                self._pause()
                 continue
             connected_once = True
             threading.Thread(target=self._read, args=(conn,), name="report-commands",
                              daemon=True).start()
             self._feed(conn)
-            conn.close()
+            wake(conn)  # ends the reader's blocking read; it closes the connection
+
+    def _pause(self) -> None:
+        """Wait before trying again, a little longer or shorter a rank: a whole job whose
+        dashboard came back does not knock at the same instant every time."""
+        time.sleep(RETRY_S * random.uniform(0.75, 1.25))
 
     def _feed(self, conn) -> None:
+        if self.rank is not None:
+            try:  # first, so that attach can place a backlog by when it was sent
+                send(conn, Clock(rank=self.rank, node=self.node))
+            except (OSError, ValueError):
+                return
         while (taken := self.buffer.take()) is not None:
             batch, dropped = taken
             notice = [Notice(rank=batch[0].rank, level="warning", node=self.node,
@@ -95,6 +108,8 @@ class RemoteLink:
                     self.inbox.put(msg)
         except (EOFError, OSError):
             pass
+        finally:
+            conn.close()
 
 
 class _Inbox:

@@ -17,7 +17,7 @@ from ddptui.contract.observe.endings import crash_cause
 from ddptui.contract.observe.flight import trace_prefix
 from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol import orders
-from ddptui.contract.protocol.events import PARENT, Error, Event, Notice, Rank, Run, World
+from ddptui.contract.protocol.events import PARENT, Clock, Error, Event, Notice, Rank, Run, World
 from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
@@ -207,6 +207,8 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                     self.watch.line(slot, text, final, now)
                 case _:
                     self._from_launcher(item, now)
+            return
+        if isinstance(item, Clock):  # for attach's watch: this run's ranks share its clock
             return
         self.watch.reported(item, now)
         actions = self.world.reported(item)

@@ -14,7 +14,7 @@ class _Watch:
         self.inner = RemoteWatch(10.0, lambda ev: recorded.append(ev.fields()), lambda rank: True)
 
     def observe(self, obj: dict, now: float) -> None:
-        ev = event_of(obj)
+        ev = event_of({"t": now, **obj})  # sent at `now`, read at once
         assert ev is not None, obj
         self.inner.observe(ev, now)
 
@@ -90,3 +90,41 @@ def test_attach_keeps_a_hung_rank_flagged_through_torchs_own_log_lines():
                   14.0)
     assert [(e["state"], e.get("reason")) for e in recorded][1:] == \
         [("running", "making progress again")]
+
+
+def test_a_backlog_read_on_reconnecting_is_judged_by_when_it_was_sent():
+    """Attach (re)starts while a rank's link holds a backlog: the rank stopped stepping 15 s
+    before, on a node whose clock is an hour off. Its backlog's steps, read now, are old news:
+    the rank is flagged stalled within a second of attach reading them (judged by when they
+    were read, it looked alive for another 10 s), and its stepping peer is never flagged."""
+    recorded: list[dict] = []
+    watch = _Watch(recorded)
+    skew, back = 3600.0, 40.0
+    for rank in (0, 1):  # each link says its clock first, then sends what it held
+        watch.inner.clock.sync(rank, back + skew, back)
+        watch.observe({"kind": "rank", "rank": rank, "state": "running",
+                       "api": "ddptui.rank.wrap", "t": 0.0 + skew}, back)
+
+    def tick(sent: float, received: float) -> None:
+        for rank in (0, 1):
+            watch.observe({"kind": "process", "rank": rank, "status": "running",
+                           "cpu_percent": 100.0, "pid": 7 + rank, "rss": 1, "t": sent + skew},
+                          received)
+            if rank == 0 or sent < 25:  # rank 1 steps no more after 25 s
+                watch.observe({"kind": "step", "rank": rank, "epoch": 0, "step": int(sent * 2),
+                               "global_step": int(sent * 2), "loss": None, "t": sent + skew},
+                              received)
+
+    for half in range(1, 81):  # the backlog: 40 s of events, read at once
+        tick(half / 2, back)
+    flagged_at = None
+    for half in range(81, 121):  # then live, checked twice a second
+        tick(half / 2, half / 2)
+        watch.check(half / 2)
+        if flagged_at is None and any(e["kind"] == "rank" and e["rank"] == 1
+                                      and e["state"] == "stalled" for e in recorded):
+            flagged_at = half / 2
+    assert flagged_at is not None and flagged_at <= back + 1.0
+    flagged = [(e["rank"], e["state"]) for e in recorded if e["kind"] == "rank"]
+    assert [f for f in flagged if f[0] == 0] == []
+    assert flagged.count((1, "stalled")) == 1

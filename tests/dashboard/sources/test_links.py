@@ -1,0 +1,74 @@
+"""The report channel's two ends under bad timing: a peer that connects and says nothing, a
+dashboard that accepts and never answers. Neither holds the other for ever; the rank gets in."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from ddptui.contract.listener import ReportListener
+from ddptui.contract.protocol.events import Step
+from ddptui.rank.telemetry.remote import RemoteLink
+from tests.helpers.runlogs import logged
+from tests.helpers.runs import REPORT_KEY
+
+KEY = REPORT_KEY.encode()
+
+
+def _until(check, seconds: float = 60) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return check()
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_that_connects_and_says_nothing_is_dropped_and_ranks_still_get_in():
+    """A connection that never answers the challenge (a port scanner, a rank frozen mid-
+    handshake) is refused after the handshake's time limit; a rank connecting meanwhile is in."""
+    from ddptui.contract.channel import connect, send
+
+    got, notes = [], []
+    listener = ReportListener(("127.0.0.1", 0), KEY, got.append,
+                              lambda level, text: notes.append(text))
+    listener.start()
+    silent = socket.create_connection(listener.address)
+    conn = connect(listener.address, KEY)
+    send(conn, logged("rank", 3, state="running", pid=1003))
+    assert _until(lambda: listener.connected() == {3})
+    assert _until(lambda: any("no handshake" in n for n in notes))
+    silent.close()
+    conn.close()
+    listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_dashboard_accepted_and_went_quiet_gets_in_once_one_answers():
+    """The listener accepted the rank's connection and never answered (a listen queue that
+    dropped it, a dashboard frozen): the rank's link gives up on that handshake and keeps
+    trying; a dashboard on the same port then gets its events."""
+    quiet = socket.create_server(("127.0.0.1", 0))
+    address = quiet.getsockname()
+    held = []
+    warnings: list[str] = []
+    link = RemoteLink(address, KEY, "node-a", warnings.append)
+    link.put(Step(rank=0, epoch=0, step=1, global_step=1, loss=None))
+    held.append(quiet.accept()[0])  # accepted, and never a word
+    quiet.close()
+    got = []
+    listener = None
+    deadline = time.monotonic() + 60
+    while listener is None and time.monotonic() < deadline:
+        try:  # the port is free once the quiet server's connection is closed
+            for s in held:
+                s.close()
+            listener = ReportListener(address, KEY, got.append, lambda level, text: None)
+        except OSError:
+            time.sleep(0.2)
+    assert listener is not None
+    listener.start()
+    assert _until(lambda: any(isinstance(e, Step) and e.node == "node-a" for e in got))
+    link.close()
+    listener.close()
