@@ -20,6 +20,10 @@ class Key:
 KEYS = (
     Key("up", "select(-1)", "Prev rank", "up / down", "select a rank", footer=False),
     Key("down", "select(1)", "Next rank", "", "", footer=False),
+    Key("slash", "jump", "Go to rank", "/",
+        "go to a rank by its number (/ 300 Enter); from 24 ranks on several nodes the table "
+        "shows a row a node, the selected rank's node open, troubled ranks pinned on top",
+        footer=False),
     Key("s", "stop_rank", "Stop rank", "s",
         "stop the selected rank at the next agreed step; the others go on re-sharded, every "
         "sample still once (the last rank cannot be stopped)"),

@@ -25,7 +25,9 @@ from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.screens.help import HelpScreen
+from ddptui.dashboard.view.screens.jump import JumpToRank
 from ddptui.dashboard.view.screens.stacks_screen import StacksScreen
+from ddptui.dashboard.view.widgets import rank_groups
 from ddptui.dashboard.view.widgets.charts import RunCharts
 from ddptui.dashboard.view.widgets.devices import DevicePanel
 from ddptui.dashboard.view.widgets.events_pane import EventLog
@@ -228,7 +230,7 @@ class DashboardApp(RankKeys, App[int]):
                 self.notify(why, severity="warning")
 
     def action_select(self, delta: int) -> None:
-        ranks = [r.rank for r in self._ranks()]
+        ranks = rank_groups.order(self._ranks())
         if ranks:
             i = ranks.index(self.selected_rank) if self.selected_rank in ranks else 0
             self.selected_rank = ranks[max(0, min(len(ranks) - 1, i + delta))]
@@ -272,6 +274,17 @@ class DashboardApp(RankKeys, App[int]):
             self._stacks_asked_t = 0.0
             screen.stacks = rank.stacks
         self.push_screen(screen)
+
+    def action_jump(self) -> None:
+        ranks = [r.rank for r in self._ranks()]
+        if not ranks:
+            return
+
+        def chosen(rank: int | None) -> None:
+            if rank is not None:
+                self.selected_rank = rank
+
+        self.push_screen(JumpToRank(ranks), chosen)
 
     def action_gpus(self) -> None:
         screen = GpuScreen()

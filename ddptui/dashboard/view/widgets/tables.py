@@ -11,6 +11,7 @@ from textual.widgets.data_table import ColumnKey
 
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import figures, onoff
+from ddptui.dashboard.view.widgets import rank_groups
 from ddptui.dashboard.view.widgets.bars import duration, spark
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
@@ -52,6 +53,7 @@ class RankTable(DataTable):
     can_focus = False
     output_room = OUTPUT
     _shown: RunView | None = None  # what was last drawn
+    _order: list[str] = []  # the rows' keys, top to bottom, as last drawn
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
@@ -72,6 +74,7 @@ class RankTable(DataTable):
         if script != self.script or refit or final:  # a script's run has its own columns
             self.script = script
             self.clear(columns=True)
+            self._order = []
             # Final: fixed widths (a table left to measure its new rows when the app is next
             # idle was caught mid-way by a snapshot under load); a fixed column would no longer
             # grow, so a run going on keeps measuring its own.
@@ -79,17 +82,39 @@ class RankTable(DataTable):
                       for i, name in enumerate(columns)]
             for name, width in zip(columns, widths, strict=True):
                 self.add_column(name, key=name, width=width)
-        for r, cells in zip(view.ranks, rows, strict=True):
-            key = str(r.rank)
-            if key in self.rows:  # widen as values grow ("-" at the first row, "12,937" later)
-                update_row(self, key, dict(zip(columns, cells, strict=True)), widen=True)
-            else:
-                self.add_row(*cells, key=key)
-        index = next((i for i, r in enumerate(view.ranks) if r.rank == selected), 0)
-        if self.row_count and self.cursor_row != index:
-            self.move_cursor(row=index)
+        if rank_groups.grouped(view.ranks):
+            self._show_grouped(view, selected, columns, dict(zip(
+                (r.rank for r in view.ranks), rows, strict=True)))
+        else:
+            self._show_rows([(str(r.rank), cells) for r, cells in zip(view.ranks, rows,
+                                                                       strict=True)],
+                            columns, str(selected))
         self._shown = view
         self._refit_output()
+
+    def _show_grouped(self, view: RunView, selected: int, columns: tuple[str, ...],
+                      cells: dict[int, tuple]) -> None:
+        """A row a node, the troubled ranks pinned above, the selected rank's node open."""
+        shown = [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
+                 if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
+                 for row in rank_groups.rows(view.ranks, selected)]
+        self._show_rows(shown, columns, str(selected))
+
+    def _show_rows(self, shown: list[tuple[str, tuple]], columns: tuple[str, ...],
+                   selected: str) -> None:
+        """The rows in this order: updated in place where the order holds, else anew."""
+        keys = [key for key, _ in shown]
+        if keys != self._order:
+            self.clear()
+            for key, cells in shown:
+                self.add_row(*cells, key=key)
+            self._order = keys
+        else:
+            for key, cells in shown:  # widen as values grow ("-" at the first row, "12,937")
+                update_row(self, key, dict(zip(columns, cells, strict=True)), widen=True)
+        index = keys.index(selected) if selected in keys else 0
+        if self.row_count and self.cursor_row != index:
+            self.move_cursor(row=index)
 
     def on_resize(self) -> None:
         self._refit_output()  # the layout settles after the last rows came
@@ -98,7 +123,8 @@ class RankTable(DataTable):
         view = self._shown
         if view is not None and self.script and self._fit_output():
             for r in view.ranks:  # the lines again, cut to the room they now have
-                update_row(self, str(r.rank), {"output": self._script_cells(r, view.now)[4]})
+                if str(r.rank) in self.rows:  # a closed node's ranks have none
+                    update_row(self, str(r.rank), {"output": self._script_cells(r, view.now)[4]})
 
     def _fit_output(self) -> bool:
         """The output column takes the room the other columns leave, within OUTPUT_MIN and
@@ -197,6 +223,11 @@ def _fit(why: str, room: int) -> str:
     return why[:room - 1] + "…"
 
 
+# Epoch rows drawn again each time: a row drawn before its last rank's figures came (a replay,
+# a slow rank) is completed; older rows are final.
+RECENT = 4
+
+
 class EpochTable(DataTable):
     """Epoch, settings in force, throughput, input wait, losses, accuracy."""
 
@@ -230,6 +261,10 @@ class EpochTable(DataTable):
             for name, width in wanted.items():
                 self.add_column(name, key=name, width=width)
         self._fit_epoch()
+        for e in view.epochs[-RECENT:]:  # a row drawn before every rank's part of it came
+            if _row_key(e) in self.rows:
+                update_row(self, _row_key(e), dict(zip(self.columns_now, self._cells(e),
+                                                       strict=True)))
         new = [e for e in view.epochs if _row_key(e) not in self.rows]
         if "live" in self.rows and (new or live is None):  # the live row stays the last one
             self.remove_row("live")

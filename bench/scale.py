@@ -1,0 +1,279 @@
+"""Hundreds of ranks on many nodes against one `ddptui attach --headless --listen`, without torch
+or GPUs: each simulated rank speaks a wrapped rank's report protocol (the key handshake, a Clock,
+then its events, encoded by ddptui's codec) at a GPU rank's rates.
+
+python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out scale.json
+- A rank sends 20 steps a second (loss, img/s, step time, data-wait, progress), its GPU's
+  readings twice a second, its process figures and a line of output once a second: 24 events.
+- Faults: node 1 steps 10% slower (a straggler); rank 3 stalls at 1/3 of the run (no steps, no
+  output, CPU and GPU idle; it answers a stacks request as a wrapped rank does); rank 5 crashes at
+  1/2; the last node's connections go silent at 2/3 without a close (a cut cable).
+- --connect together: every rank connects in the same instant (a job after its rendezvous);
+  staggered: spread evenly over --ramp seconds.
+- Measured: ranks that appeared and when the last did; events sent, and steps logged against
+  steps sent (lost); attach's CPU (share of one core) and peak RSS; stall -> flag and cut ->
+  unreachable (s, from the attach log's stamps, one clock); log bytes an hour.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+import psutil
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from ddptui.contract.channel import connect  # noqa: E402
+from ddptui.contract.protocol import events as ev  # noqa: E402
+from ddptui.contract.protocol.codec import encode, message_of  # noqa: E402
+from ddptui.contract.protocol.orders import AskStacks  # noqa: E402
+
+KEY = "scale-bench-key"
+STEP_HZ, GPU_HZ, SLOW_NODE, STALLED, CRASHED = 20, 2, 1, 3, 5
+
+
+@dataclass
+class Plan:
+    ranks: int
+    per_node: int
+    seconds: float
+    together: bool
+    ramp: float
+    players: int
+    stall_after: float
+
+    def node(self, rank: int) -> int:
+        return rank // self.per_node
+
+    @property
+    def cut_node(self) -> int:
+        return (self.ranks - 1) // self.per_node
+
+
+class Sim:
+    """One simulated rank: connect, say its clock and who it is, then its events at their
+    rates until the plan says otherwise."""
+
+    def __init__(self, rank: int, plan: Plan, address: tuple[str, int], t0: float):
+        self.rank, self.plan, self.address, self.t0 = rank, plan, address, t0
+        self.node = f"sim{plan.node(rank)}"
+        self.sent: dict[str, int] = {}
+        self.connected_after: float | None = None
+        self.retries = 0
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self, pool: ThreadPoolExecutor) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn = await loop.run_in_executor(pool, connect, self.address, KEY.encode())
+                break
+            except (OSError, EOFError):
+                self.retries += 1
+                await asyncio.sleep(2.0)
+        fd = os.dup(conn.fileno())
+        conn.close()
+        reader, self.writer = await asyncio.open_connection(sock=socket.socket(fileno=fd))
+        self.connected_after = time.time() - self.t0
+        asyncio.create_task(self.orders(reader))
+        self.send(ev.Clock(rank=self.rank))
+        self.send(ev.Rank(rank=self.rank, state="running", pid=100_000 + self.rank,
+                          host=self.node, gpu=self.rank % self.plan.per_node,
+                          device=f"GPU {self.rank % self.plan.per_node}", api="ddptui.rank.wrap",
+                          local_rank=self.rank % self.plan.per_node))
+        if self.rank == 0:
+            self.send(ev.Run(rank=0, status="started", model="train.py", script="train.py",
+                             data="", epochs=0, world_size=self.plan.ranks, device_kind="cuda"))
+
+    def send(self, event: ev.Event) -> None:
+        data = encode(event.replace(node=self.node)).encode()
+        assert self.writer is not None
+        self.writer.write(struct.pack("!i", len(data)) + data)
+        kind = type(event).__name__.lower()
+        self.sent[kind] = self.sent.get(kind, 0) + 1
+
+    async def orders(self, reader: asyncio.StreamReader) -> None:
+        """A stacks request is answered as a wrapped rank's sidecar answers it."""
+        try:
+            while True:
+                size = struct.unpack("!i", await reader.readexactly(4))[0]
+                order = message_of(await reader.readexactly(size))
+                if isinstance(order, AskStacks):
+                    self.send(ev.Stacks(rank=self.rank, stacks_of=self.rank, level="info",
+                                        text=f"rank {self.rank}'s stacks",
+                                        stacks='File "train.py", line 88 in train_step'))
+        except (asyncio.IncompleteReadError, OSError, ValueError):
+            pass
+
+    async def play(self) -> None:
+        plan, step, due = self.plan, 0, time.time()
+        slow = 1.1 if plan.node(self.rank) == SLOW_NODE else 1.0
+        stall_at, crash_at, cut_at = (plan.seconds * f for f in (1 / 3, 1 / 2, 2 / 3))
+        while (now := time.time() - self.t0) < plan.seconds:
+            if self.rank == CRASHED and now >= crash_at:
+                self.send(ev.Error(rank=self.rank, text="RuntimeError: simulated", exit_code=1,
+                                   traceback=["RuntimeError: simulated"], pid=100_000 + self.rank))
+                self.send(ev.Rank(rank=self.rank, state="crashed", exit_code=1,
+                                  reason="RuntimeError: simulated", pid=100_000 + self.rank))
+                break
+            if plan.node(self.rank) == plan.cut_node and now >= cut_at:
+                await asyncio.sleep(plan.seconds - now)  # silent, never closed
+                return
+            stalled = self.rank == STALLED and now >= stall_at
+            if not stalled:
+                step += 1
+                self.send(ev.Step(rank=self.rank, epoch=0, step=step, global_step=step,
+                                  loss=round(7.0 / (1 + step / 500), 4), steps=1,
+                                  samples_per_s=round(2900.0 / slow, 2),
+                                  step_ms=round(50.0 * slow, 3), data_wait=0.02,
+                                  progress=round(step / 100_000, 5)))
+            if step % (STEP_HZ // GPU_HZ) == 0 or stalled:
+                self.send(ev.Gpu(rank=self.rank, gpu=self.rank % plan.per_node,
+                                 util=0.0 if stalled else 97.0, mem_used=31200,
+                                 mem_total=81559, power_w=650.0, temp_c=55.0, sm_clock=1980))
+            if step % STEP_HZ == 0 or stalled:
+                self.send(ev.Process(rank=self.rank, pid=100_000 + self.rank,
+                                     status="sleeping" if stalled else "running",
+                                     cpu_percent=0.0 if stalled else 100.0, rss=2048,
+                                     opt_steps=step, moves=step))
+                if not stalled:
+                    self.send(ev.Output(rank=self.rank, text=f"step {step} loss 1.0",
+                                        final=True))
+            if self.writer:
+                await self.writer.drain()
+            due += 1.0 if stalled else 1.0 / STEP_HZ  # the rate holds whatever a send took
+            await asyncio.sleep(max(0.0, due - time.time()))
+        if self.writer:
+            self.writer.close()
+
+
+async def _player(ranks: list[int], plan: Plan, address, t0: float) -> list[dict]:
+    sims = [Sim(r, plan, address, t0) for r in ranks]
+    with ThreadPoolExecutor(max_workers=len(sims)) as pool:
+        async def one(sim: Sim) -> None:
+            if not plan.together:
+                await asyncio.sleep(plan.ramp * sim.rank / plan.ranks)
+            await sim.open(pool)
+            await sim.play()
+        await asyncio.gather(*(one(s) for s in sims))
+    return [{"rank": s.rank, "sent": s.sent, "connected_after": s.connected_after,
+             "retries": s.retries} for s in sims]
+
+
+def player(ranks: list[int], plan: Plan, address, t0: float, out) -> None:
+    out.put(asyncio.run(_player(ranks, plan, address, t0)))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def measure(plan: Plan) -> dict:
+    """One size: attach, the players, attach's CPU and RSS each second, then its log."""
+    folder = tempfile.mkdtemp(prefix="ddptui-scale-")
+    log = os.path.join(folder, "attach.jsonl")
+    address = ("127.0.0.1", _free_port())
+    env = {**os.environ, "DDPTUI_AUTHKEY": KEY}
+    attach = subprocess.Popen(
+        [sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
+         f"{address[0]}:{address[1]}", "--log", log, "--stall-after", str(plan.stall_after)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = psutil.Process(attach.pid)
+    while not any(c.status == psutil.CONN_LISTEN for c in proc.net_connections()):
+        time.sleep(0.1)
+    t0 = time.time() + 1.0
+    out: mp.Queue = mp.Queue()
+    players = [mp.get_context("spawn").Process(
+        target=player, args=(list(range(i, plan.ranks, plan.players)), plan, address, t0, out))
+        for i in range(plan.players)]
+    for p in players:
+        p.start()
+    cpu0, rss = proc.cpu_times(), 0
+    while time.time() < t0 + plan.seconds:
+        rss = max(rss, proc.memory_info().rss)
+        time.sleep(1.0)
+    cpu1 = proc.cpu_times()
+    sims = [s for _ in players for s in out.get()]
+    for p in players:
+        p.join()
+    time.sleep(plan.stall_after + 3)  # the verdicts of the last seconds reach the log
+    attach.terminate()
+    attach.wait(30)
+    busy = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / plan.seconds
+    return {**asdict(plan), **_read_log(log, plan, t0, sims), "attach_cpu": round(busy, 2),
+            "attach_rss_mb": round(rss / 2**20), "log_mb_an_hour": round(
+                os.path.getsize(log) / 2**20 * 3600 / plan.seconds)}
+
+
+def _read_log(log: str, plan: Plan, t0: float, sims: list[dict]) -> dict:
+    steps_logged: dict[int, int] = {}
+    ranks_seen: set[int] = set()
+    stalled_at = unreachable_at = None
+    with open(log) as f:
+        for line in f:
+            e = json.loads(line)
+            r = e.get("rank", -1)
+            if e["kind"] == "step":
+                steps_logged[r] = steps_logged.get(r, 0) + 1
+            elif e["kind"] == "rank" and r >= 0:
+                ranks_seen.add(r)
+                if r == STALLED and e["state"] == "stalled" and stalled_at is None:
+                    stalled_at = e["t"] - (t0 + plan.seconds / 3)
+                if (plan.node(r) == plan.cut_node and e["state"] == "unreachable"
+                        and unreachable_at is None):
+                    unreachable_at = e["t"] - (t0 + plan.seconds * 2 / 3)
+    steps_sent = sum(s["sent"].get("step", 0) for s in sims)
+    connected = [s["connected_after"] for s in sims if s["connected_after"] is not None]
+    return {"appeared": len(ranks_seen), "last_in_s": round(max(connected), 2),
+            "retries": sum(s["retries"] for s in sims),
+            "events_sent": sum(sum(s["sent"].values()) for s in sims),
+            "steps_sent": steps_sent, "steps_lost": steps_sent - sum(steps_logged.values()),
+            "stall_to_flag_s": None if stalled_at is None else round(stalled_at, 1),
+            "cut_to_unreachable_s": None if unreachable_at is None else round(unreachable_at, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--per-node", type=int, default=8)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--connect", choices=["together", "staggered"], nargs="+",
+                    default=["together"])
+    ap.add_argument("--ramp", type=float, default=10.0, help="staggered: over this many s")
+    ap.add_argument("--players", type=int, default=2, help="processes playing the ranks")
+    ap.add_argument("--stall-after", type=float, default=5.0)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    rows = []
+    print("| ranks | connect | appeared | last in (s) | events sent | steps lost | attach CPU "
+          "| RSS (MB) | stall -> flag (s) | cut -> unreachable (s) | log MB/h |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in args.ranks:
+        for how in args.connect:
+            row = measure(Plan(n, args.per_node, args.seconds, how == "together", args.ramp,
+                               args.players, args.stall_after))
+            rows.append(row)
+            print(f"| {n} | {how} | {row['appeared']} | {row['last_in_s']} | "
+                  f"{row['events_sent']:,} | {row['steps_lost']:,} | {row['attach_cpu']:.2f} | "
+                  f"{row['attach_rss_mb']} | {row['stall_to_flag_s']} | "
+                  f"{row['cut_to_unreachable_s']} | {row['log_mb_an_hour']:,} |", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
