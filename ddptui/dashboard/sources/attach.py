@@ -30,6 +30,7 @@ from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.wording import count
 from ddptui.dashboard.sources.remote_watch import RemoteWatch
+from ddptui.dashboard.sources.thin_log import ThinLog
 
 CHECK_EVERY_S = 0.5
 DELEGATED = ("rank {rank} belongs to its launcher, not to ddptui: torchrun restarts the whole "
@@ -54,6 +55,7 @@ class Attach(RunSource):
         self._link = ReportListener(address, key, self._received, self._note,
                                     self._check_finished)
         self._writer: JsonlWriter | None = None
+        self._log: ThinLog | None = None
         self._finished = False
         self._world_size: int | None = None  # as rank 0 said at its start
         self._ends: dict[int, Rank] = {}  # rank -> the event of its end
@@ -63,6 +65,7 @@ class Attach(RunSource):
 
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
+        self._log = ThinLog(self._writer.write)
         self._note("info", f"listening on {self.address[0]}:{self.address[1]} "
                    f"(key: {self.key_source})")
         self._link.start()
@@ -142,8 +145,10 @@ class Attach(RunSource):
         if self.exit_code is None:
             self.exit_code = 0 if self._finished else code
         self._link.close()
-        if self._writer:
-            self._writer.close()
+        if self._writer and self._log:
+            with self._lock:
+                self._log.close()
+                self._writer.close()
         self.done.set()
 
     # -- steering: commands go to the world's rank 0, which agrees them with the others --------
@@ -180,8 +185,8 @@ class Attach(RunSource):
         if isinstance(ev, Run) and ev.status in ("done", "failed"):
             self._finished = True
             self.exit_code = 0 if ev.status == "done" else 1
-        if self._writer and not self.done.is_set():
-            self._writer.write(ev)
+        if self._log and not self.done.is_set():
+            self._log.put(ev)
         if isinstance(ev, Run) and ev.status == "started" and ev.rank != PARENT:
             self._world_size, self._ends = ev.world_size, {}
         elif isinstance(ev, Rank) and ev.rank != PARENT:

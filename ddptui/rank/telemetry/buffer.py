@@ -45,6 +45,11 @@ class EventBuffer:
             self.dropped += dropped
             self._trim()
 
+    def rest(self, seconds: float) -> None:
+        """Wait `seconds` (events gather meanwhile), or less if the buffer is closed."""
+        with self.ready:
+            self.ready.wait_for(lambda: self.closing, seconds)
+
     def close(self) -> None:
         with self.ready:
             self.closing = True

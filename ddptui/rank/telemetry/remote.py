@@ -17,6 +17,7 @@ from multiprocessing import AuthenticationError
 from ddptui.contract.channel import connect, receive, send, wake
 from ddptui.contract.protocol.events import Clock, Event, Notice
 from ddptui.contract.protocol.orders import Order
+from ddptui.contract.rollup import fold, rollup_seconds
 from ddptui.rank.telemetry.buffer import EventBuffer
 
 RETRY_S = 2.0
@@ -32,8 +33,11 @@ class RemoteLink:
     """One rank's link. `put` is what the Reporter calls; `inbox` is what the Mailbox reads."""
 
     def __init__(self, address: tuple[str, int], key: bytes, node: str, warn,
-                 limit: int = 10_000):
+                 limit: int = 10_000, every: float | None = None):
         self.address, self.key, self.node, self.warn = address, key, node, warn
+        # Telemetry gathered and folded this long before it goes (contract/rollup.py): a job of
+        # hundreds of ranks sends a step event a second a rank, not twenty.
+        self.every = rollup_seconds() if every is None else every
         self.buffer = EventBuffer(limit)
         self.rank: int | None = None  # the rank this link speaks for, from its first event
         self.inbox = _Inbox()
@@ -90,6 +94,8 @@ class RemoteLink:
                 return
         while (taken := self.buffer.take()) is not None:
             batch, dropped = taken
+            if self.every:
+                batch = fold(batch)
             notice = [Notice(rank=batch[0].rank, level="warning", node=self.node,
                              text=f"{dropped} events dropped while the dashboard was away")
                       ] if dropped else []
@@ -99,6 +105,8 @@ class RemoteLink:
             except (OSError, ValueError):  # gone: keep what was not sent, reconnect
                 self.buffer.restore(batch, dropped)
                 return
+            if self.every:
+                self.buffer.rest(self.every)
 
     def _read(self, conn) -> None:
         try:
