@@ -34,18 +34,12 @@ from ddptui.contract.protocol.updates import Applied, HostReadings, Said, Update
 from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.contract.state.epochs import EpochRow, LiveEpoch
 from ddptui.contract.state.timeline import Timeline
-from ddptui.contract.state.views import DeviceView, RankView, RunView, Vitals, progress_of
+from ddptui.contract.state.views import DeviceView, RankView, RunView, Vitals, progress_of, throughput
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count, describe, epoch_line
 
-FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
-FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
 # rank states the event pane shows as warnings
 TROUBLE = frozenset({RankState.STALLED, RankState.CRASHED, RankState.SLOW})
-
-
-def _fresh_for(r: RankView) -> float:
-    return max(FRESH_S, FRESH_STEPS * r.step_ms / 1000)
 
 
 class RunState:
@@ -60,6 +54,7 @@ class RunState:
         self.pause_asked: bool | None = None  # space pressed, the ranks not there yet
         self.started_t: float | None = None
         self.first_step_t: float | None = None
+        self._lead = -1  # the rank whose steps make the charts' points
         self.ended_t: float | None = None
         self.ranks: dict[int, RankView] = {}
         self.devices: dict[str, DeviceView] = {}
@@ -151,8 +146,13 @@ class RunState:
             r.step_times.append(r.step_ms)
         if r.loss is not None:
             self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
-        stepping = [v for v in self.ranks.values() if v.state.is_stepping]
-        if ev.rank == min((v.rank for v in stepping), default=ev.rank):  # one point an interval
+        # One point an interval, from the lowest stepping rank (found anew only when it may move)
+        lead = self.ranks.get(self._lead)
+        if lead is None or ev.rank < self._lead or not lead.state.is_stepping:
+            self._lead = min((v.rank for v in self.ranks.values() if v.state.is_stepping),
+                             default=ev.rank)
+        if ev.rank == self._lead:
+            stepping = [v for v in self.ranks.values() if v.state.is_stepping]
             rate = self._throughput(t)
             if ev.source != "output":  # a loss read from output says nothing of rates
                 self.rate_line.add(t, rate)
@@ -309,10 +309,7 @@ class RunState:
         self.checkpoint_t = ev.t
 
     def _throughput(self, now: float) -> float:
-        """The members' latest rates while they are fresh: a rank's figure counts for a few of
-        its own steps (a 1.4 s step is not 0 img/s), never after its steps stopped coming."""
-        return sum(r.samples_per_s for r in self.ranks.values()
-                   if r.state.is_stepping and now - r.last_step_t < _fresh_for(r))
+        return throughput(self.ranks.values(), now)
 
     def set_host(self, host: dict) -> None:
         with self.lock:

@@ -170,3 +170,14 @@ def progress_of(ranks: list[RankView], meta: dict, status: str) -> Progress:
     if status == "done":
         done = 1.0
     return Progress(r.epoch, epochs, r.step, int(meta.get("steps_per_epoch") or 0), done)
+
+
+FRESH_S = 5.0  # a rank's throughput counts toward the total while this recent ...
+FRESH_STEPS = 3  # ... or for this many of its steps, whichever is longer
+
+
+def throughput(ranks, now: float) -> float:
+    """The members' latest rates while they are fresh: a rank's figure counts for a few of its
+    own steps (a 1.4 s step is not 0 img/s), never after its steps stopped coming."""
+    return sum(r.samples_per_s for r in ranks if r.state.is_stepping and
+               now - r.last_step_t < max(FRESH_S, FRESH_STEPS * r.step_ms / 1000))

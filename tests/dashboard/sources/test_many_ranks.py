@@ -28,7 +28,9 @@ class Job:
             node = f"n{r // PER_NODE}"
             for e in (ev.Clock(rank=r), ev.Rank(rank=r, state="running", pid=5000 + r,
                                                 api="ddptui.rank.wrap", local_rank=r % PER_NODE,
-                                                host=node)):
+                                                host=node),
+                      ev.Gpu(rank=r, gpu=r % PER_NODE, util=50.0 if r == STALLED else 100.0,
+                             mem_used=1000, mem_total=80000)):
                 send(conn, e.replace(node=node))
         send(self.conns[0], ev.Run(rank=0, status="started", model="train.py", data="",
                                    epochs=0, world_size=RANKS, device_kind="cpu",
@@ -86,6 +88,9 @@ async def test_sixty_four_ranks_fold_by_node_with_the_stalled_one_pinned(tmp_pat
             row = app.rank_table.get_row("node:n4")
             assert row[0] == "▸ n4" and str(row[1]) == "stalled 1/8"  # its worst, pinned above too
             assert app.rank_table.get_cell("node:n1", "samples/s") == "900/900/900"  # slow node
+            gpus = app.devices.render()  # a line a node, a cell a GPU
+            assert gpus.row_count == 8
+            assert str(gpus.columns[1]._cells[4]) == "█" * 3 + "▄" + "█" * 4  # rank 35's GPU
             await pilot.press("slash", "4", "2", "enter")
             await pilot.pause(0.3)
             assert app.selected_rank == 42

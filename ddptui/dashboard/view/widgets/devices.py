@@ -11,8 +11,10 @@ from textual.widgets import Static
 
 from ddptui.contract.state.views import RunView
 from ddptui.dashboard.view.widgets.bars import bar, mib, spark
+from ddptui.dashboard.view.widgets.rank_groups import GROUP_FROM
 
 HISTORY_MIN = 8  # below this many cells the history column is left out
+LEVELS = " ▁▂▃▄▅▆▇█"
 
 
 class DevicePanel(Static):
@@ -31,6 +33,8 @@ class DevicePanel(Static):
         if not v or not v.devices:
             return Text("waiting for the first device reading…", style="dim")
         devices = v.devices
+        if len(devices) >= GROUP_FROM and " " in devices[0].key:
+            return _by_node(devices)
         # As wide as the longest label: "650W 55C" under a GPU, "node/0 GPU 1" under attach.
         label_width = max([7] + [len(_label(d)) for d in devices] +
                           ([] if self.compact else [len(_power(d)) for d in devices
@@ -59,6 +63,27 @@ class DevicePanel(Static):
                           bar(host.get("mem_percent"), width, "magenta"),
                           f"{mib(host.get('mem_used'))}/{mib(host.get('mem_total'))}")
         return table
+
+
+def _by_node(devices: list) -> Table:
+    """A job of many GPUs on several nodes: a line a node, each GPU one cell of a bar chart
+    (its utilisation's height; red: clocks held down; grey: no reading for a while), then the
+    node's median utilisation and memory."""
+    nodes: dict[str, list] = {}
+    for d in devices:
+        nodes.setdefault(d.key.rsplit(" ", 1)[0], []).append(d)
+    table = Table.grid(padding=(0, 1))
+    for node, gpus in nodes.items():
+        cells = Text()
+        for d in gpus:
+            load = d.util if d.util is not None else min(d.cpu_percent or 0.0, 100)
+            style = "dim" if d.stale else "bold red" if d.held_down else "cyan"
+            cells.append(LEVELS[min(len(LEVELS) - 1, int(load / 100 * len(LEVELS)))], style)
+        loads = sorted(d.util if d.util is not None else d.cpu_percent or 0.0 for d in gpus)
+        used = sum(d.mem_used or 0 for d in gpus)
+        table.add_row(Text(node, style="bold"), cells,
+                      Text(f"{loads[len(loads) // 2]:3.0f}% {mib(used)}", style="dim"))
+    return table
 
 
 def _lines(v: RunView | None) -> tuple[int, bool]:
