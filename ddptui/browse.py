@@ -28,8 +28,11 @@ def cmd_ls(_args: argparse.Namespace) -> int:
         (r.name, escaped(r.state), str(r.pid), str(r.ranks), _age(now - r.started),
          escaped(r.what)[:40], escaped(r.log)) for r in found]
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " + row[6])
+    metrics = any(r.metrics for r in found)  # the endpoints, where a run serves one
+    ends = ["METRICS"] + [escaped(r.metrics) or "-" for r in found]
+    for row, end in zip(rows, ends, strict=True):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row[:6], widths, strict=True)) + "  " +
+              (row[6].ljust(max(len(r[6]) for r in rows)) + "  " + end if metrics else row[6]))
     return 0
 
 

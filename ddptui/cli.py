@@ -19,7 +19,8 @@ from ddptui.contract.options.argtypes import positive_float
 from ddptui.contract.options.config import DeviceOptions
 from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.options.parser import Parser, from_args
+from ddptui.contract.options.monitor import MonitorOptions, metrics_plan
+from ddptui.contract.options.parser import Parser, add_sections, from_args
 from ddptui.contract.options.policy import RunPolicy
 from ddptui.contract.options.script import (
     DETACH_HELP,
@@ -75,7 +76,7 @@ def build_parser() -> Parser:
     run = sub.add_parser("run", help="start one rank per GPU (or CPU rank) and watch it",
                          epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
                          hints={"the following arguments are required: model": NOTHING_TO_RUN})
-    groups = add_training_options(run, DeviceOptions, RunPolicy)
+    groups = add_training_options(run, DeviceOptions, RunPolicy, MonitorOptions)
     groups["launch"].add_argument("--headless", action="store_true", help=HEADLESS_HELP)
     groups["launch"].add_argument("--detach", action="store_true", help=DETACH_HELP)
     attach = sub.add_parser("attach", help="the dashboard again on a run of yours (by name, a "
@@ -103,6 +104,7 @@ def build_parser() -> Parser:
     attach.add_argument("--grace", type=positive_float, default=JOB_GRACE_S, metavar="S",
                         help="K ends the whole job: each wrapped rank gets SIGTERM, and SIGKILL "
                         f"if it is still there S seconds later (default {JOB_GRACE_S:.0f})")
+    add_sections(attach, MonitorOptions)
     add_web_parser(sub)
     sub.add_parser("ls", help="this user's runs on this machine: running, and how the others "
                    "ended")
@@ -125,16 +127,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.strategy == "dp" and not gpus:
         raise UsageError("--strategy dp needs GPUs: DataParallel splits each batch across them")
     config = config_from_args(args, gpus=gpus, cpus=cpus)
-    log = config.telemetry.log or args.hosted or default_log_path()
     if args.detach and args.headless:
         raise UsageError(DETACH_OR_HEADLESS)
+    # Checked here, before a dashboard starts the run's own process (which serves it).
+    metrics = metrics_plan(from_args(MonitorOptions, args))
+    log = config.telemetry.log or args.hosted or default_log_path()
     if not args.hosted and (args.detach or (not args.headless and sys.stdout.isatty())):
         from ddptui.dashboard.main import in_background
 
         return in_background(args.argv, log, args.detach)
     from ddptui.run.main import serve_builtin
 
-    return serve_builtin(config, log, from_args(RunPolicy, args), args.hosted)
+    return serve_builtin(config, log, from_args(RunPolicy, args), args.hosted, metrics)
 
 
 def cmd_run_script(argv: list[str], hosted: str | None) -> int:

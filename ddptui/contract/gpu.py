@@ -8,6 +8,7 @@ and RSS from psutil. A failure is said once and the run goes on.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -61,15 +62,19 @@ class DeviceSampler(threading.Thread):
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical_gpu)
+            uuid = pynvml.nvmlDeviceGetUUID(handle)
         except Exception as e:
             self.warn(f"NVML unavailable for GPU {self.physical_gpu}, reporting CPU figures: {e}")
             return None
         gpu = self.physical_gpu
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        readings = itertools.count()
 
         def read() -> dict:
             mem = memory_info(pynvml, handle)
             return {
                 "gpu": gpu,
+                "uuid": uuid if next(readings) % 120 == 0 else None,  # first, then a minute
                 "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                 "mem_used": mem.used >> 20,
                 "mem_total": mem.total >> 20,

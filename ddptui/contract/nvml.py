@@ -44,6 +44,7 @@ class GpuInfo:
     held_down: list = field(default_factory=list)  # clock-event reasons in force
     processes: list = field(default_factory=list)  # (pid, name, MiB)
     traffic: dict = field(default_factory=dict)  # counter name -> bytes so far (see TRAFFIC)
+    uuid: str = ""  # as nvidia-smi shows it, GPU-...
 
     def event_fields(self) -> dict:
         """The fields of a `gpu` event."""
@@ -62,6 +63,7 @@ class Nvml:
         self.nvml = pynvml
         pynvml.nvmlInit()
         self._handles: dict[int, object] = {}
+        self._uuids: dict[int, str] = {}
         # The traffic counters this nvidia-ml-py knows: name -> (field id, scope, unit).
         self._traffic_fields = {name: (getattr(pynvml, fid), scope, unit)
                                 for name, (fid, scope, unit) in TRAFFIC.items()
@@ -76,8 +78,7 @@ class Nvml:
         if h is None:
             h = self._handles[index] = n.nvmlDeviceGetHandleByIndex(index)
         mem = memory_info(n, h)
-        name = n.nvmlDeviceGetName(h)
-        info = GpuInfo(index, name.decode() if isinstance(name, bytes) else name,
+        info = GpuInfo(index, _text(n.nvmlDeviceGetName(h)),
                        mem.used >> 20, mem.total >> 20, n.nvmlDeviceGetUtilizationRates(h).gpu)
         info.power_w = _optional(lambda: round(n.nvmlDeviceGetPowerUsage(h) / 1000, 1), 0.0)
         info.temp_c = _optional(lambda: n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU), 0)
@@ -89,6 +90,8 @@ class Nvml:
         if processes:
             info.processes = [(pid, "", mib) for pid, mib in self._processes(h)]
         info.traffic = self._traffic(h)
+        info.uuid = self._uuids.get(index) or self._uuids.setdefault(index, _optional(
+            lambda: _text(n.nvmlDeviceGetUUID(h)), ""))
         return info
 
     def _traffic(self, h) -> dict:
@@ -113,6 +116,11 @@ class Nvml:
             self.nvml.nvmlShutdown()
         except Exception:  # already shut down: nothing to release
             pass
+
+
+def _text(value) -> str:
+    """NVML's strings: bytes from older nvidia-ml-py."""
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _optional(read, default):

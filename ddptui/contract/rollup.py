@@ -50,7 +50,8 @@ def _fold_run(run: list[Event]) -> list[Event]:
     for i, ev in enumerate(run):
         key = (type(ev), ev.rank, ev.epoch if isinstance(ev, Step) else getattr(ev, "gpu", None))
         before = merged.get(key)
-        merged[key] = merge_steps(before, ev) if isinstance(ev, Step) and before else ev
+        merged[key] = merge_steps(before, ev) if isinstance(ev, Step) and isinstance(
+            before, Step) else ev
         last[key] = i
     return [merged[key] for key, _ in sorted(last.items(), key=lambda kv: kv[1])]
 

@@ -12,9 +12,12 @@ import time
 
 from ddptui.contract.channel import load_key, parse_address
 from ddptui.contract.console import run_headless
+from ddptui.contract.monitor.endpoint import serve_metrics
 from ddptui.contract.options.errors import UsageError
+from ddptui.contract.options.monitor import MonitorOptions, metrics_plan
+from ddptui.contract.options.parser import from_args
 from ddptui.contract.options.training import check_writable_file
-from ddptui.contract.runs.registry import find
+from ddptui.contract.runs.registry import find, run_name
 from ddptui.contract.socket.viewer import RunGone
 from ddptui.contract.socket.viewers import Refused
 from ddptui.dashboard import background
@@ -43,7 +46,11 @@ def has_screen() -> bool:
 
 def attach(args: argparse.Namespace) -> int:
     """`ddptui attach [RUN]`, or `--listen` for ranks that report from torchrun or srun."""
+    metrics = metrics_plan(from_args(MonitorOptions, args))
     if args.listen is None:
+        if metrics:
+            raise UsageError("--metrics goes with ddptui run (the run serves it) or attach "
+                             "--listen")
         return _attach_run(args.run, args.headless or not has_screen(), args.read_only)
     if args.read_only:
         raise UsageError("--read-only is for a run of yours, not --listen")
@@ -63,15 +70,20 @@ def attach(args: argparse.Namespace) -> int:
         job = Attach(address, key, log, source, args.stall_after, args.grace)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
-    if args.headless or not sys.stdout.isatty():
-        print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
-              f"--report {args.listen}; logging to {log}", flush=True)
-        return run_headless(job)
-    from ddptui.dashboard.view.app import DashboardApp
+    endpoint = serve_metrics(metrics, job.state, run_name(log)) if metrics else None
+    try:
+        if args.headless or not sys.stdout.isatty():
+            print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
+                  f"--report {args.listen}; logging to {log}", flush=True)
+            return run_headless(job)
+        from ddptui.dashboard.view.app import DashboardApp
 
-    DashboardApp(job).run()
-    job.stop(code=0)
-    return 0
+        DashboardApp(job).run()
+        job.stop(code=0)
+        return 0
+    finally:
+        if endpoint is not None:
+            endpoint.close()
 
 
 def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> int:

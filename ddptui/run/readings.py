@@ -16,6 +16,7 @@ from ddptui.contract.nvml import open_nvml
 from ddptui.contract.protocol.events import Gpu
 
 SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
+UUID_EVERY = 120  # readings: a GPU's UUID in its first, then once a minute (a log read later)
 
 
 class RunSampler:
@@ -32,6 +33,7 @@ class RunSampler:
         self.util: dict[int, float] = {}  # GPU -> its latest utilisation
         self._tree = ProcessTree()
         self._traffic: dict[int, tuple[float, dict]] = {}  # GPU -> (time, byte counters)
+        self._readings: dict[int, int] = {}  # GPU -> readings sent
         self._owners: dict[int, tuple[str, str]] = {}  # pid -> (user, name)
         self.gpu_memory: dict[int, int] = {}  # pid -> MiB it holds on the run's GPUs
         self.gpus_of: dict[int, set[int]] = {}  # pid -> the run's GPUs it holds memory on
@@ -65,7 +67,9 @@ class RunSampler:
                 held.setdefault(pid, set()).add(gpu)
             others = [[pid, mib, *self._owner(pid)] for pid, _name, mib in info.processes
                       if pid not in run_pids]
+            said = self._readings[gpu] = self._readings.get(gpu, -1) + 1
             self.emit(Gpu(rank=owner.get(gpu, min(owner.values(), default=0)), others=others,
+                          uuid=info.uuid or None if said % UUID_EVERY == 0 else None,
                           **info.event_fields(), **self._rates(gpu, info)))
         self.gpu_memory, self.gpus_of = memory, held
 

@@ -18,6 +18,7 @@ from ddptui.contract.observe.target import module_problem
 from ddptui.contract.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.errors import UsageError
+from ddptui.contract.options.monitor import MetricsPlan, MonitorOptions, metrics_plan
 from ddptui.contract.options.parser import Parser, add_sections, flags, from_args, option, switches
 from ddptui.contract.options.training import check_tensorboard, check_writable_dir, check_writable_file
 from ddptui.contract.stalls.scripts import STALL_S
@@ -110,6 +111,7 @@ class ScriptConfig:
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
         "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG",
         default="SIGUSR1")
+    monitor: MetricsPlan | None = None  # --metrics, checked (MonitorOptions)
 
     @property
     def routing(self) -> Routing:
@@ -176,7 +178,7 @@ def build_script_parser() -> Parser:
                "A script that starts its own ranks (mp.spawn, start_processes, "
                "multiprocessing.Process, elastic_launch) is run once, each rank it starts shown.",
                epilog=FORMS)
-    torchrun = add_sections(p, ScriptConfig)[TORCHRUN]
+    torchrun = add_sections(p, ScriptConfig, MonitorOptions)[TORCHRUN]
     torchrun.add_argument("--nproc-per-node", metavar="N|gpu|auto|cpu",
                           help="N ranks: GPUs 0..N-1 of CUDA_VISIBLE_DEVICES' list, or N CPU "
                           "ranks where there is no GPU; gpu or auto: every GPU")
@@ -220,6 +222,7 @@ def parse_script_args(argv: list[str]) -> ScriptConfig:
         relaunch=args.nproc_per_node in (None, "1", "gpu", "auto"),
         headless=args.headless or not sys.stdout.isatty(),
         metrics=tuple(_metric(m) for m in args.metric or ()),
+        monitor=metrics_plan(from_args(MonitorOptions, args)),
         stacks_signal=_signal(args.stacks_signal))
 
 

@@ -78,6 +78,8 @@ class Gpu(Event):
     pcie_tx: float | None = doc("PCIe sent, MB/s (absent where NVML has no counter)", None)
     pcie_rx: float | None = doc("PCIe received, MB/s", None)
     nvlink_tx: float | None = doc("NVLink sent, MB/s", None)
+    uuid: str | None = doc("the GPU's UUID as nvidia-smi shows it (GPU-...): in its first "
+                           "reading and once a minute after", None)
     nvlink_rx: float | None = doc("NVLink received, MB/s", None)
     cpu_percent: float | None = doc("a CPU rank's process tree (workers too): CPU, % of one "
                                     "core", None)

@@ -33,6 +33,7 @@ class RunRecord:
     state: str = "running"  # or the run's end status from its log: done, failed, interrupted
     socket: str = ""  # where its dashboards connect (ddptui attach NAME)
     reason: str = ""  # why it ended, where its log could not say (record_end)
+    metrics: str = ""  # its Prometheus endpoint (--metrics)
 
 
 def default_log_path() -> str:
@@ -57,13 +58,13 @@ def run_name(log: str) -> str:
     return os.path.splitext(os.path.basename(log))[0]
 
 
-def register(log: str, meta: dict, socket: str = "") -> str | None:
+def register(log: str, meta: dict, socket: str = "", metrics: str = "") -> str | None:
     """Record the run ddptui is starting in this process; the record's name in the runtime
     folder, or None where the folder cannot be used (the run goes on: ls will not list it)."""
     name = run_name(log)
     record = RunRecord(name, os.getpid(), meta.get("script") or meta.get("model") or "?",
                        int(meta.get("world_size") or 0), os.path.abspath(log), time.time(),
-                       socket=socket)
+                       socket=socket, metrics=metrics)
     file = f"{name}.{os.getpid()}.json"
     if not safe_name(file):
         return None
@@ -138,7 +139,8 @@ def parse_record(data: bytes) -> RunRecord:
 
 
 _FIELDS = {"name": (str,), "pid": (int,), "what": (str,), "ranks": (int,), "log": (str,),
-           "started": (float, int), "state": (str,), "socket": (str,), "reason": (str,)}
+           "started": (float, int), "state": (str,), "socket": (str,), "reason": (str,),
+           "metrics": (str,)}
 
 
 def find(name: str | None) -> RunRecord:

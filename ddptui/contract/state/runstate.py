@@ -144,6 +144,7 @@ class RunState:
             self.status = "running"
         if r.step_ms:
             r.step_times.append(r.step_ms)
+            r.count(ev.steps or 1, r.step_ms, r.samples_per_s)
         if r.loss is not None:
             self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
         # One point an interval, from the lowest stepping rank (found anew only when it may move)
@@ -221,12 +222,12 @@ class RunState:
                                           state == RankState.RUNNING and self.meta.get("script")):
             self.status = "running"  # as its rows say (the built-in loop's: its first step)
         if state != r.state:
-            r.state, r.state_t = state, ev.t
-            r.reason = ""
+            r.state, r.state_t, r.reason = state, ev.t, ""
+            r.entered(state)
         standby = ev.standby if isinstance(ev.standby, str) else ""  # older logs: a bool
         if standby != r.standby:
             r.standby, r.standby_t = standby, ev.t
-        for name in ("pid", "device", "gpu", "host", "reason"):
+        for name in ("pid", "device", "gpu", "host", "reason", "local_rank"):
             value = getattr(ev, name)
             if value is not None:
                 setattr(r, name, plain(value) if isinstance(value, str) else value)
@@ -328,7 +329,8 @@ class RunState:
                 elapsed=(now - self.started_t) if self.started_t else 0.0,
                 now=now,
                 # step_times copied: the supervisor thread appends to the original.
-                ranks=[replace(r, step_times=deque(r.step_times))
+                ranks=[replace(r, step_times=deque(r.step_times), step_counts=list(r.step_counts),
+                               ends=dict(r.ends))
                        for r in sorted(self.ranks.values(), key=RankView.order)],
                 devices=[d.copy(now, self.ended_t is not None)
                          for d in sorted(self.devices.values(), key=DeviceView.order)],

@@ -3,6 +3,7 @@ events and copies for every view. Pure Python."""
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -15,6 +16,8 @@ from ddptui.contract.states import RankState
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline
+# The metrics endpoint's step-time histogram, upper bounds in seconds (+Inf after).
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @dataclass
@@ -26,6 +29,7 @@ class RankView:
     gpu: int | None = None
     host: str = ""
     node: str = ""  # attach: the node it reports from (host and node rank)
+    local_rank: int | None = None  # its rank on its node, where its launcher said
     epoch: int = 0
     step: int = 0
     global_step: int = 0
@@ -52,6 +56,27 @@ class RankView:
     gpu_mem: int | None = None  # MiB
     error: list = field(default_factory=list)  # its traceback's last lines, when it failed
     control: list = field(default_factory=list)  # what a script rank said it takes
+    # Since the run began, for the metrics endpoint (counters never go back):
+    samples: float = 0.0
+    step_counts: list = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
+    step_seconds: float = 0.0  # their sum
+    ends: dict = field(default_factory=dict)  # crashed | stopped | done -> times
+    restarts: int = 0
+
+    def count(self, steps: int, step_ms: float, samples_per_s: float) -> None:
+        """A step event's steps into the counters: each at the event's mean step time (a rolled
+        up event's steps are only known by their mean)."""
+        seconds = step_ms / 1000
+        self.samples += samples_per_s * seconds * steps
+        self.step_seconds += seconds * steps
+        self.step_counts[bisect.bisect_left(STEP_BUCKETS, seconds)] += steps
+
+    def entered(self, state: RankState) -> None:
+        """A new state, counted where it ends the process or brings it back."""
+        if state in (RankState.CRASHED, RankState.STOPPED, RankState.DONE):
+            self.ends[state.value] = self.ends.get(state.value, 0) + 1
+        elif state == RankState.RESTARTING:
+            self.restarts += 1
 
     def order(self) -> tuple:
         """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),
@@ -80,6 +105,7 @@ class DeviceView:
     pcie_rx: float | None = None
     nvlink_tx: float | None = None
     nvlink_rx: float | None = None
+    uuid: str | None = None  # as nvidia-smi shows it
     seen_t: float = 0.0  # time of the last reading
     age: float = 0.0  # set in views: seconds since that reading
     stale: bool = False  # set in views: no reading for a while, or the run is over
@@ -91,7 +117,7 @@ class DeviceView:
         self.rank, self.seen_t = ev.rank, ev.t
         for name in ("util", "mem_used", "mem_total", "power_w", "temp_c", "cpu_percent", "rss",
                      "sm_clock", "mem_clock", "held_down", "others", "pcie_tx", "pcie_rx",
-                     "nvlink_tx", "nvlink_rx"):
+                     "nvlink_tx", "nvlink_rx", "uuid"):
             if getattr(ev, name) is not None:
                 setattr(self, name, getattr(ev, name))
         mem = 100 * self.mem_used / self.mem_total if self.mem_used is not None and self.mem_total \

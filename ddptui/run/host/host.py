@@ -51,17 +51,17 @@ MAX_BEHIND = 16 << 20  # bytes a dashboard may lag behind before it is dropped (
 END_GRACE_S = 5.0  # at the run's end: for each viewer to take the last of it
 
 
-def serve(run: OwnedRun) -> RunHost | None:
-    """Record the run for `ddptui ls` and serve it on its socket, from this process; None (said
-    in the run's events) where the user's runtime folder cannot be used."""
+def serve(run: OwnedRun, metrics: str = "") -> RunHost | None:
+    """Record the run for `ddptui ls` (with its `metrics` endpoint) and serve it on its socket,
+    from this process; None (said in the run's events) where the runtime folder cannot be used."""
     try:
         host = RunHost(run, RuntimeDir(), f"{os.getpid()}.sock", run_name(run.log_path))
     except OSError as e:
         run.state.say(f"no dashboard can attach to this run: {e}", "warning")
-        register(run.log_path, run.state.meta)
+        register(run.log_path, run.state.meta, metrics=metrics)
         return None
     host.record = register(run.log_path, run.state.meta,
-                           os.path.join(host.folder.path, host.name_in_folder))
+                           os.path.join(host.folder.path, host.name_in_folder), metrics)
     host.start()
     return host
 

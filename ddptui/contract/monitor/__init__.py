@@ -1,0 +1,1 @@
+"""What a run shows to those not watching it: Prometheus metrics (and, later, notifications)."""
