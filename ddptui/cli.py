@@ -14,12 +14,13 @@ from collections.abc import Callable
 from ddptui import __version__
 from ddptui.contract import bytecode
 from ddptui.contract.keys import keys_lines
+from ddptui.contract.monitor.service import notify_test
 from ddptui.contract.observe.endings import JOB_GRACE_S
 from ddptui.contract.options.argtypes import positive_float
 from ddptui.contract.options.config import DeviceOptions
 from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.options.monitor import MonitorOptions, metrics_plan
+from ddptui.contract.options.monitor import MonitorOptions, monitor_plan
 from ddptui.contract.options.parser import Parser, add_sections, from_args
 from ddptui.contract.options.policy import RunPolicy
 from ddptui.contract.options.script import (
@@ -130,7 +131,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.detach and args.headless:
         raise UsageError(DETACH_OR_HEADLESS)
     # Checked here, before a dashboard starts the run's own process (which serves it).
-    metrics = metrics_plan(from_args(MonitorOptions, args))
+    monitor = monitor_plan(from_args(MonitorOptions, args))
+    if monitor and monitor.notify_test:
+        return notify_test(monitor, config.model.name)
     log = config.telemetry.log or args.hosted or default_log_path()
     if not args.hosted and (args.detach or (not args.headless and sys.stdout.isatty())):
         from ddptui.dashboard.main import in_background
@@ -138,12 +141,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return in_background(args.argv, log, args.detach)
     from ddptui.run.main import serve_builtin
 
-    return serve_builtin(config, log, from_args(RunPolicy, args), args.hosted, metrics)
+    return serve_builtin(config, log, from_args(RunPolicy, args), args.hosted, monitor)
 
 
 def cmd_run_script(argv: list[str], hosted: str | None) -> int:
     """`ddptui run SCRIPT.py ... -- args` and `ddptui run -m MODULE ...`: the script's ranks."""
     config = parse_script_args(argv)
+    if config.monitor and config.monitor.notify_test:
+        return notify_test(config.monitor, config.target)
     log = config.log or hosted or default_log_path()
     if not hosted and (config.detach or not config.headless):
         from ddptui.dashboard.main import in_background

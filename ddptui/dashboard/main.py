@@ -12,9 +12,9 @@ import time
 
 from ddptui.contract.channel import load_key, parse_address
 from ddptui.contract.console import run_headless
-from ddptui.contract.monitor.endpoint import serve_metrics
+from ddptui.contract.monitor.service import Monitoring, notify_test
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.options.monitor import MonitorOptions, metrics_plan
+from ddptui.contract.options.monitor import MonitorOptions, monitor_plan
 from ddptui.contract.options.parser import from_args
 from ddptui.contract.options.training import check_writable_file
 from ddptui.contract.runs.registry import find, run_name
@@ -46,11 +46,13 @@ def has_screen() -> bool:
 
 def attach(args: argparse.Namespace) -> int:
     """`ddptui attach [RUN]`, or `--listen` for ranks that report from torchrun or srun."""
-    metrics = metrics_plan(from_args(MonitorOptions, args))
+    monitor = monitor_plan(from_args(MonitorOptions, args))
+    if monitor and monitor.notify_test:
+        return notify_test(monitor, "ddptui attach")
     if args.listen is None:
-        if metrics:
-            raise UsageError("--metrics goes with ddptui run (the run serves it) or attach "
-                             "--listen")
+        if monitor:
+            raise UsageError("--metrics and --notify go with ddptui run (the run serves them) "
+                             "or attach --listen")
         return _attach_run(args.run, args.headless or not has_screen(), args.read_only)
     if args.read_only:
         raise UsageError("--read-only is for a run of yours, not --listen")
@@ -70,7 +72,9 @@ def attach(args: argparse.Namespace) -> int:
         job = Attach(address, key, log, source, args.stall_after, args.grace)
     except OSError as e:
         raise UsageError(f"cannot listen on {args.listen}: {e.strerror}") from None
-    endpoint = serve_metrics(metrics, job.state, run_name(log)) if metrics else None
+    watched = Monitoring(monitor, job.state, run_name(log), log) if monitor else None
+    if watched:
+        watched.start()
     try:
         if args.headless or not sys.stdout.isatty():
             print(f"ddptui: listening on {args.listen} (key: {source}); start ranks with "
@@ -82,8 +86,8 @@ def attach(args: argparse.Namespace) -> int:
         job.stop(code=0)
         return 0
     finally:
-        if endpoint is not None:
-            endpoint.close()
+        if watched is not None:
+            watched.close()
 
 
 def _attach_run(name: str | None, headless: bool, read_only: bool = False) -> int:

@@ -10,9 +10,9 @@ import sys
 from dataclasses import replace
 
 from ddptui.contract.console import ScriptConsole, run_headless
-from ddptui.contract.monitor.endpoint import serve_metrics
+from ddptui.contract.monitor.service import Monitoring
 from ddptui.contract.options.config import RunConfig
-from ddptui.contract.options.monitor import MetricsPlan
+from ddptui.contract.options.monitor import MonitorPlan
 from ddptui.contract.options.policy import RunPolicy
 from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.runs.registry import record_end, run_name
@@ -22,11 +22,11 @@ from ddptui.run.owned import OwnedRun
 
 
 def serve_builtin(config: RunConfig, log: str, policy: RunPolicy, hosted: str | None,
-                  metrics: MetricsPlan | None = None) -> int:
+                  monitor: MonitorPlan | None = None) -> int:
     """`ddptui run MODEL`: the built-in loop's ranks."""
     from ddptui.run.builtin.supervisor import Supervisor
 
-    return serve_headless(Supervisor(config, log, policy), hosted, metrics=metrics)
+    return serve_headless(Supervisor(config, log, policy), hosted, monitor=monitor)
 
 
 def serve_script(config: ScriptConfig, log: str, hosted: str | None) -> int:
@@ -39,15 +39,18 @@ def serve_script(config: ScriptConfig, log: str, hosted: str | None) -> int:
 
 
 def serve_headless(run: OwnedRun, hosted: str | None, console=None,
-                   metrics: MetricsPlan | None = None) -> int:
+                   monitor: MonitorPlan | None = None) -> int:
     """Run it in this process with status lines, open to dashboards (ddptui attach) while it
-    runs, and to Prometheus with `metrics`; `hosted`: this is the run's own process (its lines
-    go to its output file)."""
+    runs, and to Prometheus and notifications with `monitor`; `hosted`: this is the run's own
+    process (its lines go to its output file)."""
     # A closed terminal hangs up its whole foreground process group: the fork server, the ranks
     # forked from it and their workers inherit this, and only ddptui decides what a hang-up means.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    endpoint = serve_metrics(metrics, run.state, run_name(run.log_path)) if metrics else None
-    host = serve(run, endpoint.url if endpoint else "")
+    watched = Monitoring(monitor, run.state, run_name(run.log_path), run.log_path) \
+        if monitor else None
+    if watched:
+        watched.start()
+    host = serve(run, watched.url if watched else "")
     if host is not None and hosted:
         run.watched = host.watched
     try:
@@ -56,8 +59,8 @@ def serve_headless(run: OwnedRun, hosted: str | None, console=None,
                   flush=True)
         return run_headless(run, console)
     finally:
-        if endpoint is not None:
-            endpoint.close()
+        if watched is not None:
+            watched.close()
         if host is not None:
             host.close()
             if run.log_lost:  # ls reads the end from the record where the log could not say it

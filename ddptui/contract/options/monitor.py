@@ -10,10 +10,12 @@ import socket
 import stat
 from dataclasses import dataclass
 
+from ddptui.contract.monitor.notify import webhook
 from ddptui.contract.options.errors import UsageError
 from ddptui.contract.options.parser import option
 
 INSTALL = "pip install prometheus_client"
+NOTIFY_INSTALL = "pip install 'ddptui[notify]'"
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,48 @@ class MonitorOptions:
     metrics_auth: str | None = option(
         None, "a file (mode 0600) with one line: a bearer token, or USER:PASSWORD for basic "
         "auth, that every scrape must present", metavar="FILE")
+    notify: tuple[str, ...] | None = option(
+        None, "send a message when a rank stalls, crashes, straggles for a minute or comes "
+        "back, and when the run ends: an Apprise URL (slack://, ntfy://, discord://, mailto://, "
+        "pagerduty://, json://HOST/PATH; http(s):// is a JSON webhook); repeatable "
+        f"({NOTIFY_INSTALL})", action="append", metavar="URL")
+    notify_cmd: str | None = option(
+        None, "run CMD (a shell command) on each of those, with DDPTUI_EVENT, DDPTUI_TEXT, "
+        "DDPTUI_RUN, DDPTUI_RANK, DDPTUI_NODE, DDPTUI_CAUSE, DDPTUI_LOG and DDPTUI_HOST set",
+        metavar="CMD")
+    notify_test: bool = option(
+        False, "send one test message to each --notify URL (and run --notify-cmd) and exit: 0 "
+        "when every one was delivered, 1 otherwise", action="store_true")
+
+
+@dataclass(frozen=True)
+class MonitorPlan:
+    """--metrics and --notify, checked."""
+
+    metrics: MetricsPlan | None
+    notify: tuple[str, ...]
+    notify_cmd: str | None
+    notify_test: bool
+
+
+def monitor_plan(opts: MonitorOptions) -> MonitorPlan | None:
+    """None where none of them was given; raises UsageError for anything wrong."""
+    metrics = metrics_plan(opts)
+    urls = tuple(opts.notify or ())
+    if urls:
+        try:
+            import apprise
+        except ImportError:
+            raise UsageError(f"--notify needs Apprise: {NOTIFY_INSTALL}") from None
+        for url in urls:
+            if not apprise.Apprise().add(webhook(url)):
+                raise UsageError(f"--notify {url.split('://')[0]}://…: not a URL Apprise knows "
+                                 "(https://github.com/caronc/apprise/wiki)")
+    if opts.notify_test and not (urls or opts.notify_cmd):
+        raise UsageError("--notify-test sends to the --notify URLs and --notify-cmd: give one")
+    if metrics is None and not urls and not opts.notify_cmd:
+        return None
+    return MonitorPlan(metrics, urls, opts.notify_cmd, opts.notify_test)
 
 
 @dataclass(frozen=True)

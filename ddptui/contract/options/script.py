@@ -18,7 +18,7 @@ from ddptui.contract.observe.target import module_problem
 from ddptui.contract.options.argtypes import non_negative_int, positive_float, positive_int
 from ddptui.contract.options.devices import resolve_devices
 from ddptui.contract.options.errors import UsageError
-from ddptui.contract.options.monitor import MetricsPlan, MonitorOptions, metrics_plan
+from ddptui.contract.options.monitor import MonitorOptions, MonitorPlan, monitor_plan
 from ddptui.contract.options.parser import Parser, add_sections, flags, from_args, option, switches
 from ddptui.contract.options.training import check_tensorboard, check_writable_dir, check_writable_file
 from ddptui.contract.stalls.scripts import STALL_S
@@ -111,7 +111,7 @@ class ScriptConfig:
         int(signal.SIGUSR1), "the signal that makes a rank write its Python stacks (t) (default "
         "SIGUSR1; pick another if your script handles that one)", group="watch", metavar="SIG",
         default="SIGUSR1")
-    monitor: MetricsPlan | None = None  # --metrics, checked (MonitorOptions)
+    monitor: MonitorPlan | None = None  # --metrics and --notify, checked (MonitorOptions)
 
     @property
     def routing(self) -> Routing:
@@ -222,7 +222,7 @@ def parse_script_args(argv: list[str]) -> ScriptConfig:
         relaunch=args.nproc_per_node in (None, "1", "gpu", "auto"),
         headless=args.headless or not sys.stdout.isatty(),
         metrics=tuple(_metric(m) for m in args.metric or ()),
-        monitor=metrics_plan(from_args(MonitorOptions, args)),
+        monitor=monitor_plan(from_args(MonitorOptions, args)),
         stacks_signal=_signal(args.stacks_signal))
 
 

@@ -10,7 +10,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
 
 from ddptui.contract.protocol.events import (
     PARENT,
@@ -223,7 +222,7 @@ class RunState:
             self.status = "running"  # as its rows say (the built-in loop's: its first step)
         if state != r.state:
             r.state, r.state_t, r.reason = state, ev.t, ""
-            r.entered(state)
+            r.entered(state, ev.t, ev.reason or "")
         standby = ev.standby if isinstance(ev.standby, str) else ""  # older logs: a bool
         if standby != r.standby:
             r.standby, r.standby_t = standby, ev.t
@@ -329,9 +328,7 @@ class RunState:
                 elapsed=(now - self.started_t) if self.started_t else 0.0,
                 now=now,
                 # step_times copied: the supervisor thread appends to the original.
-                ranks=[replace(r, step_times=deque(r.step_times), step_counts=list(r.step_counts),
-                               ends=dict(r.ends))
-                       for r in sorted(self.ranks.values(), key=RankView.order)],
+                ranks=[r.copied() for r in sorted(self.ranks.values(), key=RankView.order)],
                 devices=[d.copy(now, self.ended_t is not None)
                          for d in sorted(self.devices.values(), key=DeviceView.order)],
                 epochs=[self._row(self.epochs[k]) for k in sorted(self.epochs)],

@@ -16,6 +16,7 @@ from ddptui.contract.states import RankState
 GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline
+CHANGES = 16  # a rank's changes of state kept
 # The metrics endpoint's step-time histogram, upper bounds in seconds (+Inf after).
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -62,6 +63,9 @@ class RankView:
     step_seconds: float = 0.0  # their sum
     ends: dict = field(default_factory=dict)  # crashed | stopped | done -> times
     restarts: int = 0
+    # Its latest changes of state, (time, state, reason): a state held for less than a reader's
+    # period (stalled, then killed at once) is still seen.
+    changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES))
 
     def count(self, steps: int, step_ms: float, samples_per_s: float) -> None:
         """A step event's steps into the counters: each at the event's mean step time (a rolled
@@ -71,12 +75,18 @@ class RankView:
         self.step_seconds += seconds * steps
         self.step_counts[bisect.bisect_left(STEP_BUCKETS, seconds)] += steps
 
-    def entered(self, state: RankState) -> None:
-        """A new state, counted where it ends the process or brings it back."""
+    def entered(self, state: RankState, t: float, reason: str) -> None:
+        """A new state: kept, and counted where it ends the process or brings it back."""
+        self.changes.append((t, state, reason))
         if state in (RankState.CRASHED, RankState.STOPPED, RankState.DONE):
             self.ends[state.value] = self.ends.get(state.value, 0) + 1
         elif state == RankState.RESTARTING:
             self.restarts += 1
+
+    def copied(self) -> RankView:
+        """For a view: what changes in place copied (a reader holds it after the lock)."""
+        return replace(self, step_times=deque(self.step_times), step_counts=list(self.step_counts),
+                       ends=dict(self.ends), changes=deque(self.changes))
 
     def order(self) -> tuple:
         """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),

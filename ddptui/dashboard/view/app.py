@@ -6,6 +6,7 @@ supervisor, never block.
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 from rich.text import Text
@@ -40,6 +41,7 @@ CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows 
 # The tables' figures (loss, img/s per rank) at 2 Hz: a table renders all its rows anew at each
 # change, and at 5 Hz that was a third of the dashboard's CPU. States and rows show at once.
 TABLES_S = 0.5
+BELL_STATES = ("stalled", "crashed")
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red"}
 _ACTION_OF = {key: k.action.split("(")[0] for k in KEYS for key in k.keys.split(",")}
 # The footer's order: q and ? first, so a narrow terminal cuts the least used keys instead
@@ -77,6 +79,7 @@ class DashboardApp(RankKeys, App[int]):
         self._stacks_asked_t = 0.0
         self._tables: tuple = (0.0, None)  # when the tables were last filled, and from what
         self._told_failed = False  # a script's failure was announced (r restarts it)
+        self._rung: dict | None = None  # the stalled and crashed ranks last seen (the bell)
         self._disabled: frozenset[str] = frozenset()  # actions whose keys are dimmed
         self._drawn_over = False  # the tables were drawn once the source was done
 
@@ -141,6 +144,7 @@ class DashboardApp(RankKeys, App[int]):
         self.header.view = view
         self._show_devices(view)
         self._show_tables(view)
+        self._ring(view)
         screen = self.screen
         if isinstance(screen, GpuScreen):
             screen.view = view
@@ -186,6 +190,15 @@ class DashboardApp(RankKeys, App[int]):
         self._tables, self._drawn_over = (view.now, shape), over
         self.rank_table.show(view, self.selected_rank, refit=calm, final=over)
         self.epoch_table.show(view)
+
+    def _ring(self, view: RunView) -> None:
+        """The terminal bell, once, for each rank that stalls or crashes while this dashboard
+        watches (DDPTUI_BELL=0: never); what had happened before it opened rings nothing."""
+        rung = {r.rank: (r.state, r.state_t) for r in view.ranks if r.state in BELL_STATES}
+        if self._rung is not None and set(rung.items()) - set(self._rung.items()) and \
+                os.environ.get("DDPTUI_BELL", "1") != "0" and self.source.can_steer:
+            self.bell()
+        self._rung = rung
 
     def _show_devices(self, view: RunView) -> None:
         self.devices.view = view

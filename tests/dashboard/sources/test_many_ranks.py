@@ -74,6 +74,8 @@ async def test_sixty_four_ranks_fold_by_node_with_the_stalled_one_pinned(tmp_pat
     attach = Attach(("127.0.0.1", local_port()), REPORT_KEY.encode(),
                     str(tmp_path / "a.jsonl"), "test", stall_after=2.0)
     app = DashboardApp(attach)
+    rings: list[int] = []
+    app.bell = lambda: rings.append(1)  # the terminal's bell, counted
     async with app.run_test(size=(160, 50)) as pilot:
         job = Job(attach.address)
         try:
@@ -103,6 +105,7 @@ async def test_sixty_four_ranks_fold_by_node_with_the_stalled_one_pinned(tmp_pat
             await pilot.press(*["down"] * 6)  # past the node's last rank: the next node opens
             await pilot.pause(0.3)
             assert app.selected_rank == 48 and "node:n4" in _keys(app)
+            assert rings == [1]  # once for the stall, however often the screen was drawn
             assert _keys(app)[_keys(app).index("node:n6") + 1] == "48"
         finally:
             job.stop()

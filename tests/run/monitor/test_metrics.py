@@ -7,16 +7,14 @@ import base64
 import json
 import os
 import re
-import shutil
 import signal
 import socket
-import subprocess
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from tests.helpers.monitoring import Servers, get, query, until
 from tests.helpers.runs import (
     ROOT,
     TINY,
@@ -32,81 +30,45 @@ RULES = os.path.join(ROOT, "docs", "monitoring", "ddptui-alerts.yml")
 DASHBOARD = os.path.join(ROOT, "docs", "monitoring", "grafana-dashboard.json")
 
 
-def _get(url: str, headers: dict | None = None) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
-                                    timeout=10) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, ""
-    except urllib.error.URLError:  # not listening (yet, or any more)
-        return 0, ""
-
-
-def _until(check, seconds: float = 60):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.5)
-    return check()
-
-
 @pytest.fixture
-def prometheus(tmp_path):
-    """Start Debian's Prometheus on a free port over a config the test writes; yields a
-    function that starts it with the given scrape targets."""
-    if shutil.which("prometheus") is None:
-        pytest.skip("Debian's prometheus is not installed (.ci/run installs it)")
-    procs = []
+def servers(tmp_path):
+    found = Servers(tmp_path)
+    yield found
+    found.close()
 
-    def start(target: str, headers: str = "") -> str:
-        port = local_port()
-        (tmp_path / "prometheus.yml").write_text(
-            f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
+
+def _scraping(target: str, headers: str = "") -> str:
+    """prometheus.yml: a scrape of `target` every second, with the shipped rules."""
+    return (f"global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n"
             f"rule_files: [{RULES}]\n"
             f"scrape_configs:\n  - job_name: ddptui\n{headers}"
             f"    static_configs: [{{targets: ['{target}']}}]\n")
-        procs.append(subprocess.Popen(
-            ["prometheus", f"--config.file={tmp_path / 'prometheus.yml'}",
-             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(30)
-
-
-def _query(base: str, expr: str) -> list:
-    status, body = _get(f"{base}/api/v1/query?query={urllib.request.quote(expr)}")
-    return json.loads(body)["data"]["result"] if status == 200 else []
 
 
 @pytest.mark.timeout(180)
-def test_a_run_is_scraped_by_prometheus_and_leaves_nothing(env, tmp_path, prometheus):
+def test_a_run_is_scraped_by_prometheus_and_leaves_nothing(env, tmp_path, servers):
     port = local_port()
     log = tmp_path / "m.jsonl"
     run = start_ddptui(["run", *TINY, "--cpus", "2", "--epochs", "2000", "--log", str(log),
                         "--metrics", str(port)], env, tmp_path)
     try:
         wait_for_event(log, lambda e: e["kind"] == "step", timeout=90)
-        status, text = _get(f"http://127.0.0.1:{port}/metrics")
+        status, text = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and 'ddptui_rank_state{local_rank="1"' in text
-        base = prometheus(f"127.0.0.1:{port}")
-        steps = _until(lambda: len(_query(base, "ddptui_steps_total")) == 2 and
-                       _query(base, "ddptui_steps_total"), 60)
+        base = servers.prometheus(_scraping(f"127.0.0.1:{port}"))
+        steps = until(lambda: len(query(base, "ddptui_steps_total")) == 2 and
+                       query(base, "ddptui_steps_total"), 60)
         assert steps and {s["metric"]["rank"] for s in steps} == {"0", "1"}
         assert {s["metric"]["run"] for s in steps} == {"m"}
-        running = _query(base, 'ddptui_rank_state{state="running"} == 1')
+        rates = until(lambda: len(got := query(base, "rate(ddptui_samples_total[10s]) > 0")) == 2
+                      and got, 30)
+        assert rates and {r["metric"]["rank"] for r in rates} == {"0", "1"}
+        running = query(base, 'ddptui_rank_state{state="running"} == 1')
         assert len(running) == 2
-        info = _query(base, "ddptui_run_info")
+        info = query(base, "ddptui_run_info")
         assert info[0]["metric"]["model"] == TINY[0] and info[0]["metric"]["world_size"] == "2"
         _assert_shipped_queries_work(base, text)
-        rules = _get(f"{base}/api/v1/rules")[1]
+        rules = get(f"{base}/api/v1/rules")[1]
         assert {r["name"] for g in json.loads(rules)["data"]["groups"] for r in g["rules"]} == {
             "RankStalled", "NoStepFor", "Straggler", "InputBound", "RankCrashed", "RunFailed"}
         ls = ddptui(["ls"], env, tmp_path)
@@ -135,12 +97,12 @@ def _assert_shipped_queries_work(base: str, scraped: str) -> None:
     for panel in dashboard["panels"]:
         expr = panel["targets"][0]["expr"].replace("$run", ".*").replace("$node", ".*") \
             .replace("$rank", ".*")
-        status, body = _get(f"{base}/api/v1/query?query={urllib.request.quote(expr)}")
+        status, body = get(f"{base}/api/v1/query?query={urllib.request.quote(expr)}")
         assert status == 200 and json.loads(body)["status"] == "success", (panel["title"], body)
 
 
 @pytest.mark.timeout(180)
-def test_a_guarded_endpoint_refuses_a_scrape_without_its_secret(env, tmp_path, prometheus):
+def test_a_guarded_endpoint_refuses_a_scrape_without_its_secret(env, tmp_path, servers):
     port = local_port()
     auth = tmp_path / "auth"
     auth.write_text("scraper:s3cret\n")
@@ -151,14 +113,14 @@ def test_a_guarded_endpoint_refuses_a_scrape_without_its_secret(env, tmp_path, p
                        tmp_path)
     try:
         wait_for_event(log, lambda e: e["kind"] == "step", timeout=90)
-        assert _get(f"http://127.0.0.1:{port}/metrics")[0] == 401
+        assert get(f"http://127.0.0.1:{port}/metrics")[0] == 401
         wrong = base64.b64encode(b"scraper:guess").decode()
-        assert _get(f"http://127.0.0.1:{port}/metrics", {"Authorization": f"Basic {wrong}"}
+        assert get(f"http://127.0.0.1:{port}/metrics", {"Authorization": f"Basic {wrong}"}
                     )[0] == 401
         (tmp_path / "password").write_text("s3cret")
-        base = prometheus(f"127.0.0.1:{port}", "    basic_auth: {username: scraper, "
-                          f"password_file: {tmp_path / 'password'}}}\n")
-        assert _until(lambda: len(_query(base, "ddptui_steps_total")) == 2, 60)
+        base = servers.prometheus(_scraping(f"127.0.0.1:{port}", "    basic_auth: {username: "
+                                            f"scraper, password_file: {tmp_path / 'password'}}}\n"))
+        assert until(lambda: len(query(base, "ddptui_steps_total")) == 2, 60)
     finally:
         run.send_signal(signal.SIGINT)
         run.wait(90)
@@ -201,7 +163,7 @@ def test_attach_serves_a_cluster_jobs_metrics_with_each_ranks_node(keyed_env, tm
                            str(tmp_path / "a.jsonl"), "--metrics", str(port)], keyed_env, tmp_path)
     conns = []
     try:
-        assert _until(lambda: _get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 30)
+        assert until(lambda: get(f"http://127.0.0.1:{port}/metrics")[0] == 200, 30)
         for rank, node in ((0, "gpu-a/0"), (1, "gpu-b/1")):
             conn = connect(("127.0.0.1", int(listen.rsplit(":", 1)[1])), REPORT_KEY.encode())
             conns.append(conn)
@@ -212,8 +174,8 @@ def test_attach_serves_a_cluster_jobs_metrics_with_each_ranks_node(keyed_env, tm
                       ev.Gpu(rank=rank, gpu=0, util=90.0, mem_used=1024, mem_total=81559,
                              uuid=f"GPU-{rank}")):
                 send(conn, e.replace(node=node))
-        text = _until(lambda: 'ddptui_steps_total{local_rank="0",node="gpu-b/1"' in
-                      (got := _get(f"http://127.0.0.1:{port}/metrics")[1]) and got, 30)
+        text = until(lambda: 'ddptui_steps_total{local_rank="0",node="gpu-b/1"' in
+                      (got := get(f"http://127.0.0.1:{port}/metrics")[1]) and got, 30)
         assert text and 'ddptui_steps_total{local_rank="0",node="gpu-a/0",rank="0"' in text
         assert 'ddptui_gpu_utilization_ratio{gpu="0",hostname="gpu-b",node="gpu-b/1",' \
                'run="a",uuid="GPU-1"} 0.9' in text
