@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from ddptui.dashboard.sources.attach import Attach
+from tests.helpers.monitoring import get, until
 from tests.helpers.runs import REPORT_KEY, ROOT, assert_gone, events, local_port, wait_for_event
 from tests.helpers.screens import rank_row
 
@@ -22,9 +23,9 @@ SPAWNS = os.path.join(ROOT, "tests", "helpers", "scripts", "spawns.py")
 SMALL = ["--epochs", "2", "--samples", "256", "--image-size", "16"]
 
 
-def _attach(listen: str, log, env) -> subprocess.Popen:
+def _attach(listen: str, log, env, *more: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "ddptui", "attach", "--headless", "--listen",
-                             listen, "--log", str(log)], env=env, cwd=ROOT,
+                             listen, "--log", str(log), *more], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -39,12 +40,15 @@ def _node(node_rank: int, rdzv: int, env: dict, cwd) -> subprocess.Popen:
 @pytest.mark.timeout(180)
 def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(keyed_env,
                                                                               tmp_path):
-    listen = f"127.0.0.1:{local_port()}"
+    listen, metrics = f"127.0.0.1:{local_port()}", local_port()
     log = tmp_path / "attach.jsonl"
-    attach = _attach(listen, log, keyed_env)
+    attach = _attach(listen, log, keyed_env, "--metrics", str(metrics))
     env = dict(keyed_env, DDPTUI_REPORT=listen)
     rdzv = local_port()
     nodes = [_node(n, rdzv, env, tmp_path) for n in (0, 1)]
+    # attach's Prometheus endpoint while the job runs: a series a rank, each with its node.
+    scraped = until(lambda: (text := get(f"http://127.0.0.1:{metrics}/metrics")[1]).count(
+        'ddptui_rank_state{local_rank="0"') >= 2 * 11 and text, 120)
     outs = []
     for node in nodes:
         out, err = node.communicate(timeout=150)
@@ -57,6 +61,8 @@ def test_two_torchrun_nodes_of_an_unmodified_script_report_through_the_wrapper(k
     ranks = {e["rank"]: e for e in evs if e["kind"] == "rank" and e.get("api") == "ddptui.rank.wrap"}
     assert set(ranks) == {0, 1} and ranks[0]["node"] != ranks[1]["node"]
     assert all(ranks[r]["local_rank"] == 0 for r in (0, 1))  # one rank a node
+    for r in (0, 1):
+        assert f'ddptui_rank_state{{local_rank="0",node="{ranks[r]["node"]}",rank="{r}"' in scraped
     steps = [e for e in evs if e["kind"] == "step"]
     assert {e["rank"] for e in steps} == {0, 1}
     assert all(e["source"] == "output" and e["loss"] > 0 for e in steps)

@@ -55,7 +55,7 @@ class RunWatch:
             seen = self._seen.get(r.rank, 0.0)
             for t, state, reason in r.changes:  # every change since the last look, in order
                 if t > seen:
-                    self._changed(r, state, reason, t)
+                    self._changed(r, state, reason, t, now)
             self._seen[r.rank] = max([seen, *(c[0] for c in r.changes)])
             self._straggler(r, now)
             stall = self._stalled.get(r.rank)
@@ -68,13 +68,13 @@ class RunWatch:
             self.say(Message(view.status, f"run {self.run}: {text}", self.run,
                              cause=view.reason, log=self.log))
 
-    def _changed(self, r: RankView, state: RankState, reason: str, t: float) -> None:
+    def _changed(self, r: RankView, state: RankState, reason: str, t: float,
+                 now: float) -> None:
         before, self._states[r.rank] = self._states.get(r.rank), state
         if r.rank in self._stalled and state != RankState.STALLED:
             self._say_stalled(r)  # what came of it is said after it
         if state == RankState.STALLED:  # not its peers waiting for it: one message, not 511
-            self._stalled.setdefault(r.rank, (t, f"{state}: {reason}" if reason else state,
-                                              time.monotonic()))
+            self._stalled.setdefault(r.rank, (t, f"{state}: {reason}" if reason else state, now))
         elif state == RankState.CRASHED:
             last = r.error[-1] if r.error else ""
             self._message("crashed", r, f"crashed: {reason or last or 'no reason given'}", reason)
