@@ -6,8 +6,10 @@ bearer token or basic auth where --metrics-auth names one.
 from __future__ import annotations
 
 import base64
+import gzip
 import hmac
 import threading
+import time
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -30,6 +32,9 @@ class Auth:
         return hmac.compare_digest(header.encode(), self.header.encode())
 
 
+CACHE_S = 1.0
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scraper that hangs holds a thread, never the run's exit
 
@@ -40,26 +45,50 @@ class _Quiet(WSGIRequestHandler):
 
 
 class MetricsEndpoint:
-    """start() serves until close(); `port` is the one bound (0 asks for a free one)."""
+    """start() serves until close(); `port` is the one bound (0 asks for a free one). A scrape
+    within CACHE_S of the last gets what that one rendered: a job of 512 ranks renders in a
+    tenth of a second or more, and two Prometheus servers scraping it pay it once."""
 
     def __init__(self, address: tuple[str, int], collector, auth: Auth | None):
-        from prometheus_client import CollectorRegistry, make_wsgi_app
+        from prometheus_client import CollectorRegistry
 
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(collector)
-        app = make_wsgi_app(registry)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, bytes, bytes]] = {}  # type -> (when, text, gzipped)
 
-        def guarded(environ, start_response):
+        def app(environ, start_response):
             if auth and not auth.allows(environ.get("HTTP_AUTHORIZATION", "")):
                 start_response("401 Unauthorized", [("WWW-Authenticate", 'Basic realm="ddptui"'),
                                                     ("Content-Type", "text/plain")])
                 return [b"unauthorized\n"]
-            return app(environ, start_response)
+            if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"metrics are at /metrics\n"]
+            return self._serve(environ, start_response)
 
-        self.server = make_server(address[0], address[1], guarded, _Server, _Quiet)
+        self.server = make_server(address[0], address[1], app, _Server, _Quiet)
         self.host, self.port = address[0], self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="metrics",
                                         daemon=True)
+
+    def _serve(self, environ, start_response):
+        """prometheus_client's own encoders: the text format, or OpenMetrics when asked."""
+        from prometheus_client.exposition import choose_encoder, gzip_accepted
+
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        with self._lock:
+            when, text, packed = self._cache.get(content_type, (0.0, b"", b""))
+            if time.monotonic() - when >= CACHE_S:
+                text = encoder(self.registry)
+                packed = gzip.compress(text, compresslevel=1)
+                self._cache[content_type] = (time.monotonic(), text, packed)
+        headers = [("Content-Type", content_type)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            headers.append(("Content-Encoding", "gzip"))
+            text = packed
+        start_response("200 OK", headers)
+        return [text]
 
     @property
     def url(self) -> str:

@@ -55,6 +55,10 @@ def test_a_run_is_scraped_by_prometheus_and_leaves_nothing(env, tmp_path, server
         wait_for_event(log, lambda e: e["kind"] == "step", timeout=90)
         status, text = get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200 and 'ddptui_rank_state{local_rank="1"' in text
+        asked = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={
+            "Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(asked, timeout=10) as r:  # OpenMetrics when asked for it
+            assert "openmetrics" in r.headers["Content-Type"] and r.read().endswith(b"# EOF\n")
         base = servers.prometheus(_scraping(f"127.0.0.1:{port}"))
         steps = until(lambda: len(query(base, "ddptui_steps_total")) == 2 and
                        query(base, "ddptui_steps_total"), 60)
