@@ -14,6 +14,8 @@ python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out sc
   steps sent (lost); attach's CPU (share of one core) and peak RSS; stall -> flag and cut ->
   unreachable (s, from the attach log's stamps, one clock); the log's growth once it is thinned
   (from LOG_FULL_S + a minute on: --seconds 130 at least), as MB a day.
+- --screen KEYS: instead, attach and its dashboard in this process under Pilot (160x50) with the
+  ranks connecting; up / down timed to the screen that shows the cursor moved; CPU and RSS.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import multiprocessing as mp
 import os
 import socket
+import statistics
 import struct
 import subprocess
 import sys
@@ -242,6 +245,59 @@ def measure(plan: Plan) -> dict:
             "log_mb_a_day": None if grew is None else round(grew * 86400 / 2**20)}
 
 
+async def screen(plan: Plan, keys: int) -> dict:
+    """The dashboard at scale: attach and its screen (160x50) in this process under Pilot, the
+    ranks played by other processes; up / down timed from the press to the first screen drawn
+    with the cursor moved (as bench/dashboard.py), and this process's CPU and RSS meanwhile."""
+    from ddptui.dashboard.sources.attach import Attach
+    from ddptui.dashboard.view.app import DashboardApp
+
+    folder = tempfile.mkdtemp(prefix="ddptui-scale-screen-")
+    os.environ["DDPTUI_LOG_FULL_S"] = str(LOG_FULL_S)
+    job = Attach(("127.0.0.1", _free_port()), KEY.encode(), os.path.join(folder, "a.jsonl"),
+                 "bench", stall_after=plan.stall_after)
+    app, shown = DashboardApp(job), []
+    display = app._display
+
+    def timed(screen, renderable):
+        display(screen, renderable)
+        if renderable is not None:
+            shown.append((time.perf_counter(), app.rank_table.cursor_row))
+
+    app._display = timed
+    spawn, me, latencies = mp.get_context("spawn"), psutil.Process(), []
+    async with app.run_test(size=(160, 50)) as pilot:
+        t0 = time.time() + 3.0
+        out = spawn.Queue()
+        players = [spawn.Process(target=player, args=(list(range(i, plan.ranks, plan.players)),
+                                                       plan, job.address, t0, out))
+                   for i in range(plan.players)]
+        for p in players:
+            p.start()
+        while not (app.view and len(app.view.ranks) == plan.ranks):
+            await pilot.pause(0.2)
+        appeared = time.time() - t0
+        cpu0, rss = sum(me.cpu_times()[:2]), 0
+        start = time.monotonic()
+        for k in range(keys):
+            before, row = len(shown), app.rank_table.cursor_row
+            pressed = time.perf_counter()
+            await pilot.press("down" if k % 2 == 0 else "up")
+            while not any(r != row for _, r in shown[before:]):
+                await asyncio.sleep(0.001)
+            latencies.append(next(t for t, r in shown[before:] if r != row) - pressed)
+            rss = max(rss, me.memory_info().rss)
+            await pilot.pause(0.25 + 0.1 * (k % 3))
+        busy = (sum(me.cpu_times()[:2]) - cpu0) / (time.monotonic() - start)
+        for p in players:
+            p.terminate()
+        await pilot.press("q")
+    ms = sorted(1000 * x for x in latencies)
+    return {"ranks": plan.ranks, "all_in_s": round(appeared, 2), "p50_ms": round(
+        statistics.median(ms), 1), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
+            "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20)}
+
+
 def _read_log(log: str, plan: Plan, t0: float, sims: list[dict]) -> dict:
     steps_logged: dict[int, int] = {}
     ranks_seen: set[int] = set()
@@ -280,8 +336,19 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=10.0, help="staggered: over this many s")
     ap.add_argument("--players", type=int, default=2, help="processes playing the ranks")
     ap.add_argument("--stall-after", type=float, default=5.0)
+    ap.add_argument("--screen", type=int, default=0, metavar="KEYS",
+                    help="instead: the dashboard's key -> screen over KEYS presses, in-process")
     ap.add_argument("--out")
     args = ap.parse_args()
+    if args.screen:
+        print("| ranks | all in (s) | key -> screen p50 (ms) | p95 (ms) | dashboard CPU | RSS (MB) |")
+        print("|---|---|---|---|---|---|")
+        for n in args.ranks:
+            row = asyncio.run(screen(Plan(n, args.per_node, 3600.0, True, 0.0, args.players,
+                                          args.stall_after), args.screen))
+            print(f"| {n} | {row['all_in_s']} | {row['p50_ms']} | {row['p95_ms']} | "
+                  f"{row['process_cpu']:.2f} | {row['rss_mb']} |", flush=True)
+        return
     rows = []
     print("| ranks | connect | appeared | last in (s) | events sent | steps lost | attach CPU "
           "| RSS (MB) | stall -> flag (s) | cut -> unreachable (s) | log MB a day |")

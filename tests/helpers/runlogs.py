@@ -92,6 +92,41 @@ def _gpu_readings(t: float, ranks: int, members: list[int], i: int) -> list[dict
     return out
 
 
+def cluster_run(nodes: int = 8, per_node: int = 8, seconds: float = 60.0) -> list[dict]:
+    """A job of `nodes` x `per_node` wrapped ranks as `ddptui attach` logs it (rolled up: a step
+    event a second a rank): node 1 steps 12% slower, rank 35 stalls at two thirds of the run
+    (its peers on the node go on), and node 6's GPU 2 is held down by its power cap."""
+    ranks = nodes * per_node
+    evs: list[dict] = [{"t": T0, "kind": "run", "rank": 0, "status": "started",
+                        "model": "train.py", "script": "train.py --lr 0.1", "data": "",
+                        "epochs": 0, "world_size": ranks, "device_kind": "cuda"}]
+    node = [f"gpu{r // per_node:02d}/{r // per_node}" for r in range(ranks)]
+    evs += [{"t": T0 + 0.1, "kind": "rank", "rank": r, "state": "running", "pid": 5000 + r,
+             "gpu": r % per_node, "device": f"GPU {r % per_node}", "local_rank": r % per_node,
+             "api": "ddptui.rank.wrap", "host": node[r].split("/")[0], "node": node[r]}
+            for r in range(ranks)]
+    for i in range(1, int(seconds) + 1):
+        t = T0 + 2.0 + i
+        for r in range(ranks):
+            if r == 35 and i > 2 * seconds / 3:
+                continue
+            slow = 1.12 if r // per_node == 1 else 1.0
+            evs.append({"t": t + r * 0.0001, "kind": "step", "rank": r, "epoch": 0,
+                        "step": 20 * i, "global_step": 20 * i, "steps": 20, "node": node[r],
+                        "loss": 6.9 * math.exp(-i / seconds * 2.5) + 0.01 * (r % 7),
+                        "samples_per_s": 2900.0 / slow, "step_ms": 88.0 * slow,
+                        "data_wait": 0.02 + 0.01 * (r % 3), "progress": i / 600})
+            evs.append({"t": t + r * 0.0001, "kind": "gpu", "rank": r, "gpu": r % per_node,
+                        "node": node[r], "util": 0 if r == 35 and i > 2 * seconds / 3 else 97,
+                        "mem_used": 31_200, "mem_total": 81_559, "power_w": 650.0,
+                        "temp_c": 55, "sm_clock": 1980,
+                        "held_down": ["power cap"] if r == 6 * per_node + 2 else []})
+    evs.append({"t": T0 + 2.0 + 2 * seconds / 3 + 5, "kind": "rank", "rank": 35,
+                "state": "stalled", "reason": "idle for 5 s (CPU 0%, GPU idle)",
+                "node": node[35]})
+    return sorted(evs, key=lambda e: e["t"])
+
+
 def script_run(seconds: float = 60.0, hang_at: float = 40.0) -> list[dict]:
     """Your own script on 2 GPUs, watched from outside: its output lines (loss read from them),
     its processes, GPU readings, an epoch row per printed epoch; at `hang_at` rank 1 is

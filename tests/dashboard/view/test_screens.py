@@ -26,7 +26,7 @@ from ddptui.dashboard.view.app import DashboardApp
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.widgets.bars import SPARKS
 from ddptui.dashboard.view.widgets.tables import state_cell
-from tests.helpers.runlogs import gpu_run, logged, script_run, typed
+from tests.helpers.runlogs import cluster_run, gpu_run, logged, script_run, typed
 from tests.helpers.runs import ROOT
 from tests.helpers.screens import end_tmux, fixed_hash, settle, tmux
 
@@ -72,6 +72,15 @@ async def _gpu_screen_drawn(pilot) -> None:
         await pilot.pause(0.2)
         await pilot.app.workers.wait_for_complete()
     await pilot.pause(0.2)
+
+
+@fixed_hash
+@pytest.mark.parametrize("size", [(80, 24), (160, 50)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_cluster_snapshot(snap_compare, size):
+    """64 ranks on 8 nodes: a row a node, the stalled rank pinned on top, rank 0's node open,
+    the slow node's img/s lower, a line a node in the GPU panel (one GPU held down, one idle)."""
+    app = DashboardApp(Replay("cluster", speed=0, events=cluster_run()))
+    assert snap_compare(app, terminal_size=size, run_before=settle)
 
 
 def _script_app() -> DashboardApp:

@@ -71,6 +71,9 @@ class RankTable(DataTable):
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
         rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
             self._cells(view)
+        shown = self._grouped(view, selected, columns, rows) if rank_groups.grouped(
+            view.ranks) else [(str(r.rank), cells) for r, cells in zip(view.ranks, rows,
+                                                                        strict=True)]
         if script != self.script or refit or final:  # a script's run has its own columns
             self.script = script
             self.clear(columns=True)
@@ -78,27 +81,22 @@ class RankTable(DataTable):
             # Final: fixed widths (a table left to measure its new rows when the app is next
             # idle was caught mid-way by a snapshot under load); a fixed column would no longer
             # grow, so a run going on keeps measuring its own.
-            widths = [max([cell_len(name), *(_width(row[i]) for row in rows)]) if final else None
-                      for i, name in enumerate(columns)]
+            widths = [max([cell_len(name), *(_width(row[i]) for _, row in shown)]) if final
+                      else None for i, name in enumerate(columns)]
             for name, width in zip(columns, widths, strict=True):
                 self.add_column(name, key=name, width=width)
-        if rank_groups.grouped(view.ranks):
-            self._show_grouped(view, selected, columns, dict(zip(
-                (r.rank for r in view.ranks), rows, strict=True)))
-        else:
-            self._show_rows([(str(r.rank), cells) for r, cells in zip(view.ranks, rows,
-                                                                       strict=True)],
-                            columns, str(selected))
+        self._show_rows(shown, columns, str(selected))
         self._shown = view
         self._refit_output()
 
-    def _show_grouped(self, view: RunView, selected: int, columns: tuple[str, ...],
-                      cells: dict[int, tuple]) -> None:
+    @staticmethod
+    def _grouped(view: RunView, selected: int, columns: tuple[str, ...],
+                 rows: list[tuple]) -> list[tuple[str, tuple]]:
         """A row a node, the troubled ranks pinned above, the selected rank's node open."""
-        shown = [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
-                 if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
-                 for row in rank_groups.rows(view.ranks, selected)]
-        self._show_rows(shown, columns, str(selected))
+        cells = dict(zip((r.rank for r in view.ranks), rows, strict=True))
+        return [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
+                if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
+                for row in rank_groups.rows(view.ranks, selected)]
 
     def _show_rows(self, shown: list[tuple[str, tuple]], columns: tuple[str, ...],
                    selected: str) -> None:
