@@ -11,7 +11,7 @@ from ddptui.contract.protocol.codec import event_of
 from ddptui.contract.state.epochs import EpochRow
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.timeline import Recent, Timeline
-from ddptui.contract.state.views import DeviceView, RankView
+from ddptui.contract.state.views import CHANGES, DeviceView, RankView
 from ddptui.contract.states import RankState
 
 # Plain fields, copied as they are (JSON keeps their types).
@@ -45,7 +45,10 @@ def load(data: dict, live: bool = True) -> RunState:
     for r in data["ranks"]:
         r = dict(r)
         steps = deque(r["step_times"], maxlen=r.pop("step_times_max"))
-        view = RankView(**{**r, "state": RankState.of(r["state"]), "step_times": steps})
+        changes = deque(((t, RankState.of(s), why) for t, s, why in r["changes"]),
+                        maxlen=CHANGES)
+        view = RankView(**{**r, "state": RankState.of(r["state"]), "step_times": steps,
+                           "changes": changes})
         state.ranks[view.rank] = view
     for d in data["devices"]:
         history = Recent(d["history"]["seconds"], d["history"]["limit"])
@@ -70,6 +73,7 @@ def _rank(r: RankView) -> dict:
     out = {f.name: getattr(r, f.name) for f in fields(r)}
     out["state"] = r.state.value
     out["step_times"], out["step_times_max"] = list(r.step_times), r.step_times.maxlen
+    out["changes"] = [[t, s.value, why] for t, s, why in r.changes]
     return out
 
 
