@@ -266,14 +266,14 @@ async def screen(plan: Plan, keys: int) -> dict:
 
     app._display = timed
     spawn, me, latencies = mp.get_context("spawn"), psutil.Process(), []
+    t0 = time.time() + 5.0  # the players start before the app (none can be spawned inside it)
+    out = spawn.Queue()
+    players = [spawn.Process(target=player, args=(list(range(i, plan.ranks, plan.players)),
+                                                   plan, job.address, t0, out))
+               for i in range(plan.players)]
+    for p in players:
+        p.start()
     async with app.run_test(size=(160, 50)) as pilot:
-        t0 = time.time() + 3.0
-        out = spawn.Queue()
-        players = [spawn.Process(target=player, args=(list(range(i, plan.ranks, plan.players)),
-                                                       plan, job.address, t0, out))
-                   for i in range(plan.players)]
-        for p in players:
-            p.start()
         while not (app.view and len(app.view.ranks) == plan.ranks):
             await pilot.pause(0.2)
         appeared = time.time() - t0

@@ -4,6 +4,7 @@ events and copies for every view. Pure Python."""
 from __future__ import annotations
 
 import bisect
+import copy
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -85,9 +86,12 @@ class RankView:
             self.restarts += 1
 
     def copied(self) -> RankView:
-        """For a view: what changes in place copied (a reader holds it after the lock)."""
-        return replace(self, step_times=deque(self.step_times), step_counts=list(self.step_counts),
-                       ends=dict(self.ends), changes=deque(self.changes))
+        """For a view: what changes in place copied (a reader holds it after the lock); a
+        shallow copy, not dataclasses.replace (its __init__ was a third of a 512-rank view)."""
+        out = copy.copy(self)
+        out.step_times, out.step_counts = deque(self.step_times), list(self.step_counts)
+        out.ends, out.changes = dict(self.ends), deque(self.changes)
+        return out
 
     def order(self) -> tuple:
         """Ranks grouped by the node they report from under attach ('host/2' before 'host/10'),

@@ -69,11 +69,16 @@ class RankTable(DataTable):
         is over, to the widths its last figures need, now."""
         script = bool(view.meta.get("script"))
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
-        rows = [self._script_cells(r, view.now) for r in view.ranks] if script else \
-            self._cells(view)
-        shown = self._grouped(view, selected, columns, rows) if rank_groups.grouped(
-            view.ranks) else [(str(r.rank), cells) for r, cells in zip(view.ranks, rows,
-                                                                        strict=True)]
+        grouped = rank_groups.grouped(view.ranks)
+        # Grouped: cells only for the ranks shown (the pinned ones and the open node's).
+        layout = rank_groups.rows(view.ranks, selected) if grouped else list(view.ranks)
+        drawn = [r for r in layout if not isinstance(r, rank_groups.NodeRow)]
+        rows = [self._script_cells(r, view.now) for r in drawn] if script else \
+            self._cells(view, drawn)
+        cells = dict(zip((r.rank for r in drawn), rows, strict=True))
+        shown = [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
+                 if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
+                 for row in layout]
         if script != self.script or refit or final:  # a script's run has its own columns
             self.script = script
             self.clear(columns=True)
@@ -88,15 +93,6 @@ class RankTable(DataTable):
         self._show_rows(shown, columns, str(selected))
         self._shown = view
         self._refit_output()
-
-    @staticmethod
-    def _grouped(view: RunView, selected: int, columns: tuple[str, ...],
-                 rows: list[tuple]) -> list[tuple[str, tuple]]:
-        """A row a node, the troubled ranks pinned above, the selected rank's node open."""
-        cells = dict(zip((r.rank for r in view.ranks), rows, strict=True))
-        return [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
-                if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
-                for row in rank_groups.rows(view.ranks, selected)]
 
     def _show_rows(self, shown: list[tuple[str, tuple]], columns: tuple[str, ...],
                    selected: str) -> None:
@@ -159,14 +155,14 @@ class RankTable(DataTable):
                 _mib(r.rss), _mib(r.gpu_mem), _fmt(r.samples_per_s or None, ",.0f"),
                 str(r.pid or "-"), r.device or "-")
 
-    def _cells(self, view: RunView) -> list[tuple]:
+    def _cells(self, view: RunView, ranks: list) -> list[tuple]:
         workers = view.settings.get("workers", "-")
         several_hosts = len({r.host for r in view.ranks if r.host}) > 1  # attach, multi-node
         # One scale for every rank, so the slow one's bars stand taller than the others'.
         times = [ms for r in view.ranks for ms in list(r.step_times)[-self.SPARK:]]
         lo, hi = (0.8 * min(times), max(times)) if times else (0.0, 1.0)
         rows = []
-        for r in view.ranks:
+        for r in ranks:
             device = f"{r.host} {r.device}" if several_hosts else r.device
             current = r.state.is_member
             age = view.now - r.last_step_t if r.last_step_t else 0.0
