@@ -1,5 +1,6 @@
-"""A Lightning script with no line for ddptui: `python lightning_plain.py ddp|ddp_spawn` trains a
-small classifier on 2 CPU devices, logging train_loss, val_loss and val_acc to its bar."""
+"""A Lightning script with no line for ddptui: `python lightning_plain.py ddp|ddp_spawn [cpu|gpu
+[DEVICES]]` trains a small classifier (on 2 CPU devices by default), logging train_loss,
+val_loss and val_acc to its bar."""
 
 import sys
 
@@ -33,7 +34,9 @@ class Classifier(L.LightningModule):
 def main() -> None:
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=sys.argv[1], max_epochs=3,
+    accelerator = sys.argv[2] if len(sys.argv) > 2 else "cpu"
+    devices = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    trainer = L.Trainer(accelerator=accelerator, devices=devices, strategy=sys.argv[1], max_epochs=3,
                         logger=False, enable_checkpointing=False, log_every_n_steps=1)
     trainer.fit(Classifier(), DataLoader(data, batch_size=16), DataLoader(data, batch_size=64))
 

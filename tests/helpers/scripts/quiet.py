@@ -7,10 +7,13 @@ buffers at every forward).
     --end-unhandled      rank 0 then lingers 6 s with faulthandler's handlers gone, as a
                          rank's ending interpreter has them (Python's finalization
                          unregisters them), and exits 0
+    --cuda               NCCL, the model on the rank's GPU (LOCAL_RANK)
+    --silent             no line at all, on any rank, until the end
 """
 
 import argparse
 import faulthandler
+import os
 import signal
 import time
 
@@ -30,14 +33,22 @@ def main() -> None:
     p.add_argument("--step-seconds", type=float, default=0.05)
     p.add_argument("--asleep-rank", type=int, default=None)
     p.add_argument("--end-unhandled", action="store_true")
+    p.add_argument("--cuda", action="store_true")
+    p.add_argument("--silent", action="store_true")
     args = p.parse_args()
-    dist.init_process_group("gloo")
+    dist.init_process_group("nccl" if args.cuda else "gloo")
     rank = dist.get_rank()
-    print(f"process {rank}, total {dist.get_world_size()}, device cpu", flush=True)
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if args.cuda else \
+        torch.device("cpu")
+    if args.cuda:
+        torch.cuda.set_device(device)
+    if not args.silent:
+        print(f"process {rank}, total {dist.get_world_size()}, device {device}", flush=True)
     torch.manual_seed(0)
-    net = DDP(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2)))
+    net = DDP(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                            nn.Linear(16, 2)).to(device))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    x, y = torch.randn(16, 8), torch.randint(0, 2, (16,))
+    x, y = torch.randn(16, 8, device=device), torch.randint(0, 2, (16,), device=device)
     step, start = 0, time.time()
     while time.time() - start < args.seconds:
         if rank == args.asleep_rank and step == 5:
@@ -46,7 +57,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if rank == 0 and step % 10 == 0:
+        if rank == 0 and step % 10 == 0 and not args.silent:
             print(f"step {step} loss: {loss.item():.4f}", flush=True)
         step += 1
         time.sleep(args.step_seconds)
