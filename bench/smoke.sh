@@ -16,13 +16,13 @@ echo "decode gpu exit $?" >> "$OUT/smoke.txt"
     --epochs 1 --workers 4 --batch-size 128 --headless --log /tmp/cpu.jsonl ) > /tmp/cpu.txt 2>&1
 echo "decode cpu exit $?" >> "$OUT/smoke.txt"; tail -3 /tmp/cpu.txt >> "$OUT/smoke.txt"
 # PyTorch's CUDA sanitizer over the side-stream paths (the GPU decoder, the prefetcher, rollback
-# points, a checkpoint), enabled in the rank itself: the variable would reach forked DataLoader
-# workers, which cannot start CUDA, so --workers 0. It sees what torch dispatches (not nvJPEG's
-# own stream, nor the allocator's reuse): the soak (bench/soak.py) is the gate for those.
+# points, a checkpoint), enabled in the rank itself; its DataLoader workers' fork server starts
+# without it (they cannot start CUDA). It sees what torch dispatches (not nvJPEG's own stream,
+# nor the allocator's reuse): the soak (bench/soak.py) is the gate for those.
 for d in gpu cpu; do
   rm -rf /tmp/san-$d*
   ( cd /tmp && TORCH_CUDA_SANITIZER=1 timeout 150 python3 -m ddptui run resnet18 --gpus 0 --headless \
-      --data imagefolder:/tmp/jpeg-smoke --decode $d --workers 0 --epochs 1 --steps-per-epoch 12 \
+      --data imagefolder:/tmp/jpeg-smoke --decode $d --workers 2 --epochs 1 --steps-per-epoch 12 \
       --batch-size 32 --checkpoint-dir /tmp/san-$d-ck --snapshot-every 2 --log /tmp/san-$d.jsonl \
       > /tmp/san-$d.txt 2>&1 )
   echo "sanitizer, decode $d: exit $?, $(cat /tmp/san-$d*.out /tmp/san-$d.txt | grep -c 'CSAN detected') races reported" >> "$OUT/smoke.txt"
