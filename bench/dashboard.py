@@ -62,14 +62,8 @@ def flood(seconds: float, t0: float = 1_800_000_000.0):
                        "pcie_tx": 10.0, "nvlink_rx": 21000.0, "nvlink_tx": 21000.0}
 
 
-async def key_latency(keys: int) -> list[float]:
-    """Seconds from each key press to the first display of a screen showing its effect."""
-    # Played from a file as `ddptui replay` does: a list of the events would put 10^5 objects
-    # in the bench's own heap for the garbage collector to walk.
-    log = os.path.join(tempfile.mkdtemp(), "flood.jsonl")
-    with open(log, "w") as f:
-        f.writelines(json.dumps(ev, separators=(",", ":")) + "\n" for ev in flood(keys + 60.0))
-    app = DashboardApp(Replay(log, speed=1.0))
+def track_cursor(app: DashboardApp) -> list[tuple[float, int]]:
+    """(when, the ranks table's cursor row) at every screen the app displays from now on."""
     shown: list[tuple[float, int]] = []
     display = app._display
 
@@ -79,6 +73,18 @@ async def key_latency(keys: int) -> list[float]:
             shown.append((time.perf_counter(), app.rank_table.cursor_row))
 
     app._display = timed_display
+    return shown
+
+
+async def key_latency(keys: int) -> list[float]:
+    """Seconds from each key press to the first display of a screen showing its effect."""
+    # Played from a file as `ddptui replay` does: a list of the events would put 10^5 objects
+    # in the bench's own heap for the garbage collector to walk.
+    log = os.path.join(tempfile.mkdtemp(), "flood.jsonl")
+    with open(log, "w") as f:
+        f.writelines(json.dumps(ev, separators=(",", ":")) + "\n" for ev in flood(keys + 60.0))
+    app = DashboardApp(Replay(log, speed=1.0))
+    shown = track_cursor(app)
     latencies = []
     async with app.run_test(size=(160, 50)) as pilot:
         while app.rank_table.row_count < RANKS:

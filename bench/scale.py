@@ -249,6 +249,8 @@ async def screen(plan: Plan, keys: int) -> dict:
     """The dashboard at scale: attach and its screen (160x50) in this process under Pilot, the
     ranks played by other processes; up / down timed from the press to the first screen drawn
     with the cursor moved (as bench/dashboard.py), and this process's CPU and RSS meanwhile."""
+    from dashboard import track_cursor  # bench/dashboard.py's, timed the same way
+
     from ddptui.dashboard.sources.attach import Attach
     from ddptui.dashboard.view.app import DashboardApp
 
@@ -256,15 +258,8 @@ async def screen(plan: Plan, keys: int) -> dict:
     os.environ["DDPTUI_LOG_FULL_S"] = str(LOG_FULL_S)
     job = Attach(("127.0.0.1", _free_port()), KEY.encode(), os.path.join(folder, "a.jsonl"),
                  "bench", stall_after=plan.stall_after)
-    app, shown = DashboardApp(job), []
-    display = app._display
-
-    def timed(screen, renderable):
-        display(screen, renderable)
-        if renderable is not None:
-            shown.append((time.perf_counter(), app.rank_table.cursor_row))
-
-    app._display = timed
+    app = DashboardApp(job)
+    shown = track_cursor(app)
     spawn, me, latencies = mp.get_context("spawn"), psutil.Process(), []
     t0 = time.time() + 5.0  # the players start before the app (none can be spawned inside it)
     out = spawn.Queue()
