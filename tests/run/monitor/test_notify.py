@@ -88,3 +88,19 @@ def test_notify_test_says_whether_a_message_got_through(env, tmp_path, receiver)
     bad = ddptui(["run", *TINY, "--notify", "nosuch://x"], env, tmp_path)
     assert bad.returncode == 2 and "not a URL Apprise knows" in bad.stderr
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+@pytest.mark.timeout(180)
+def test_a_detached_run_notifies_and_serves_its_metrics_with_no_dashboard(env, tmp_path,
+                                                                           receiver):
+    """--detach: the run's own process keeps the endpoint and sends the end's message, with no
+    dashboard attached (the terminal that started it is gone)."""
+    from tests.helpers.monitoring import get, until
+
+    log, port = tmp_path / "bg.jsonl", local_port()
+    r = ddptui(["run", *TINY, "--epochs", "40", "--detach", "--log", str(log), "--notify",
+                receiver.url, "--metrics", str(port)], env, ROOT)
+    assert r.returncode == 0, r.stderr
+    assert until(lambda: "ddptui_steps_total" in get(f"http://127.0.0.1:{port}/metrics")[1], 90)
+    assert until(lambda: [b for b in receiver.bodies if b["event"] == "done"], 150)
+    assert_gone(run_pids(log))
