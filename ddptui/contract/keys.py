@@ -35,6 +35,10 @@ KEYS = (
     Key("t", "stacks", "Stacks", "t",
         "the selected rank's Python stacks, every thread (a stalled rank's are taken when it is "
         "flagged); a script's GPU rank also says which NCCL collective it is in"),
+    Key("h", "heat", "Heat map", "h",
+        "every rank's step time over the last minutes at a glance: a column a rank (or a few), "
+        "a row a second, coloured against that second's median (a straggler is a stripe, a "
+        "hang a dark column)", footer=False),
     Key("g", "gpus", "GPU detail", "g",
         "the GPU screen: each GPU's load, memory and power over five minutes, clocks and why "
         "they are held down, PCIe and NVLink traffic, other processes"),

@@ -143,7 +143,7 @@ class RunState:
             self.status = "running"
         if r.step_ms:
             r.step_times.append(r.step_ms)
-            r.count(ev.steps or 1, r.step_ms, r.samples_per_s)
+            r.count(t, ev.steps or 1, r.step_ms, r.samples_per_s)
         if r.loss is not None:
             self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
         # One point an interval, from the lowest stepping rank (found anew only when it may move)

@@ -11,7 +11,7 @@ from ddptui.contract.protocol.codec import event_of
 from ddptui.contract.state.epochs import EpochRow
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.timeline import Recent, Timeline
-from ddptui.contract.state.views import CHANGES, DeviceView, RankView
+from ddptui.contract.state.views import CHANGES, HEAT_POINTS, DeviceView, RankView
 from ddptui.contract.states import RankState
 
 # Plain fields, copied as they are (JSON keeps their types).
@@ -47,8 +47,9 @@ def load(data: dict, live: bool = True) -> RunState:
         steps = deque(r["step_times"], maxlen=r.pop("step_times_max"))
         changes = deque(((t, RankState.of(s), why) for t, s, why in r["changes"]),
                         maxlen=CHANGES)
+        line = deque((tuple(p) for p in r["step_line"]), maxlen=HEAT_POINTS)
         view = RankView(**{**r, "state": RankState.of(r["state"]), "step_times": steps,
-                           "changes": changes})
+                           "changes": changes, "step_line": line})
         state.ranks[view.rank] = view
     for d in data["devices"]:
         history = Recent(d["history"]["seconds"], d["history"]["limit"])
@@ -74,6 +75,7 @@ def _rank(r: RankView) -> dict:
     out["state"] = r.state.value
     out["step_times"], out["step_times_max"] = list(r.step_times), r.step_times.maxlen
     out["changes"] = [[t, s.value, why] for t, s, why in r.changes]
+    out["step_line"] = list(r.step_line)
     return out
 
 

@@ -18,6 +18,7 @@ GPU_HISTORY_S = 300.0  # the GPU charts' window: the last five minutes
 STALE_S = 5.0  # readings come every 0.5 s: this much silence means none are coming
 STEP_TIMES = 16  # a rank's recent step times, for its sparkline
 CHANGES = 16  # a rank's changes of state kept
+HEAT_S, HEAT_POINTS = 120.0, 2400  # the heat map's span, and the step events kept for it
 # The metrics endpoint's step-time histogram, upper bounds in seconds (+Inf after).
 # Log-spaced, about 3x apart: 10 ms to 30 s in 8 (512 ranks' scrape stays near 2 MB).
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
@@ -68,10 +69,15 @@ class RankView:
     # Its latest changes of state, (time, state, reason): a state held for less than a reader's
     # period (stalled, then killed at once) is still seen.
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES))
+    # (t, step ms) of its last HEAT_S of step events, for the heat map (read under the lock)
+    step_line: deque = field(default_factory=lambda: deque(maxlen=HEAT_POINTS))
 
-    def count(self, steps: int, step_ms: float, samples_per_s: float) -> None:
+    def count(self, t: float, steps: int, step_ms: float, samples_per_s: float) -> None:
         """A step event's steps into the counters: each at the event's mean step time (a rolled
-        up event's steps are only known by their mean)."""
+        up event's steps are only known by their mean); its time and step time kept."""
+        self.step_line.append((t, step_ms))
+        while self.step_line[0][0] < t - HEAT_S:
+            self.step_line.popleft()
         seconds = step_ms / 1000
         self.samples += samples_per_s * seconds * steps
         self.step_seconds += seconds * steps

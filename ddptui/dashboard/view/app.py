@@ -25,6 +25,7 @@ from ddptui.contract.wording import onoff
 from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
+from ddptui.dashboard.view.screens.heat_screen import HeatScreen
 from ddptui.dashboard.view.screens.help import HelpScreen
 from ddptui.dashboard.view.screens.jump import JumpToRank
 from ddptui.dashboard.view.screens.stacks_screen import StacksScreen
@@ -287,6 +288,9 @@ class DashboardApp(RankKeys, App[int]):
             self._stacks_asked_t = 0.0
             screen.stacks = rank.stacks
         self.push_screen(screen)
+
+    def action_heat(self) -> None:
+        self.push_screen(HeatScreen(self.source.state))
 
     def action_jump(self) -> None:
         ranks = [r.rank for r in self._ranks()]

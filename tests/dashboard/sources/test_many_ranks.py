@@ -11,7 +11,9 @@ import pytest
 
 from ddptui.contract.channel import connect, send
 from ddptui.contract.protocol import events as ev
+from ddptui.contract.state.heat import heat
 from ddptui.dashboard.sources.attach import Attach
+from ddptui.dashboard.view.screens.heat_screen import HeatScreen
 from tests.helpers.runs import REPORT_KEY, local_port
 
 RANKS, PER_NODE, STALLED = 64, 8, 35
@@ -90,6 +92,14 @@ async def test_sixty_four_ranks_fold_by_node_with_the_stalled_one_pinned(tmp_pat
             row = app.rank_table.get_row("node:n4")
             assert row[0] == "▸ n4" and str(row[1]) == "stalled 1/8"  # its worst, pinned above too
             assert app.rank_table.get_cell("node:n1", "samples/s") == "900/900/900"  # slow node
+            await pilot.pause(2.5)  # the heat map's last rows after the stall
+            await pilot.press("h")  # the heat map: rank 35's column dark from its stall
+            await pilot.pause(0.3)
+            assert isinstance(app.screen, HeatScreen)
+            picture = heat(app.source.state, RANKS, 8)
+            assert picture.per_column == 1 and picture.cells[-2][STALLED] is None
+            assert all(v is not None for i, v in enumerate(picture.cells[-2]) if i != STALLED)
+            await pilot.press("escape")
             gpus = app.devices.render()  # a line a node, a cell a GPU
             assert gpus.row_count == 8
             assert str(gpus.columns[1]._cells[4]) == "█" * 3 + "▄" + "█" * 4  # rank 35's GPU
