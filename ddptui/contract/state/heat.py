@@ -33,17 +33,20 @@ def heat(state: RunState, columns: int, rows: int) -> Heat:
     per = max(1, -(-len(ranks) // max(1, columns)))
     start = now - rows * row_s
     spans: list[dict[int, float]] = [{} for _ in range(rows)]  # rank -> its worst step there
-    for rank, line in lines.items():
-        for t, ms in line:
+    for rank, points in lines.items():
+        for t, ms in points:
             row = int((t - start) // row_s)
-            if 0 <= row < rows and ms:
+            if 0 <= row < rows:
                 spans[row][rank] = max(ms, spans[row].get(rank, 0.0))
     cells = []
     for span in spans:
-        median = statistics.median(span.values()) if span else None
-        line = []
+        timed = [ms for ms in span.values() if ms]
+        median = statistics.median(timed) if timed else None
+        line: list[float | None] = []
         for c in range(0, len(ranks), per):
             known = [span[rank] for rank in ranks[c:c + per] if rank in span]
-            line.append(max(known) / median if known and median else None)
+            # A step with no time known (read from a script's output) is a step: not dark.
+            line.append(None if not known else max(known) / median if median and max(known)
+                        else 1.0)
         cells.append(line)
     return Heat(ranks, per, row_s, cells)

@@ -141,9 +141,10 @@ class RunState:
                 self._line(t, "info", f"first step {t - self.started_t:.1f} s after launch")
         if self.status == "starting":
             self.status = "running"
+        r.stepped(t, r.step_ms)
         if r.step_ms:
             r.step_times.append(r.step_ms)
-            r.count(t, ev.steps or 1, r.step_ms, r.samples_per_s)
+            r.count(ev.steps or 1, r.step_ms, r.samples_per_s)
         if r.loss is not None:
             self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
         # One point an interval, from the lowest stepping rank (found anew only when it may move)

@@ -72,12 +72,16 @@ class RankView:
     # (t, step ms) of its last HEAT_S of step events, for the heat map (read under the lock)
     step_line: deque = field(default_factory=lambda: deque(maxlen=HEAT_POINTS))
 
-    def count(self, t: float, steps: int, step_ms: float, samples_per_s: float) -> None:
-        """A step event's steps into the counters: each at the event's mean step time (a rolled
-        up event's steps are only known by their mean); its time and step time kept."""
+    def stepped(self, t: float, step_ms: float) -> None:
+        """A step event's time and step time (0: a script's step read from its output, no time
+        known), for the heat map."""
         self.step_line.append((t, step_ms))
         while self.step_line[0][0] < t - HEAT_S:
             self.step_line.popleft()
+
+    def count(self, steps: int, step_ms: float, samples_per_s: float) -> None:
+        """A step event's steps into the counters: each at the event's mean step time (a rolled
+        up event's steps are only known by their mean)."""
         seconds = step_ms / 1000
         self.samples += samples_per_s * seconds * steps
         self.step_seconds += seconds * steps
