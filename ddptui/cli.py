@@ -66,7 +66,10 @@ exit codes: 0 done (or d: the run goes on), 1 training failed, 2 bad usage or in
   output stops (| head); your own script: the failing rank's own exit code, passed on (128+N
   for a rank killed by signal N)
 environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by default
-  where Python may not write bytecode)"""
+  where Python may not write bytecode); DDPTUI_BELL=0 keeps the dashboard from ringing the
+  terminal's bell when a rank stalls or crashes; ranks of a job over 16 send their telemetry
+  folded once a second (DDPTUI_ROLLUP_S=S: another span, 0: every step event), and attach's log
+  keeps it whole for its first 300 s (DDPTUI_LOG_FULL_S) (docs/cluster.md)"""
 
 
 def build_parser() -> Parser:
