@@ -215,7 +215,10 @@ def measure(plan: Plan) -> dict:
          f"{address[0]}:{address[1]}", "--log", log, "--stall-after", str(plan.stall_after)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc = psutil.Process(attach.pid)
+    deadline = time.monotonic() + 60
     while not any(c.status == psutil.CONN_LISTEN for c in proc.net_connections()):
+        if attach.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"attach never listened (exit {attach.poll()})")
         time.sleep(0.1)
     t0 = time.time() + 3.0  # the players are up by then
     spawn = mp.get_context("spawn")
@@ -233,7 +236,7 @@ def measure(plan: Plan) -> dict:
         time.sleep(1.0)
     grew = (os.path.getsize(log) - size0[0]) / (time.time() - size0[1]) if size0 else None
     cpu1 = proc.cpu_times()
-    sims = [s for _ in players for s in out.get()]
+    sims = [s for _ in players for s in out.get(timeout=plan.seconds + 120)]
     for p in players:
         p.join()
     time.sleep(plan.stall_after + 3)  # the verdicts of the last seconds reach the log

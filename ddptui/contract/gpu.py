@@ -62,19 +62,18 @@ class DeviceSampler(threading.Thread):
 
             pynvml.nvmlInit()
             handle = pynvml.nvmlDeviceGetHandleByIndex(self.physical_gpu)
-            uuid = pynvml.nvmlDeviceGetUUID(handle)
         except Exception as e:
             self.warn(f"NVML unavailable for GPU {self.physical_gpu}, reporting CPU figures: {e}")
             return None
         gpu = self.physical_gpu
-        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        uuid = gpu_uuid(pynvml, handle)
         readings = itertools.count()
 
         def read() -> dict:
             mem = memory_info(pynvml, handle)
             return {
                 "gpu": gpu,
-                "uuid": uuid if next(readings) % 120 == 0 else None,  # first, then a minute
+                "uuid": uuid or None if next(readings) % UUID_EVERY == 0 else None,
                 "util": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu,
                 "mem_used": mem.used >> 20,
                 "mem_total": mem.total >> 20,
@@ -122,6 +121,18 @@ class ProcessTree:
     def forget(self) -> None:
         """Drop processes that are gone (psutil tells a reused pid apart by its start time)."""
         self._known = {pid: p for pid, p in self._known.items() if p.is_running()}
+
+
+UUID_EVERY = 120  # readings: a GPU's UUID in its first, then once a minute (a log read later)
+
+
+def gpu_uuid(pynvml, handle) -> str:
+    """The GPU's UUID as nvidia-smi shows it (GPU-...); '' where NVML will not say."""
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(handle)
+    except Exception:  # an old driver, a MIG slice: the figures go on without it
+        return ""
+    return uuid.decode() if isinstance(uuid, bytes) else uuid
 
 
 def memory_info(pynvml, handle):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 
-from ddptui.contract.channel import MessageTooLong, handshake, receive, send, wake
+from ddptui.contract.channel import HANDSHAKE_S, MessageTooLong, handshake, receive, send, wake
 from ddptui.contract.protocol.events import Event, Rank
 from ddptui.contract.protocol.orders import Order
 from ddptui.contract.states import RankState
@@ -94,6 +94,7 @@ class ReportListener:
         try:
             send(conn, cmd)
         except (OSError, ValueError):
+            wake(conn)  # a send cut short leaves half a message: the rank connects again
             self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
             return False
         return True
@@ -109,13 +110,19 @@ class ReportListener:
                              daemon=True).start()
 
     def _serve(self, conn: Connection, peer: str) -> None:
+        # The whole handshake within its limit (each read has one; a peer dripping a byte at a
+        # time would pass every read's): past it the connection is shut, and the read fails.
+        deadline = threading.Timer(HANDSHAKE_S, wake, (conn,))
+        deadline.start()
         try:
             handshake(conn, self.key)
         except (AuthenticationError, EOFError, OSError) as e:
+            deadline.cancel()
             why = "wrong key" if isinstance(e, AuthenticationError) else "no handshake"
             self.note("warning", f"refused a connection from {peer}: {why}")
             conn.close()
             return
+        deadline.cancel()
         with self._lock:
             self._open.add(conn)
         ranks: set[int] = set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddptui.contract.gpu import memory_info
+from ddptui.contract.gpu import gpu_uuid, memory_info
 
 # Cumulative byte counters read as NVML field values: (field, scope, unit in bytes). NVLink's are
 # summed over all links (scope 0xFFFFFFFF); a GPU or driver without one simply leaves it out.
@@ -90,8 +90,7 @@ class Nvml:
         if processes:
             info.processes = [(pid, "", mib) for pid, mib in self._processes(h)]
         info.traffic = self._traffic(h)
-        info.uuid = self._uuids.get(index) or self._uuids.setdefault(index, _optional(
-            lambda: _text(n.nvmlDeviceGetUUID(h)), ""))
+        info.uuid = self._uuids.get(index) or self._uuids.setdefault(index, gpu_uuid(n, h))
         return info
 
     def _traffic(self, h) -> dict:

@@ -50,8 +50,11 @@ def _fold_run(run: list[Event]) -> list[Event]:
     for i, ev in enumerate(run):
         key = (type(ev), ev.rank, ev.epoch if isinstance(ev, Step) else getattr(ev, "gpu", None))
         before = merged.get(key)
-        merged[key] = merge_steps(before, ev) if isinstance(ev, Step) and isinstance(
-            before, Step) else ev
+        if isinstance(ev, Step) and isinstance(before, Step):
+            ev = merge_steps(before, ev)
+        elif isinstance(ev, Gpu) and isinstance(before, Gpu) and ev.uuid is None:
+            ev = ev.replace(uuid=before.uuid)  # said once a minute: not folded away
+        merged[key] = ev
         last[key] = i
     return [merged[key] for key, _ in sorted(last.items(), key=lambda kv: kv[1])]
 

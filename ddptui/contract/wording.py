@@ -92,3 +92,12 @@ def onoff(v) -> str:
     if v is None:
         return "-"
     return ("on" if v else "off") if isinstance(v, bool) else str(v)
+
+
+def ranks_named(ranks: list[int]) -> str:
+    """'rank 3', 'ranks 0-2', 'ranks 0, 2 and 5'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"

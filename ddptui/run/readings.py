@@ -11,12 +11,11 @@ from collections.abc import Callable
 
 import psutil
 
-from ddptui.contract.gpu import ProcessTree
+from ddptui.contract.gpu import UUID_EVERY, ProcessTree
 from ddptui.contract.nvml import open_nvml
 from ddptui.contract.protocol.events import Gpu
 
 SAMPLE_EVERY_S = 0.5  # GPU and process readings of a run's ranks, built-in or script
-UUID_EVERY = 120  # readings: a GPU's UUID in its first, then once a minute (a log read later)
 
 
 class RunSampler:

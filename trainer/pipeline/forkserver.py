@@ -24,14 +24,15 @@ def worker_context(cuda: bool):
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(WORKER_PRELOAD)
-    _ensure_server()
     return ctx
 
 
 def start_worker_server() -> None:
-    """Start the fork server now: its preloading runs in its own process while this rank
-    imports, instead of after the rank asks for its first batch (8 s later)."""
+    """Start the fork server now, before the rank has threads (its environment is changed for
+    the start): its preloading runs in its own process while this rank imports, instead of
+    after the rank asks for its first batch (8 s later)."""
     worker_context(True)
+    _ensure_server()
 
 
 def _ensure_server() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import hmac
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -39,7 +40,13 @@ class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True  # a scraper that hangs holds a thread, never the run's exit
 
 
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class _Quiet(WSGIRequestHandler):
+    timeout = 10  # a client that opens a connection and says nothing holds no thread for ever
+
     def log_message(self, format, *args) -> None:  # noqa: A002 (http.server's name)
         pass  # a scrape a second would fill the run's output
 
@@ -67,7 +74,8 @@ class MetricsEndpoint:
                 return [b"metrics are at /metrics\n"]
             return self._serve(environ, start_response)
 
-        self.server = make_server(address[0], address[1], app, _Server, _Quiet)
+        self.server = make_server(address[0], address[1], app,
+                                  _Server6 if ":" in address[0] else _Server, _Quiet)
         self.host, self.port = address[0], self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name="metrics",
                                         daemon=True)

@@ -32,6 +32,7 @@ class RunCollector:
     def __init__(self, state: RunState, run: str):
         self.state, self.run = state, run
         self.hostname = socket.gethostname()
+        self.versions = {"ddptui_version": _version("ddptui"), "torch_version": _version("torch")}
 
     def collect(self) -> Iterator[Metric]:
         view = self.state.view()
@@ -47,7 +48,7 @@ class RunCollector:
             "run": self.run, "model": str(meta.get("model") or meta.get("script") or ""),
             "world_size": str(meta.get("world_size") or len(view.ranks)),
             "status": view.status, "device_kind": str(meta.get("device_kind") or ""),
-            "ddptui_version": _version("ddptui"), "torch_version": _version("torch")})
+            **self.versions})
         return info
 
     def _ranks(self, view: RunView) -> Iterator[Metric]:

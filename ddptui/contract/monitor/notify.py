@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 RETRIES_S = (2.0, 10.0, 30.0)  # waits before each retry of a failed delivery
 QUIET_S = 300.0  # one message a rank and kind in this long; the rest go in a digest
 CMD_S = 30.0  # a --notify-cmd that takes longer is ended
-INSTALL = "pip install 'ddptui[notify]'"
 
 
 @dataclass(frozen=True)

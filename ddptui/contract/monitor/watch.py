@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from ddptui.contract.console import summary
 from ddptui.contract.monitor.notify import Message
@@ -14,12 +15,21 @@ from ddptui.contract.observe.stacks import innermost
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.views import RankView, RunView
 from ddptui.contract.states import RankState
+from ddptui.contract.wording import ranks_named
 
 EVERY_S = 1.0
 STACKS_WAIT_S = 5.0  # a stalled rank's message waits this long for its stacks
 STRAGGLER_S = 60.0  # slow this long, without a break: a straggler
 ENDS = ("done", "failed", "interrupted")
 MANY = 3  # more ranks than this of one kind at once: one message
+
+
+@dataclass
+class Look:
+    """What one look at the run reads."""
+
+    ranks: list[RankView]
+    status: str
 
 
 class RunWatch:
@@ -29,7 +39,7 @@ class RunWatch:
     def __init__(self, state: RunState, say: Callable[[Message], None], run: str, log: str):
         self.state, self.say, self.run, self.log = state, say, run, log
         self._states: dict[int, RankState] = {}
-        self._seen: dict[int, float] = {}  # rank -> the time of its last change read
+        self._seen: dict[int, int] = {}  # rank -> the changes of it read
         # rank -> (its verdict's time, what it said, when it was read): said with its stacks
         self._stalled: dict[int, tuple[float, str, float]] = {}
         self._slow: dict[int, float] = {}  # rank -> since when it is slow, or -1 once said
@@ -44,19 +54,26 @@ class RunWatch:
     def stop(self) -> None:
         self._halt.set()
         self._thread.join(5.0)
-        self.check(self.state.view(), time.monotonic(), final=True)
+        self.check(self._look(), time.monotonic(), final=True)
 
     def _run(self) -> None:
         while not self._halt.wait(EVERY_S):
-            self.check(self.state.view(), time.monotonic())
+            self.check(self._look(), time.monotonic())
 
-    def check(self, view: RunView, now: float, final: bool = False) -> None:
+    def _look(self) -> Look:
+        """The ranks and the run's status: all a look needs (a whole view copies every GPU's
+        five minutes of readings, under the lock attach's listeners wait on)."""
+        with self.state.lock:
+            return Look([r.copied() for r in self.state.ranks.values()], self.state.status)
+
+    def check(self, view: RunView | Look, now: float, final: bool = False) -> None:
         for r in view.ranks:
-            seen = self._seen.get(r.rank, 0.0)
-            for t, state, reason in r.changes:  # every change since the last look, in order
-                if t > seen:
-                    self._changed(r, state, reason, t, now)
-            self._seen[r.rank] = max([seen, *(c[0] for c in r.changes)])
+            # Every change since the last look, in the order they came (counted, not timed: a
+            # rank's own stamps and attach's verdicts are on different clocks).
+            new = min(r.changed - self._seen.get(r.rank, 0), len(r.changes))
+            for t, state, reason in list(r.changes)[len(r.changes) - new:]:
+                self._changed(r, state, reason, t, now)
+            self._seen[r.rank] = r.changed
             self._straggler(r, now)
             stall = self._stalled.get(r.rank)
             if stall and (r.stacks_t >= stall[0] or now - stall[2] >= STACKS_WAIT_S or final):
@@ -64,9 +81,10 @@ class RunWatch:
         self._flush()
         if view.status in ENDS and not self._ended:
             self._ended = True
-            text = summary(view) + (f" ({view.reason})" if view.reason else "")
-            self.say(Message(view.status, f"run {self.run}: {text}", self.run,
-                             cause=view.reason, log=self.log))
+            whole = self.state.view()  # once: the exit line's figures
+            text = summary(whole) + (f" ({whole.reason})" if whole.reason else "")
+            self.say(Message(whole.status, f"run {self.run}: {text}", self.run,
+                             cause=whole.reason, log=self.log))
 
     def _changed(self, r: RankView, state: RankState, reason: str, t: float,
                  now: float) -> None:
@@ -117,14 +135,8 @@ class RunWatch:
                 continue
             ranks = sorted(m.rank for m in messages if m.rank is not None)
             first = messages[0]
-            self.say(Message(event, f"run {self.run}: {len(ranks)} ranks {event} ({_span(ranks)});"
+            named = ranks_named(ranks) if len(ranks) <= 10 or ranks[-1] - ranks[0] == len(
+                ranks) - 1 else f"{len(ranks)} ranks ({', '.join(map(str, ranks[:10]))}, ...)"
+            self.say(Message(event, f"run {self.run}: {named} {event};"
                              f" the first: {first.text.removeprefix(f'run {self.run}: ')}",
                              self.run, cause=first.cause, log=self.log))
-
-
-def _span(ranks: list[int]) -> str:
-    """'0-7', '3, 5, 9', or the first ten and how many more."""
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"{ranks[0]}-{ranks[-1]}"
-    shown = ", ".join(map(str, ranks[:10]))
-    return shown + (f" and {len(ranks) - 10} more" if len(ranks) > 10 else "")

@@ -69,6 +69,7 @@ class RankView:
     # Its latest changes of state, (time, state, reason): a state held for less than a reader's
     # period (stalled, then killed at once) is still seen.
     changes: deque = field(default_factory=lambda: deque(maxlen=CHANGES))
+    changed: int = 0  # changes of state so far (a reader takes those past its count)
     # (t, step ms) of its last HEAT_S of step events, for the heat map (read under the lock)
     step_line: deque = field(default_factory=lambda: deque(maxlen=HEAT_POINTS))
 
@@ -90,6 +91,7 @@ class RankView:
     def entered(self, state: RankState, t: float, reason: str) -> None:
         """A new state: kept, and counted where it ends the process or brings it back."""
         self.changes.append((t, state, reason))
+        self.changed += 1
         if state in (RankState.CRASHED, RankState.STOPPED, RankState.DONE):
             self.ends[state.value] = self.ends.get(state.value, 0) + 1
         elif state == RankState.RESTARTING:

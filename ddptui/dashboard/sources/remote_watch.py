@@ -25,6 +25,7 @@ from ddptui.contract.protocol.events import (
 from ddptui.contract.safe_text import plain
 from ddptui.contract.stalls.scripts import Reading, ScriptStalls, Silence, blame
 from ddptui.contract.states import RankState
+from ddptui.contract.wording import ranks_named
 from ddptui.dashboard.sources.sent_time import SentTime
 
 UNREACHABLE_S = 5.0  # a wrapped rank reports its process every second
@@ -148,7 +149,7 @@ class RemoteWatch:
         first = min(dead, key=lambda r: (r not in waited, r))
         where = {self.waiting[r][0] for r in held if r in self.waiting}
         self.record(Notice(rank=PARENT, level="error", text=(
-            f"{_ranks(held)} {'waits' if len(held) == 1 else 'wait'}"
+            f"{ranks_named(held)} {'waits' if len(held) == 1 else 'wait'}"
             f"{' ' + where.pop() if len(where) == 1 else ''} for rank {first}, which ended "
             f"({dead[first]}): the job cannot go on; K ends it")))
 
@@ -188,12 +189,3 @@ def _the_scripts_own(ev: Output | Lines) -> bool:
     logging is not its pace (asking a stalled rank for its flight recorder makes torch log)."""
     lines = ev.lines if isinstance(ev, Lines) else [ev.text]
     return any(not library_log(plain(line)) for line in lines)
-
-
-def _ranks(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-2', 'ranks 0, 2 and 5'."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
-    return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"

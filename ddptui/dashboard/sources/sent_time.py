@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import statistics
 
-SAMPLE = 257  # lags kept between two checks: a median of these is as good as of all
-
 
 class SentTime:
     """sent() for each event as it is received; judged(now) at each check."""
@@ -17,7 +15,7 @@ class SentTime:
         # the quickest delivery; from then on stamp + offset is when it was sent, in our time.
         self.offset: dict[int, float] = {}
         self.behind = 0.0  # how far this process is behind the events it reads, s
-        self._lags: list[float] = []
+        self._lags: dict[int, float] = {}  # rank -> its latest lag since the last check
 
     def sync(self, rank: int, stamp: float, received: float) -> None:
         """A rank's clock as its link connected (a Clock event): the offset starts again there,
@@ -27,14 +25,14 @@ class SentTime:
     def sent(self, rank: int, stamp: float, received: float) -> float:
         gap = received - stamp
         offset = self.offset[rank] = min(self.offset.get(rank, gap), gap)
-        if len(self._lags) < SAMPLE:
-            self._lags.append(gap - offset)
+        self._lags[rank] = gap - offset  # one a rank: a node's backlog is one node's say
         return stamp + offset
 
     def judged(self, now: float) -> float:
         """The time to judge silences at: `now`, less how far behind the events read since the
-        last check were. The median: a rank's backlog sent on reconnecting is old on purpose."""
+        last check were: the median over the ranks of each one's latest (a rank's or a node's
+        backlog sent on reconnecting is old on purpose, and is one say among many)."""
         if self._lags:
-            self.behind = statistics.median_low(self._lags)
+            self.behind = statistics.median_low(self._lags.values())
             self._lags.clear()
         return now - self.behind

@@ -76,10 +76,13 @@ class RemoteLink:
                 self._pause()
                 continue
             connected_once = True
-            threading.Thread(target=self._read, args=(conn,), name="report-commands",
-                             daemon=True).start()
+            reader = threading.Thread(target=self._read, args=(conn,), name="report-commands",
+                                      daemon=True)
+            reader.start()
             self._feed(conn)
-            wake(conn)  # ends the reader's blocking read; it closes the connection
+            wake(conn)  # ends the reader's blocking read
+            reader.join(5.0)
+            conn.close()  # here alone: the reader closing it raced a send on this thread
 
     def _pause(self) -> None:
         """Wait before trying again, a little longer or shorter a rank: a whole job whose
@@ -99,11 +102,14 @@ class RemoteLink:
             notice = [Notice(rank=batch[0].rank, level="warning", node=self.node,
                              text=f"{dropped} events dropped while the dashboard was away")
                       ] if dropped else []
+            sent = 0
             try:
                 for ev in notice + batch:
                     send(conn, ev)
-            except (OSError, ValueError):  # gone: keep what was not sent, reconnect
-                self.buffer.restore(batch, dropped)
+                    sent += 1
+            except (OSError, ValueError):  # gone: keep what was not sent (only), reconnect
+                told = sent - len(notice)
+                self.buffer.restore(batch[max(0, told):], dropped if told < 0 else 0)
                 return
             if self.every:
                 self.buffer.rest(self.every)
@@ -116,8 +122,6 @@ class RemoteLink:
                     self.inbox.put(msg)
         except (EOFError, OSError):
             pass
-        finally:
-            conn.close()
 
 
 class _Inbox:
