@@ -16,6 +16,7 @@ from ddptui.contract.protocol.events import Event, Rank
 from ddptui.contract.protocol.orders import Order
 from ddptui.contract.states import RankState
 
+REFUSALS_SAID = 10
 # The rank states a process announces itself in.
 TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)
 
@@ -34,6 +35,7 @@ class ReportListener:
         self._conns: dict[int, Connection] = {}  # rank -> its connection
         self._open: set[Connection] = set()
         self._closing = False
+        self._refused = 0  # connections refused so far
         self._ending: set[int] = set()  # pids ended on purpose: their connections' loss is no news
         # A script's ranks without a process group cannot agree on a step: each takes the
         # orders itself (they said so in a `rank` event with `alone`).
@@ -109,6 +111,17 @@ class ReportListener:
             threading.Thread(target=self._serve, args=(conn, peer), name="report-conn",
                              daemon=True).start()
 
+    def _refuse(self, peer: str, why: str) -> None:
+        """Said in full up to REFUSALS_SAID, then once a thousand: a port scanner or a flood
+        of bad peers writes a few lines into the run's log, not one a try."""
+        with self._lock:
+            self._refused += 1
+            n = self._refused
+        if n <= REFUSALS_SAID or n % 1000 == 0:
+            self.note("warning", f"refused a connection from {peer}: {why}" + (
+                f" ({n:,} refused so far; said again at each thousand)"
+                if n >= REFUSALS_SAID else ""))
+
     def _serve(self, conn: Connection, peer: str) -> None:
         # The whole handshake within its limit (each read has one; a peer dripping a byte at a
         # time would pass every read's): past it the connection is shut, and the read fails.
@@ -118,8 +131,8 @@ class ReportListener:
             handshake(conn, self.key)
         except (AuthenticationError, EOFError, OSError) as e:
             deadline.cancel()
-            why = "wrong key" if isinstance(e, AuthenticationError) else "no handshake"
-            self.note("warning", f"refused a connection from {peer}: {why}")
+            self._refuse(peer, "wrong key" if isinstance(e, AuthenticationError)
+                         else "no handshake")
             conn.close()
             return
         deadline.cancel()

@@ -72,3 +72,26 @@ def test_a_rank_whose_dashboard_accepted_and_went_quiet_gets_in_once_one_answers
     assert _until(lambda: any(isinstance(e, Step) and e.node == "node-a" for e in got))
     link.close()
     listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_refused_connections_writes_a_few_lines_not_one_a_try():
+    """50 peers that connect and go without a handshake (a port scanner): the first ten are
+    said, the rest counted; a rank connecting after them is in."""
+    from ddptui.contract.channel import connect, send
+
+    notes: list[str] = []
+    listener = ReportListener(("127.0.0.1", 0), KEY, lambda ev: None,
+                              lambda level, text: notes.append(text))
+    listener.start()
+    for _ in range(50):
+        socket.create_connection(listener.address).close()
+    assert _until(lambda: len(notes) >= 10)
+    conn = connect(listener.address, KEY)
+    send(conn, logged("rank", 2, state="running", pid=1002))
+    assert _until(lambda: listener.connected() == {2})
+    time.sleep(1.0)  # the last refusals said, if they were to be
+    assert len(notes) == 10 and all("no handshake" in n for n in notes)
+    assert "10 refused so far" in notes[-1]
+    conn.close()
+    listener.close()
