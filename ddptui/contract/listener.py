@@ -126,6 +126,7 @@ class ReportListener:
         # The whole handshake within its limit (each read has one; a peer dripping a byte at a
         # time would pass every read's): past it the connection is shut, and the read fails.
         deadline = threading.Timer(HANDSHAKE_S, wake, (conn,))
+        deadline.daemon = True  # a handshake under way at the process's exit does not hold it
         deadline.start()
         try:
             handshake(conn, self.key)
