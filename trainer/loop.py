@@ -117,9 +117,12 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
     p.ddp.train()
     every, snap_every = p.config.checkpoint.every, p.config.checkpoint.snapshot_every
     pulse = p.me.pulse  # where the loop is, for the heartbeat: plain attribute writes
+    clock = p.clock  # the step's phases; DDP's hooks mark forward, backward and comm
+    clock.epoch = epoch
     # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
     # thread must be gone before the loader is iterated again.
-    with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"])) as batches:
+    with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"],
+                                                    clock.begin)) as batches:
         while True:
             while p.orders.paused and not p.orders.interrupted:
                 pulse.phase = "paused"
@@ -127,6 +130,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             if p.orders.interrupted:
                 break
             pulse.phase = "input"
+            clock.begin("data")
             waited = time.perf_counter()
             try:
                 images, labels = next(batches)
@@ -166,11 +170,13 @@ def train_step(p: Parts, images: torch.Tensor, labels: torch.Tensor) -> torch.Te
         loss = F.cross_entropy(p.ddp(images), labels)
     p.optimizer.zero_grad(set_to_none=True)
     p.scaler.scale(loss).backward()
+    p.clock.begin("optimizer")
     if p.snapshots is not None:
         p.snapshots.before_update()
     p.scaler.step(p.optimizer)
     p.scaler.update()
     p.scheduler.step()
+    p.clock.step_end()
     return loss
 
 

@@ -14,6 +14,8 @@ from ddptui.contract.protocol.orders import Join, Order, WorldOrder
 from ddptui.rank.elastic import change
 from ddptui.rank.elastic.control import Control
 from ddptui.rank.elastic.snapshot import state_tensors
+from ddptui.rank.telemetry.instrument import watch_ddp
+from ddptui.rank.telemetry.phases import StepClock
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 
@@ -48,14 +50,17 @@ def recover(p: Parts, order: WorldOrder) -> int:
 
 
 def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp",
-         in_sync: bool = False) -> torch.nn.Module:
+         in_sync: bool = False, clock: StepClock | None = None) -> torch.nn.Module:
     """DDP over the current world (its construction checks the shapes and broadcasts rank 0's
     parameters, unless every member is known to hold the same state already), or DataParallel
     over this process's GPUs for --strategy dp."""
     if strategy == "dp" and me.device.type == "cuda":
         return torch.nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
-    return DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
-               gradient_as_bucket_view=True, init_sync=not in_sync)
+    ddp = DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
+              gradient_as_bucket_view=True, init_sync=not in_sync)
+    if clock is not None:  # forward, backward and the all-reduce left after it
+        watch_ddp(ddp, clock)
+    return ddp
 
 
 def host_state(p: Parts) -> dict:
@@ -138,7 +143,7 @@ class LoopMember:
         # Members that stayed hold the same state, a joiner has just been sent it, and a
         # recovery restored a common point: DDP's own check and broadcast would be a second
         # round trip.
-        p.ddp = wrap(p.model, p.me, p.config.devices.strategy, in_sync=True)
+        p.ddp = wrap(p.model, p.me, p.config.devices.strategy, in_sync=True, clock=p.clock)
         p.state.mark("ddp")
         p.control = Control(p.mailbox, p.me.rank, group)
         p.loaders.reshard()

@@ -14,6 +14,7 @@ from ddptui.rank.elastic.agreed import AgreedOrders
 from ddptui.rank.elastic.control import Control, Mailbox
 from ddptui.rank.elastic.snapshot import Snapshots
 from ddptui.rank.sampler import ShardedBatchSampler
+from ddptui.rank.telemetry.phases import StepClock
 from ddptui.rank.telemetry.reporter import StepMeter
 from ddptui_trainer.checkpoint import Writer
 from ddptui_trainer.pipeline.loaders import Loaders
@@ -61,3 +62,4 @@ class Parts:
     orders: AgreedOrders | None = None  # what the agreed ones asked (paused, stop, a change)
     snapshots: Snapshots | None = None  # rollback points (crash recovery under ddptui run)
     checkpoints: Writer | None = None  # rank 0's, when a checkpoint directory is set
+    clock: StepClock | None = None  # the phases of each step (ddptui/rank/telemetry/phases.py)

@@ -169,12 +169,14 @@ def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised
             if not member.join(p):
                 return
         else:
-            p.ddp = member.wrap(p.model, me, p.config.devices.strategy)
+            p.ddp = member.wrap(p.model, me, p.config.devices.strategy, clock=p.clock)
             p.control = Control(p.mailbox, me.rank, control_group)
             if p.mailbox is not None:  # no supervisor (torchrun, srun): nobody orders a recovery
                 p.mailbox.world_sockets = sockets
             describe_start(p)
-        if run_epochs(p):
+        done = run_epochs(p)
+        p.clock.flush()  # the last window's steps
+        if done:
             me.say("training done")
     finally:
         if p.control is not None:

@@ -9,6 +9,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from ddptui.contract.state.report import run_report
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import count
@@ -115,6 +116,7 @@ def run_headless(run: RunSource, console: HeadlessConsole | None = None) -> int:
     while not run.done.wait(0.25):
         console.poll()
     console.finish()
+    print_verdict(run.state, console.out)
     code = run.exit_code
     view = run.state.view()
     if code == 2 and view.status != "failed":  # bad input to ddptui, not a script's exit
@@ -122,6 +124,11 @@ def run_headless(run: RunSource, console: HeadlessConsole | None = None) -> int:
     elif code not in (0, None) and view.reason:
         print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)
     return 1 if code is None else code
+
+
+def print_verdict(state: RunState, out=sys.stdout) -> None:
+    """The run's verdict, after its exit line: where the time went, who was slow and why."""
+    print("\n".join(run_report(state)[1]), file=out, flush=True)
 
 
 def _stop_on_signals(stop) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from ddptui.contract.console import HeadlessConsole, summary
+from ddptui.contract.console import HeadlessConsole, print_verdict, summary
 from ddptui.contract.options.errors import UsageError
 from ddptui.contract.runs.registry import HOST_ENV, run_name
 from ddptui.contract.runs.runtime_dir import FolderRefused, RuntimeDir, safe_name
@@ -154,6 +154,7 @@ def ended(viewer: Viewer, said: bool = False) -> int:
         return 1
     if not said:
         print(f"ddptui: {summary(view)}", flush=True)
+    print_verdict(viewer.state)
     code = viewer.exit_code
     if code not in (0, None) and view.reason:
         print(f"ddptui: {view.status}: {view.reason}", file=sys.stderr)

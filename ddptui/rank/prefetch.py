@@ -59,9 +59,12 @@ class ToDevice:
         return self.normalize(images), labels.to(self.device, non_blocking=self.non_blocking)
 
 
-def plain_batches(loader: Iterable, prepare) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Prepare each batch on the compute stream (no prefetcher, or a CPU rank)."""
+def plain_batches(loader: Iterable, prepare,
+                  mark=lambda phase: None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Prepare each batch on the compute stream (no prefetcher, or a CPU rank); `mark("h2d")`
+    as each one's preparation begins (a step clock's)."""
     for batch in loader:
+        mark("h2d")
         yield prepare(batch)
 
 

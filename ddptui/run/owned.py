@@ -28,6 +28,7 @@ from ddptui.contract.protocol.orders import (
     TakeCheckpoint,
     settings_request,
 )
+from ddptui.contract.state.report import verdict_event
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 from ddptui.run.actions import Action, Fail, Flag, Joining, Kill, Record, Say, Standby, Tell
@@ -139,6 +140,8 @@ class OwnedRun(RunSource):
         if self._writer is None:
             return
         last = isinstance(ev, Run) and ev.exit_code is not None
+        if last and not ev.restarting and self.state.steptimes.verdict is None:
+            self._handle(verdict_event(self.state))  # the verdict, just before the run's end
         if self._writer.write(ev, last=last) or self.log_lost:
             return
         self.log_lost = f"its log {self.log_path} cannot be written: {self._writer.failed}"

@@ -103,7 +103,9 @@ class Loaders:
         if self.train is not None and self.workers:
             iter(self.train)
 
-    def train_batches(self, prefetch: bool):
+    def train_batches(self, prefetch: bool, mark=lambda phase: None):
+        """The epoch's batches on the device; `mark("h2d")` as a batch the loop waited for is
+        copied there on the compute stream (the prefetcher's copies are not the loop's)."""
         if self.bundle.train is None:
             return iter(SyntheticBatches(self.sampler, self.config.train.batch_size,
                                          self.config.data.resolved_image_size, self.bundle.num_classes,
@@ -112,7 +114,7 @@ class Loaders:
             return threaded_batches(self.train, self.me.device, self.prepare, self.stream)
         if prefetch and self.me.device.type == "cuda":
             return prefetched_batches(self.train, self.me.device, self.prepare, self.stream)
-        return plain_batches(self.train, self.prepare)
+        return plain_batches(self.train, self.prepare, mark)
 
     def close(self, train: bool = True) -> None:
         """Persistent workers end with the last reference to their loader, so dropping the

@@ -5,12 +5,32 @@ life for a rank that prints nothing.
 
 from __future__ import annotations
 
+from ddptui.contract.protocol.codec import decode
+from ddptui.contract.protocol.steptime import Phases
+
 RECORD = 48  # bytes: "STEPS MOVES\n", padded, rewritten in place
+PHASES_RECORD = 4096  # bytes: the step clock's latest window, a `phases` event, padded
 
 
 def vitals_path(stacks_path: str) -> str:
     """A rank's vitals file, beside its stacks file (<stem>.rankN.stacks)."""
     return stacks_path.removesuffix(".stacks") + ".vitals"
+
+
+def phases_path(stacks_path: str) -> str:
+    """A rank's step clock's record, beside its stacks file."""
+    return stacks_path.removesuffix(".stacks") + ".phases"
+
+
+def read_phases(path: str) -> Phases | None:
+    """The rank's latest window of phases; None before it wrote one, or for a record torn by a
+    write under way (the next read has it)."""
+    try:
+        with open(path, "rb") as f:
+            ev = decode(f.read(PHASES_RECORD))
+    except OSError:
+        return None
+    return ev if isinstance(ev, Phases) else None
 
 
 def vitals_record(steps: int, moves: int) -> bytes:

@@ -32,6 +32,7 @@ from ddptui.contract.protocol.events import (
 from ddptui.contract.protocol.updates import Applied, HostReadings, Said, Update
 from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.contract.state.epochs import EpochRow, LiveEpoch
+from ddptui.contract.state.steptime import StepTimes
 from ddptui.contract.state.timeline import Timeline
 from ddptui.contract.state.views import DeviceView, RankView, RunView, Vitals, progress_of, throughput
 from ddptui.contract.states import RankState
@@ -75,6 +76,7 @@ class RunState:
         self.last_t = 0.0
         self.checkpoint_t: float | None = None
         self.host: dict = {}
+        self.steptimes = StepTimes()  # where each rank's step time goes, and the run's verdict
         # Each change, as the run's viewers take it (ddptui/run/host/host.py), under the lock.
         self.listener: Callable[[Update], None] | None = None
 
@@ -101,6 +103,7 @@ class RunState:
 
     def _apply(self, ev: Event) -> None:
         self.last_t = max(self.last_t, ev.t)
+        self.steptimes.take(ev)
         for cls in type(ev).__mro__:  # a kind's own handler, else its base's (a Notice's)
             handler = _HANDLERS.get(cls)
             if handler is not None:

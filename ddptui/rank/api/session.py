@@ -43,6 +43,7 @@ class Run:
         if not self.active:
             return
         self._orders = Orders(self._me)
+        self._clock = _watch(self._me)
         standby = os.environ.get("DDPTUI_STANDBY") == "1"
         self._me.announce(standby)
         atexit.register(self._at_exit)
@@ -128,7 +129,7 @@ class Run:
             return
         me = self._me
         me.end_epoch()
-        me.epoch = e
+        me.epoch = self._clock.epoch = e
         me.figures.begin_epoch(e, me.global_step)
         if me.resume is not None and me.resume["epoch"] == e:  # joined in its middle
             me.figures.epoch_steps0 -= me.resume["epoch_step"]
@@ -215,6 +216,8 @@ class Run:
             return
         me.finished = True
         me.send_step()
+        if self._clock.clock is not None:
+            self._clock.clock.flush()
         me.end_epoch()
         me.reporter.emit(events.Rank(rank=me.reporter.rank, state="done", pid=os.getpid()))
         if me.rank == 0 and not me.supervised:
@@ -234,6 +237,18 @@ class Run:
         if self._elastic is not None:
             self._elastic.close()
         self._me.close()
+
+
+def _watch(me: RankSide):
+    """The step clock's hooks (installed at the rank's start under `ddptui run SCRIPT`, here
+    otherwise), their windows sent on this rank's link from now on."""
+    from ddptui.rank.telemetry.instrument import watch_everything
+
+    watch = watch_everything(me.slot, me.reporter.emit)
+    watch.rank, watch.send = me.slot, me.reporter.emit
+    if watch.clock is not None:
+        watch.clock.rank = me.slot
+    return watch
 
 
 _RUN: list[Run] = []  # a process has one link to its dashboard, however often init() is called

@@ -74,7 +74,7 @@ def _arm() -> None:
     if vitals:
         from ddptui.rank.telemetry.vitals import keep_vitals
 
-        keep_vitals(vitals)
+        keep_vitals(vitals, os.environ.get("DDPTUI_PHASES"))
 
 
 def _ranks() -> None:

@@ -14,7 +14,8 @@ import sys
 import threading
 import time
 
-from ddptui.contract.observe.vitals import vitals_record
+from ddptui.contract.protocol.codec import encode
+from ddptui.contract.observe.vitals import PHASES_RECORD, vitals_record
 from ddptui.rank.patching import after_import
 
 EVERY_S = 0.5
@@ -24,9 +25,13 @@ class Vitals(threading.Thread):
     """Counts optimizer steps (`step`, torch's hook) and moves of the main thread, and writes
     both to `path` every EVERY_S while they change."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, phases_path: str | None = None):
         super().__init__(name="ddptui-vitals", daemon=True)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        # The step clock's latest window (instrument.py), written here: no I/O in the loop.
+        self.phases_fd = os.open(phases_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) \
+            if phases_path else None
+        self.phases: bytes | None = None
         self.steps = 0
         self.moves = 0
         self._main = threading.main_thread().ident
@@ -36,18 +41,26 @@ class Vitals(threading.Thread):
         """torch.optim's global step post hook: (optimizer, args, kwargs)."""
         self.steps += 1
 
+    def hold_phases(self, ev) -> None:
+        """A window of the step clock's, for the next write (the training thread's call)."""
+        self.phases = encode(ev).encode()
+
     def run(self) -> None:
         written = None
         while True:
             time.sleep(EVERY_S)
             self.moves += self._moved()
             now = (self.steps, self.moves)
-            if now != written:
-                written = now
-                try:
+            phases, self.phases = self.phases, None
+            try:
+                if now != written:
+                    written = now
                     os.pwrite(self.fd, vitals_record(*now), 0)
-                except OSError:  # its folder went away with the run: nobody reads it
-                    return
+                if phases is not None and self.phases_fd is not None and \
+                        len(phases) < PHASES_RECORD:
+                    os.pwrite(self.phases_fd, phases.ljust(PHASES_RECORD), 0)
+            except OSError:  # its folder went away with the run: nobody reads it
+                return
 
     def _moved(self) -> bool:
         """Whether a frame of the main thread that was there at the last look has run on to
@@ -65,11 +78,16 @@ class Vitals(threading.Thread):
                    for key, (code, line) in seen.items())
 
 
-def keep_vitals(path: str) -> Vitals:
+def keep_vitals(path: str, phases_path: str | None = None) -> Vitals:
     """Started in a rank before its script runs: the step hook goes in as soon as torch.optim is
-    imported."""
-    vitals = Vitals(path)
+    imported; with `phases_path`, the step clock's hooks too (instrument.py), their windows
+    written there."""
+    vitals = Vitals(path, phases_path)
     after_import({"torch.optim.optimizer":
                   lambda module: module.register_optimizer_step_post_hook(vitals.step)})
+    if phases_path:
+        from ddptui.rank.telemetry.instrument import watch_everything
+
+        watch_everything(int(os.environ.get("RANK", 0)), vitals.hold_phases)
     vitals.start()
     return vitals

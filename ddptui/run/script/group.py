@@ -19,7 +19,7 @@ from ddptui.contract.observe.endings import ended_how
 from ddptui.contract.observe.flight import trace_prefix
 from ddptui.contract.observe.output import Console, StreamReader, last_traceback
 from ddptui.contract.observe.streams import Route
-from ddptui.contract.observe.vitals import vitals_path
+from ddptui.contract.observe.vitals import phases_path, vitals_path
 from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol.codec import parse
 from ddptui.contract.wording import count
@@ -52,6 +52,11 @@ class ScriptRank:
     def vitals_path(self) -> str:
         """Where the rank writes its signs of life (ddptui/contract/observe/vitals.py)."""
         return vitals_path(self.stacks_path)
+
+    @property
+    def phases_path(self) -> str:
+        """Where its step clock writes its latest window (ddptui/rank/telemetry/instrument.py)."""
+        return phases_path(self.stacks_path)
 
     @property
     def alive(self) -> bool:
@@ -169,7 +174,7 @@ class RankGroup:
         stacks = f"{self.stem}.{_name(slot)}.stacks"
         error = routing.error_file(slot, folder) or f"{self.stem}.rank{slot}.error.json"
         # The rank makes them: when it can answer, as it fails, as it trains.
-        for path in (stacks, error, vitals_path(stacks)):
+        for path in (stacks, error, vitals_path(stacks), phases_path(stacks)):
             if os.path.exists(path):
                 os.remove(path)
         rank = max(slot, 0)  # a launcher is started as a lone rank 0 would be

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ddptui.contract.environment import nccl_defaults, with_inject
 from ddptui.contract.observe.flight import trace_env
-from ddptui.contract.observe.vitals import vitals_path
+from ddptui.contract.observe.vitals import phases_path, vitals_path
 from ddptui.contract.options.script import ScriptConfig
 
 
@@ -77,6 +77,7 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         "DDPTUI_PARENT": str(os.getpid()),
         "DDPTUI_STACKS": stacks_path,
         "DDPTUI_VITALS": vitals_path(stacks_path),
+        "DDPTUI_PHASES": phases_path(stacks_path),
         "DDPTUI_STACKS_SIGNAL": str(config.stacks_signal),
         "DDPTUI_REPORT": attempt.report,
         "DDPTUI_AUTHKEY": attempt.key,

@@ -13,7 +13,7 @@ from ddptui.contract.observe.flight import FlightDumps, behind, compact, summary
 from ddptui.contract.observe.metrics import MetricReader, compile_metrics
 from ddptui.contract.observe.output import LINE_EVERY_S, library_log
 from ddptui.contract.observe.stacks import NO_HANDLER, StackRequests, no_stacks, stacks_said
-from ddptui.contract.observe.vitals import read_vitals
+from ddptui.contract.observe.vitals import read_phases, read_vitals
 from ddptui.contract.options.script import ScriptConfig
 from ddptui.contract.protocol.events import (
     PARENT,
@@ -64,6 +64,7 @@ class ScriptWatch:
         self._ranks: list[ScriptRank] = []  # the live ranks of the last sample
         self.reporting: set[int] = set()  # slots that send their own steps (ddptui.init)
         self.vitals: dict[int, tuple[int, int]] = {}  # slot -> (optimizer steps, moves) last read
+        self.clocked: dict[int, float] = {}  # slot -> its step clock's last window's time
         self._line: dict[int, tuple[str, bool]] = {}  # slot -> latest line not yet sent
         self._line_t: dict[int, float] = {}
         self._lines = 0  # the script's own lines read (not torch's logging)
@@ -129,6 +130,15 @@ class ScriptWatch:
         if vitals[0] > steps or self.silence[r.slot].last is not None:
             self._heard(r.slot, now)
 
+    def _phases(self, r: ScriptRank) -> None:
+        """The newest window of the rank's step clock, from its record, unless it sends its own
+        (ddptui.init)."""
+        ev = read_phases(r.phases_path)
+        if ev is None or r.slot in self.reporting or self.clocked.get(r.slot) == ev.t:
+            return
+        self.clocked[r.slot] = ev.t
+        self.handle(ev.replace(rank=r.slot))
+
     def flush_lines(self, now: float, force: bool = False) -> None:
         """Each rank's latest line as an `output` event, at most every LINE_EVERY_S, and the
         losses read but not yet sent as a step event."""
@@ -182,6 +192,7 @@ class ScriptWatch:
                 status = "gone"
             mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
             self._alive(r, now)
+            self._phases(r)
             vitals = self.vitals.get(r.slot)
             self.handle(Process(rank=r.slot, pid=r.pid, status=status, cpu_percent=cpu, rss=rss,
                                 gpu_mem=mem if r.gpu is not None else None,

@@ -1,0 +1,106 @@
+"""Where each rank's step time goes, folded from its `phases` windows: the latest ones (for the
+verdicts), its best window (its own baseline), the run's totals a phase (the end's report), its
+memory epoch by epoch, and a short history a rank for the phases screen.
+
+Pure Python, fed under the run state's lock.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ddptui.contract.protocol.events import Event, Rank
+from ddptui.contract.protocol.steptime import PHASES, Phases, Verdict
+
+RECENT = 5  # windows (about a second each) the live verdicts are taken over
+HISTORY = 120  # windows kept a rank for the screen's chart
+WARM_WINDOWS = 2  # a rank's first windows (compiling, autotuning) are nobody's best
+
+
+@dataclass
+class RankTimes:
+    """One rank's phases: the latest windows, its best, its totals since it began, its memory."""
+
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (t, step_ms, means)
+    best: tuple[float, dict] | None = None  # (step ms, phase means) of its fastest window
+    windows: int = 0
+    steps: int = 0
+    total_ms: dict = field(default_factory=dict)  # phase -> ms over every step read
+    measured: list = field(default_factory=list)
+    clock: str = ""
+    memory: dict = field(default_factory=dict)  # the latest mem_ figures
+    epoch_peaks: dict = field(default_factory=dict)  # epoch (or minute) -> (peak MiB, t0, t1)
+
+    def add(self, ev: Phases, t0: float) -> None:
+        means = {p: float(v[0]) for p, v in ev.phases.items() if _pair(v)}
+        self.recent.append((ev.steps, ev.step_ms, means))
+        self.history.append((ev.t, ev.step_ms, means))
+        self.windows += 1
+        self.steps += ev.steps
+        for p, ms in means.items():
+            self.total_ms[p] = self.total_ms.get(p, 0.0) + ms * ev.steps
+        self.measured, self.clock = [p for p in ev.measured if p in PHASES], ev.clock
+        if self.windows > WARM_WINDOWS and ev.steps >= 2 and (
+                self.best is None or ev.step_ms < self.best[0]):
+            self.best = (ev.step_ms, means)
+        if ev.mem_peak is not None:
+            self.memory = {k: getattr(ev, f"mem_{k}") for k in
+                           ("kind", "allocated", "reserved", "peak", "limit")}
+            key = ev.epoch if ev.epoch is not None else int((ev.t - t0) // 60)
+            peak, start, _ = self.epoch_peaks.get(key, (0.0, ev.t, ev.t))
+            self.epoch_peaks[key] = (max(peak, ev.mem_peak), start, ev.t)
+            while len(self.epoch_peaks) > 64:  # a long run: its last epochs say the trend
+                del self.epoch_peaks[min(self.epoch_peaks)]
+
+    def now(self) -> tuple[float, dict] | None:
+        """(step ms, phase means) over the recent windows, weighted by their steps."""
+        steps = sum(n for n, _, _ in self.recent)
+        if not steps:
+            return None
+        means: dict[str, float] = {}
+        for n, _, m in self.recent:
+            for p, ms in m.items():
+                means[p] = means.get(p, 0.0) + ms * n / steps
+        return sum(n * ms for n, ms, _ in self.recent) / steps, means
+
+    def shares(self) -> dict[str, float]:
+        """Each phase's share of its time since it began, 0-1."""
+        total = sum(self.total_ms.values())
+        return {p: ms / total for p, ms in self.total_ms.items()} if total else {}
+
+
+class StepTimes:
+    """Every rank's RankTimes, and the rank states worth a line in the end's report."""
+
+    def __init__(self):
+        self.ranks: dict[int, RankTimes] = {}
+        self.t0: float | None = None
+        self.states: dict[str, int] = {}  # stalled, crashed, restarting, slow -> times entered
+        self._state: dict[int, str] = {}  # each rank's last state
+        self.verdict: Verdict | None = None  # the run's, once it ended
+
+    def take(self, ev: Event) -> None:
+        """Any event of the run: its phases, its verdict, a rank's change of state."""
+        if isinstance(ev, Phases):
+            self.t0 = ev.t if self.t0 is None else self.t0
+            self.ranks.setdefault(ev.rank, RankTimes()).add(ev, self.t0)
+        elif isinstance(ev, Verdict):
+            self.verdict = ev
+        elif isinstance(ev, Rank) and self._state.get(ev.rank) != ev.state:
+            self._state[ev.rank] = ev.state
+            if ev.state in ("stalled", "crashed", "restarting", "slow"):
+                self.states[ev.state] = self.states.get(ev.state, 0) + 1
+
+    def copy(self) -> dict[int, RankTimes]:
+        """The ranks' figures for a reader outside the lock (its deques and dicts copied)."""
+        return {slot: RankTimes(deque(r.recent, RECENT), deque(r.history, HISTORY), r.best,
+                                r.windows, r.steps, dict(r.total_ms), list(r.measured), r.clock,
+                                dict(r.memory), dict(r.epoch_peaks))
+                for slot, r in self.ranks.items()}
+
+
+def _pair(value) -> bool:
+    return isinstance(value, list) and len(value) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
