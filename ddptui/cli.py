@@ -55,6 +55,8 @@ EXAMPLES = f"""examples:
   ddptui gpus                                 # what NVML sees, in nvidia-smi order
   ddptui replay runs/2026-11-22T10-00-00.jsonl --speed 10
   ddptui replay runs/2026-11-22T10-00-00.jsonl --csv epochs.csv   # the epochs table as CSV
+  ddptui report runs/2026-11-22T10-00-00.jsonl   # its verdict: where the step time went
+  ddptui compare RUN_A RUN_B                  # two runs side by side
   ddptui run train.py --gpus 0,1 -- --lr 0.1  # your own torchrun script, no code change
   ddptui run -m mypkg.train --cpus 2 -- ARGS  # ... or module (ddptui run train.py --help)
 
@@ -120,6 +122,16 @@ def build_parser() -> Parser:
     replay.add_argument("--headless", action="store_true", help="print the events instead")
     replay.add_argument("--csv", nargs="?", const="-", metavar="FILE",
                         help="write its epochs table as CSV to FILE (or stdout) and exit")
+    report = sub.add_parser("report", help="a run's verdict: where its step time went, its "
+                            "slowest rank and why, memory, restarts, stalls, settings")
+    report.add_argument("run", metavar="RUN", help="its log (FILE.jsonl), or its name as ddptui "
+                        "ls lists it (or a prefix of it)")
+    report.add_argument("--json", action="store_true", help="the figures as JSON, for tools")
+    compare = sub.add_parser("compare", help="two runs side by side: img/s, phase shares, loss "
+                             "at each epoch, memory, settings")
+    compare.add_argument("run_a", metavar="RUN_A", help="a log or a run's name (as for report)")
+    compare.add_argument("run_b", metavar="RUN_B", help="the other")
+    compare.add_argument("--json", action="store_true", help="both reports as JSON")
     return parser
 
 
@@ -182,6 +194,13 @@ def cmd_browse(args: argparse.Namespace) -> int:
         args.command](args)
 
 
+def cmd_reports(args: argparse.Namespace) -> int:
+    """report and compare: ddptui/reports.py."""
+    from ddptui import reports
+
+    return (reports.cmd_report if args.command == "report" else reports.cmd_compare)(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     bytecode.enable()  # before textual, and before any rank starts
     argv = sys.argv[1:] if argv is None else argv
@@ -194,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the run's own process is started with the same command line
     args.hosted = hosted
     handlers = {"run": cmd_run, "attach": cmd_attach, "gpus": cmd_browse,
-                "replay": cmd_browse, "ls": cmd_browse, "web": cmd_web}
+                "replay": cmd_browse, "ls": cmd_browse, "web": cmd_web, "report": cmd_reports,
+                "compare": cmd_reports}
     if args.command not in handlers:
         parser.print_help()
         return 2

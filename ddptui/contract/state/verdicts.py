@@ -66,9 +66,11 @@ def stragglers(now: dict[int, tuple[float, dict]], gpus: dict[int, Gpu],
         if mine < SLOW * median or mine - median < MIN_EXCESS_MS:
             continue
         phase, excess, base = _worst_phase(fig[1], [f[1] for f in others])
-        more = f"+{excess / base:.0%}" if base >= 0.05 * median else f"+{excess:,.0f} ms"
+        # +22% where the others spend time in that phase too, else the milliseconds it adds
+        more = f"+{excess / base:.0%}" if base >= 0.05 * median and excess < 9 * base else \
+            f"+{excess:,.1f} ms a step"
         cause = _cause(phase, gpus.get(slot), settings)
-        text = (f"rank {slot}: {mine / median - 1:.0%} slower than the median; its "
+        text = (f"rank {slot}: {slower(mine / median)} than the median; its "
                 f"{LABELS[phase]} {more}" + (f": {cause}" if cause else ""))
         found.append(Finding("slow", slot, text, {
             "slower": round(mine / median - 1, 4), "phase": phase, "own_ms": round(mine, 3),
@@ -76,6 +78,11 @@ def stragglers(now: dict[int, tuple[float, dict]], gpus: dict[int, Gpu],
     if len(found) == len(now):  # everyone is slower than everyone: nobody is
         return []
     return sorted(found, key=lambda f: -f.fields["slower"])
+
+
+def slower(ratio: float) -> str:
+    """'14% slower', or '3.2x slower' past double."""
+    return f"{ratio - 1:.0%} slower" if ratio < 2 else f"{ratio:.1f}x slower"
 
 
 def _worst_phase(mine: dict, others: list[dict]) -> tuple[str, float, float]:
@@ -148,7 +155,7 @@ def behind_best(ranks: dict[int, RankTimes], now: dict[int, tuple[float, dict]])
     step = statistics.median(fig[0] for fig, _ in pairs.values())
     best_ms = statistics.median(best[0] for _, best in pairs.values())
     who = "every rank is" if len(pairs) > 1 else f"rank {next(iter(pairs))} is"
-    return [Finding("behind_best", None, f"{who} {min(ratios) - 1:.0%} slower than its own best "
+    return [Finding("behind_best", None, f"{who} {slower(min(ratios))} than its own best "
                     f"({step:,.1f} ms a step against {best_ms:,.1f} ms); most of it in "
                     f"{LABELS[phase]}", {"slower": round(min(ratios) - 1, 4), "phase": phase})]
 
