@@ -219,6 +219,7 @@ def padded(images: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def end_epoch(p: Parts, epoch: int) -> None:
+    p.clock.flush()  # a window ends with its epoch: memory is told epoch by epoch
     p.me.pulse.phase = "validate"
     val = validate(p)
     extra = {}

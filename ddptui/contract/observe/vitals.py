@@ -9,7 +9,8 @@ from ddptui.contract.protocol.codec import decode
 from ddptui.contract.protocol.steptime import Phases
 
 RECORD = 48  # bytes: "STEPS MOVES\n", padded, rewritten in place
-PHASES_RECORD = 4096  # bytes: the step clock's latest window, a `phases` event, padded
+PHASES_RECORD = 8192  # bytes: the step clock's newest windows, `phases` events, padded
+PHASES_KEPT = 8  # windows (about a second each) in it: a run that reads it late misses none
 
 
 def vitals_path(stacks_path: str) -> str:
@@ -22,15 +23,15 @@ def phases_path(stacks_path: str) -> str:
     return stacks_path.removesuffix(".stacks") + ".phases"
 
 
-def read_phases(path: str) -> Phases | None:
-    """The rank's latest window of phases; None before it wrote one, or for a record torn by a
-    write under way (the next read has it)."""
+def read_phases(path: str) -> list[Phases]:
+    """The rank's newest windows of phases, oldest first; none before it wrote any. A line torn
+    by a write under way is left out (the next read has it)."""
     try:
         with open(path, "rb") as f:
-            ev = decode(f.read(PHASES_RECORD))
+            lines = f.read(PHASES_RECORD).split(b"\n")
     except OSError:
-        return None
-    return ev if isinstance(ev, Phases) else None
+        return []
+    return [ev for line in lines if isinstance(ev := decode(line), Phases)]
 
 
 def vitals_record(steps: int, moves: int) -> bytes:

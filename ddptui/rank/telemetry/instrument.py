@@ -93,6 +93,11 @@ class Watch:
             self.clock.epoch = self.epoch
             self.clock.step_end()
 
+    def flush(self) -> None:
+        """The steps not sent yet, as a window (at exit)."""
+        if self.clock is not None:
+            self.clock.flush()
+
     def model(self, ddp: torch.nn.Module) -> None:
         """A DDP model was built: the clock starts on its device."""
         if self.clock is None:

@@ -13,9 +13,10 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 
 from ddptui.contract.protocol.codec import encode
-from ddptui.contract.observe.vitals import PHASES_RECORD, vitals_record
+from ddptui.contract.observe.vitals import PHASES_KEPT, PHASES_RECORD, vitals_record
 from ddptui.rank.patching import after_import
 
 EVERY_S = 0.5
@@ -31,7 +32,8 @@ class Vitals(threading.Thread):
         # The step clock's latest window (instrument.py), written here: no I/O in the loop.
         self.phases_fd = os.open(phases_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) \
             if phases_path else None
-        self.phases: bytes | None = None
+        self.phases: deque[bytes] = deque(maxlen=PHASES_KEPT)  # the newest windows, encoded
+        self._phases_changed = False
         self.steps = 0
         self.moves = 0
         self._main = threading.main_thread().ident
@@ -42,8 +44,23 @@ class Vitals(threading.Thread):
         self.steps += 1
 
     def hold_phases(self, ev) -> None:
-        """A window of the step clock's, for the next write (the training thread's call)."""
-        self.phases = encode(ev).encode()
+        """A window of the step clock's, for the next write (the training thread's call). The
+        record keeps the newest few: the run reads it at its own pace, and skips none."""
+        self.phases.append(encode(ev).encode())
+        self._phases_changed = True
+
+    def write_phases(self) -> None:
+        """The windows held now, written at once (at exit: the run reads them as it ends)."""
+        if not self._phases_changed or self.phases_fd is None:
+            return
+        self._phases_changed = False
+        record = b"".join(list(self.phases))
+        while len(record) >= PHASES_RECORD:  # a window of many phases: the newest that fit
+            record = record[record.index(b"\n") + 1:]
+        try:
+            os.pwrite(self.phases_fd, record.ljust(PHASES_RECORD), 0)
+        except OSError:
+            pass
 
     def run(self) -> None:
         written = None
@@ -51,16 +68,13 @@ class Vitals(threading.Thread):
             time.sleep(EVERY_S)
             self.moves += self._moved()
             now = (self.steps, self.moves)
-            phases, self.phases = self.phases, None
-            try:
-                if now != written:
-                    written = now
+            self.write_phases()
+            if now != written:
+                written = now
+                try:
                     os.pwrite(self.fd, vitals_record(*now), 0)
-                if phases is not None and self.phases_fd is not None and \
-                        len(phases) < PHASES_RECORD:
-                    os.pwrite(self.phases_fd, phases.ljust(PHASES_RECORD), 0)
-            except OSError:  # its folder went away with the run: nobody reads it
-                return
+                except OSError:  # its folder went away with the run: nobody reads it
+                    return
 
     def _moved(self) -> bool:
         """Whether a frame of the main thread that was there at the last look has run on to
@@ -86,8 +100,11 @@ def keep_vitals(path: str, phases_path: str | None = None) -> Vitals:
     after_import({"torch.optim.optimizer":
                   lambda module: module.register_optimizer_step_post_hook(vitals.step)})
     if phases_path:
+        import atexit
+
         from ddptui.rank.telemetry.instrument import watch_everything
 
-        watch_everything(int(os.environ.get("RANK", 0)), vitals.hold_phases)
+        watch = watch_everything(int(os.environ.get("RANK", 0)), vitals.hold_phases)
+        atexit.register(lambda: (watch.flush(), vitals.write_phases()))  # its last window
     vitals.start()
     return vitals

@@ -243,6 +243,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
         if r.slot == LAUNCHER:
             self._launcher_ended(r)
             return
+        self.watch.phases(r)
         self.watch.finished(r.slot, code == 0, r.pid)
         if r.pid in self._unneeded:  # a standby or a joiner the run's end made pointless
             if self.world.standing_by.pop(r.slot, None) != r.pid:  # a joiner, shown coming:

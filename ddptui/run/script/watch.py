@@ -130,14 +130,15 @@ class ScriptWatch:
         if vitals[0] > steps or self.silence[r.slot].last is not None:
             self._heard(r.slot, now)
 
-    def _phases(self, r: ScriptRank) -> None:
+    def phases(self, r: ScriptRank) -> None:
         """The newest window of the rank's step clock, from its record, unless it sends its own
-        (ddptui.init)."""
-        ev = read_phases(r.phases_path)
-        if ev is None or r.slot in self.reporting or self.clocked.get(r.slot) == ev.t:
+        (ddptui.init): while it runs, and once more as it ends (its last window)."""
+        if r.slot in self.reporting:
             return
-        self.clocked[r.slot] = ev.t
-        self.handle(ev.replace(rank=r.slot))
+        for ev in read_phases(r.phases_path):
+            if ev.t > self.clocked.get(r.slot, 0.0):
+                self.clocked[r.slot] = ev.t
+                self.handle(ev.replace(rank=r.slot))
 
     def flush_lines(self, now: float, force: bool = False) -> None:
         """Each rank's latest line as an `output` event, at most every LINE_EVERY_S, and the
@@ -192,7 +193,7 @@ class ScriptWatch:
                 status = "gone"
             mem = sum(gpu_memory.get(pid, 0) for pid in {r.pid} | r.children)
             self._alive(r, now)
-            self._phases(r)
+            self.phases(r)
             vitals = self.vitals.get(r.slot)
             self.handle(Process(rank=r.slot, pid=r.pid, status=status, cpu_percent=cpu, rss=rss,
                                 gpu_mem=mem if r.gpu is not None else None,

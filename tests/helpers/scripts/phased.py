@@ -2,7 +2,7 @@
 as a user writes it (no ddptui line), or with ddptui's three lines (--api).
 
     --api                ddptui.init(), run.loader(), run.epochs() and run.step()
-    --epochs N           epochs of --steps steps (batch 16 a rank)
+    --epochs N           epochs of --steps steps (batch 64 a rank)
     --slow PHASE         forward | data | after-backward | none: where --rank sleeps --ms
     --keep-mib M         --rank keeps one tensor of M MiB more each epoch (memory creep)
 """
@@ -37,8 +37,9 @@ class Points(Dataset):
 class Net(nn.Module):
     def __init__(self, delay: float):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                                  nn.Linear(256, 4))
+        # Milliseconds of compute a step for few parameters: gloo's all-reduce stays small
+        self.body = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                  nn.Linear(512, 4))
         self.delay = delay
 
     def forward(self, x):
@@ -69,7 +70,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = DDP(Net(delay if args.slow == "forward" else 0.0))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    batch = 16
+    batch = 64
     data = Points(args.steps * batch * world, delay / batch if args.slow == "data" else 0.0)
     sampler = DistributedSampler(data, shuffle=True)
     loader = run.loader(data, batch_size=batch, sampler=sampler) if run else \

@@ -1,0 +1,109 @@
+"""Where a script's step time goes, on 2 gloo ranks: with ddptui's three lines (`--api`) and
+with none (the hooks installed at the rank's start). Rank 1 is made slow in one phase; the
+verdict printed after the exit line, the `phases` events in the log and `ddptui report --json`
+say which rank and which phase, and whom the others wait for in all-reduce.
+
+What a script with no ddptui line shows: data-wait (DataLoader's batches), forward and backward
+(DDP's hooks), the all-reduce left after backward (a comm hook), the optimizer (torch.optim's
+hooks) and the rest; the copy to the device is the script's own code, inside rest, and said so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.helpers.runs import ROOT, ddptui, events
+
+PHASED = os.path.join(ROOT, "tests", "helpers", "scripts", "phased.py")
+SCRIPT_PHASES = ["data", "forward", "backward", "comm", "optimizer", "rest"]
+MODES = [pytest.param([], id="no-code-change"), pytest.param(["--api"], id="three-lines")]
+
+
+def run_phased(env, tmp_path, name: str, *args: str) -> tuple[str, dict]:
+    """The script's run to its end: ddptui's own lines (stderr: stdout is the ranks'), and
+    `ddptui report --json` of its log."""
+    log = tmp_path / f"{name}.jsonl"
+    r = ddptui(["run", "--cpus", "2", "--log", str(log), PHASED, "--", *args], env, tmp_path,
+               timeout=150)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = ddptui(["report", str(log), "--json"], env, tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    return r.stderr, json.loads(report.stdout)
+
+
+def assert_phases_add_up(log) -> None:
+    """Each rank's windows, after its first, cover the wall time between their events: the
+    phases of its steps add up to its step time (within 10%), and rest is not most of it."""
+    for rank in (0, 1):
+        windows = [e for e in events(log, "phases") if e["rank"] == rank]
+        assert len(windows) >= 3, windows
+        for w in windows:
+            assert abs(sum(v[0] for v in w["phases"].values()) - w["step_ms"]) <= 0.1 * w[
+                "step_ms"], w
+        stepped = sum(w["steps"] * w["step_ms"] for w in windows[1:]) / 1000
+        wall = windows[-1]["t"] - windows[0]["t"]
+        assert abs(stepped - wall) <= 0.1 * wall, (stepped, wall)
+        rest = sum(w["steps"] * w["phases"]["rest"][0] for w in windows) / sum(
+            w["steps"] * w["step_ms"] for w in windows)
+        assert rest < 0.5, rest
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_slow_forward_on_rank_1_is_named_and_rank_0_waits_for_it(env, tmp_path, mode):
+    said, report = run_phased(env, tmp_path, "forward", "--slow", "forward", *mode)
+    assert report["slowest"]["rank"] == 1 and report["slowest"]["phase"] == "forward", report
+    assert report["measured"] == SCRIPT_PHASES  # no h2d: the script's own copy is in rest
+    lines = said.splitlines()
+    verdict = lines[next(i for i, line in enumerate(lines) if line.startswith("verdict: ")):]
+    assert verdict[0].startswith("verdict: phased.py done"), said[-2000:]
+    assert any(line.startswith("  slowest: rank 1:") and "its forward" in line
+               for line in verdict), verdict
+    assert "  not told apart here (in rest): host-to-device copy" in verdict
+    logged = events(tmp_path / "forward.jsonl")
+    kinds = [e["kind"] for e in logged]
+    assert kinds[-2:] == ["verdict", "run"], kinds[-5:]  # kept in the log, before the end
+    assert logged[-2]["lines"] == verdict
+    assert_phases_add_up(tmp_path / "forward.jsonl")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_slow_dataset_on_rank_1_is_data_wait(env, tmp_path, mode):
+    _, report = run_phased(env, tmp_path, "data", "--slow", "data", *mode)
+    assert report["slowest"]["rank"] == 1 and report["slowest"]["phase"] == "data", report
+    shares = report["per_rank"]
+    assert shares["1"]["phases"]["data"] > 0.5 > shares["0"]["phases"]["data"], shares
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", MODES)
+def test_rank_1_asleep_after_its_backward_makes_rank_0_wait_in_all_reduce_for_it(
+        env, tmp_path, mode):
+    """Rank 1 sleeps 30 ms a step between its backward and its optimizer step: rank 0 waits
+    for it at the next step's all-reduce, at least half that time longer than when neither
+    sleeps."""
+    even = run_phased(env, tmp_path, "even", "--slow", "none", *mode)[1]
+    _, late = run_phased(env, tmp_path, "late", "--slow", "after-backward", *mode)
+
+    def comm_ms(report: dict) -> float:
+        rank0 = report["per_rank"]["0"]
+        return rank0["step_ms"] * rank0["phases"]["comm"]
+
+    assert comm_ms(late) - comm_ms(even) >= 15, (late["per_rank"], even["per_rank"])
+    assert any(f.startswith("rank 0 waits") and f.endswith("for rank 1")
+               for f in late["findings"]), late["findings"]
+    assert late["slowest"]["rank"] == 1 and late["slowest"]["phase"] == "rest", late
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_that_keeps_a_tensor_an_epoch_is_flagged_for_memory_creep(env, tmp_path):
+    """Rank 1 keeps 64 MiB more each of 6 epochs (resident memory: CPU ranks)."""
+    _, report = run_phased(env, tmp_path, "creep", "--api", "--epochs", "6", "--steps", "150",
+                           "--keep-mib", "64")
+    creeping = [f for f in report["findings"] if "memory peak" in f]
+    assert len(creeping) == 1 and creeping[0].startswith("rank 1: memory peak +"), report
+    assert "MiB an epoch: out of memory in about" in creeping[0]
