@@ -119,6 +119,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
     pulse = p.me.pulse  # where the loop is, for the heartbeat: plain attribute writes
     clock = p.clock  # the step's phases; DDP's hooks mark forward, backward and comm
     clock.epoch = epoch
+    clock.restart()  # validation, a checkpoint, a world change: no step's time
     # Closed on the way out, not when an exception's traceback lets go of it: a prefetching
     # thread must be gone before the loader is iterated again.
     with contextlib.closing(p.loaders.train_batches(p.state.settings["prefetch"],
@@ -127,6 +128,7 @@ def train_one_epoch(p: Parts, epoch: int) -> None:
             while p.orders.paused and not p.orders.interrupted:
                 pulse.phase = "paused"
                 p.orders.carry_out(p.control.tick_paused())
+                clock.restart()
             if p.orders.interrupted:
                 break
             pulse.phase = "input"

@@ -172,3 +172,15 @@ class SlowOnOneRank(Dataset):
 
 def slow_on_one_rank():
     return SlowOnOneRank(), Blobs(64, 1)
+
+
+def slow_forward_cnn(num_classes: int = 10, in_channels: int = 3) -> nn.Module:
+    """tiny_cnn whose forward waits 30 ms more on rank 1: the straggler the phases name."""
+    net = tiny_cnn(num_classes, in_channels)
+    net.register_forward_pre_hook(_wait_30_ms_on_rank_1)
+    return net
+
+
+def _wait_30_ms_on_rank_1(*_) -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() == 1:
+        time.sleep(0.03)

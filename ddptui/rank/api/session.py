@@ -129,7 +129,9 @@ class Run:
             return
         me = self._me
         me.end_epoch()
-        self._clock.flush()  # a window ends with its epoch: memory is told epoch by epoch
+        # A window ends with its epoch (memory is told epoch by epoch), and the time between
+        # two epochs (an evaluation, a checkpoint) is no training step's.
+        self._clock.flush(restart=True)
         me.epoch = self._clock.epoch = e
         me.figures.begin_epoch(e, me.global_step)
         if me.resume is not None and me.resume["epoch"] == e:  # joined in its middle

@@ -93,10 +93,13 @@ class Watch:
             self.clock.epoch = self.epoch
             self.clock.step_end()
 
-    def flush(self) -> None:
-        """The steps not sent yet, as a window (at exit)."""
+    def flush(self, restart: bool = False) -> None:
+        """The steps not sent yet, as a window (at exit, an epoch's end); with `restart`, what
+        comes until the next mark is no step's (the loop's epoch boundary)."""
         if self.clock is not None:
             self.clock.flush()
+            if restart:
+                self.clock.restart()
 
     def model(self, ddp: torch.nn.Module) -> None:
         """A DDP model was built: the clock starts on its device."""

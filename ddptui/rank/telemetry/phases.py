@@ -79,6 +79,18 @@ class StepClock:
         if now - self.sent_t >= self.every_s:
             self.flush(now)
 
+    def restart(self) -> None:
+        """The time since the last step's end was no step's (validation, a checkpoint, the
+        epoch's end): the next step starts now."""
+        self.phase = "rest"
+        if self.cuda is None:
+            self._step, self._t = {}, time.perf_counter()
+            return
+        self._pool.extend(event for _, event in self._marks)
+        # A new start: the old one may still end a step the GPU has not passed.
+        self._marks, self._start = [], self._event()
+        self._start.record()
+
     def flush(self, now: float | None = None) -> None:
         """Send the steps read so far as one window (at the window's end, and at exit)."""
         if self.cuda is not None:
