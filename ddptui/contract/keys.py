@@ -39,6 +39,10 @@ KEYS = (
         "every rank's step time over the last minutes at a glance: a column a rank (or a few), "
         "a row a second, coloured against that second's median (a straggler is a stripe, a "
         "hang a dark column)", footer=False),
+    Key("e", "steptime", "Step time", "e",
+        "where each rank's step time goes: its phases (data-wait, copy, forward, backward, "
+        "all-reduce wait, optimizer, rest) and memory, the world's over time, and who is slow "
+        "in which phase and why", footer=False),
     Key("g", "gpus", "GPU detail", "g",
         "the GPU screen: each GPU's load, memory and power over five minutes, clocks and why "
         "they are held down, PCIe and NVLink traffic, other processes"),

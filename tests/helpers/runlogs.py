@@ -193,3 +193,31 @@ def typed(obj: dict | Event) -> Event:
     ev = obj if isinstance(obj, Event) else event_of(obj)
     assert ev is not None, f"not an event: {obj}"
     return ev
+
+
+def phased_run(seconds: float = 60.0, finished: bool = False) -> list[dict]:
+    """gpu_run's 8 ranks (epochs of 10 s) with a `phases` window a second a rank: rank 5's GPU
+    is held down by its power cap and its backward takes 30% longer, so the others wait for it
+    in all-reduce; rank 3's memory peak grows 300 MiB an epoch."""
+    evs = gpu_run(ranks=8, seconds=seconds, epoch_s=10.0)
+    base = {"data": 2.0, "h2d": 1.0, "forward": 28.0, "backward": 50.0, "comm": 3.0,
+            "optimizer": 4.0, "rest": 1.0}
+    for s in range(1, int(seconds)):
+        t = T0 + 5.0 + s
+        for r in range(8):
+            means = dict(base, backward=65.0) if r == 5 else dict(base, comm=18.0)
+            means["forward"] += 0.5 * math.sin(s + r)
+            step = sum(means.values())
+            peak = 31_000.0 + (300.0 * (s // 10) if r == 3 else 0.0)
+            evs.append({"t": t + r * 0.001, "kind": "phases", "rank": r, "steps": 10,
+                        "step_ms": round(step, 3), "step_p90_ms": round(step * 1.05, 3),
+                        "phases": {p: [round(ms, 3), round(ms * 1.1, 3)] for p, ms in
+                                   means.items()},
+                        "measured": list(means), "clock": "cuda", "global_step": s * 10,
+                        "epoch": s // 10, "mem_kind": "cuda", "mem_allocated": peak - 2000,
+                        "mem_reserved": peak + 500, "mem_peak": peak, "mem_limit": 143_771.0})
+    evs.sort(key=lambda e: e["t"])
+    if finished:
+        evs.append({"t": evs[-1]["t"] + 1, "kind": "run", "rank": -1, "status": "done",
+                    "exit_code": 0})
+    return evs

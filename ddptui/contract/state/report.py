@@ -11,7 +11,7 @@ from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.protocol.steptime import PHASES, Verdict
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.steptime import RankTimes
-from ddptui.contract.state.verdicts import LABELS, judge
+from ddptui.contract.state.verdicts import LABELS, gpus_of, judge
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import count
 
@@ -46,7 +46,7 @@ def build_report(view: RunView, ranks: dict[int, RankTimes], states: dict[str, i
     whole = sum(totals.values())
     steps = sum(r.steps for r in ranks.values())
     measured = sorted({p for r in ranks.values() for p in r.measured}, key=PHASES.index)
-    findings = judge(_whole_run(ranks), settings=view.settings)
+    findings = judge(_whole_run(ranks), gpus_of(view), view.settings)
     return {
         "run": view.meta.get("model") or view.meta.get("script") or "",
         "log": view.meta.get("log"), "status": view.status, "exit_code": view.exit_code,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from ddptui.contract.protocol.events import Gpu
 from ddptui.contract.state.steptime import RankTimes
+from ddptui.contract.state.views import DeviceView, RunView
 
 SLOW = 1.15  # a rank's own time (its step less its wait for the others) over the others' median
 MIN_EXCESS_MS = 1.0  # ... and by at least this much: a 2 ms step's jitter is nobody's fault
@@ -19,7 +19,7 @@ WAITS = 0.2  # a share of the step in all-reduce worth naming
 DATA = 0.1  # a share of the step waiting for input worth naming
 BEHIND_BEST = 1.15  # every rank this much slower than its own best window
 CREEP_EPOCHS = 3  # the memory peak grew in each of the last this many epochs ...
-CREEP_MIB = 16.0  # ... by at least this much (and 1% of the peak)
+CREEP_MIB = 16.0  # ... by at least this much (and 0.5% of the peak)
 LABELS = {"data": "data-wait", "h2d": "host-to-device copy", "forward": "forward",
           "backward": "backward", "comm": "all-reduce wait", "optimizer": "optimizer",
           "rest": "rest"}
@@ -35,7 +35,7 @@ class Finding:
     fields: dict
 
 
-def judge(ranks: dict[int, RankTimes], gpus: dict[int, Gpu] | None = None,
+def judge(ranks: dict[int, RankTimes], gpus: dict[int, DeviceView] | None = None,
           settings: dict | None = None) -> list[Finding]:
     """Every finding the ranks' latest windows and memory support, the straggler first."""
     now = {slot: fig for slot, r in ranks.items() if (fig := r.now()) is not None}
@@ -52,7 +52,7 @@ def own_ms(fig: tuple[float, dict]) -> float:
     return fig[0] - fig[1].get("comm", 0.0)
 
 
-def stragglers(now: dict[int, tuple[float, dict]], gpus: dict[int, Gpu],
+def stragglers(now: dict[int, tuple[float, dict]], gpus: dict[int, DeviceView],
                settings: dict) -> list[Finding]:
     """Ranks whose own time is SLOW x the others' median, slowest first, each with the phase
     that makes the difference."""
@@ -97,12 +97,22 @@ def _worst_phase(mine: dict, others: list[dict]) -> tuple[str, float, float]:
     return best
 
 
-def _cause(phase: str, gpu: Gpu | None, settings: dict) -> str:
-    if phase in ("forward", "backward", "optimizer") and gpu is not None and gpu.held_down:
+def gpus_of(view: RunView) -> dict[int, DeviceView]:
+    """Each rank's GPU as the run last read it (a CPU rank has none)."""
+    devices = {d.key: d for d in view.devices}
+    return {r.rank: d for r in view.ranks if r.gpu is not None and (
+        d := devices.get(f"{r.node} gpu{r.gpu}" if r.node else f"gpu{r.gpu}")) is not None}
+
+
+def _cause(phase: str, gpu: DeviceView | None, settings: dict) -> str:
+    compute = phase in ("forward", "backward", "optimizer") and gpu is not None
+    name = gpu.key.replace("gpu", "GPU ") if gpu is not None else ""
+    if compute and gpu.held_down:
         clock = f" at {gpu.sm_clock:,} MHz" if gpu.sm_clock else ""
-        return f"GPU {gpu.gpu} held{clock} by {', '.join(map(str, gpu.held_down))}"
-    if phase in ("forward", "backward", "optimizer") and gpu is not None and gpu.others:
-        return f"GPU {gpu.gpu} shared with {len(gpu.others)} other process(es)"
+        return f"{name} held{clock} by {', '.join(map(str, gpu.held_down))}"
+    if compute and gpu.others:
+        return f"{name} shared with {len(gpu.others)} other process" + (
+            "es" if len(gpu.others) > 1 else "")
     if phase == "data" and "workers" in settings:
         return f"{settings['workers']} DataLoader workers"
     if phase == "rest":
@@ -168,7 +178,7 @@ def memory_creep(slot: int, r: RankTimes) -> Finding | None:
         return None
     last = epochs[-CREEP_EPOCHS - 1:]
     growth = [b[0] - a[0] for a, b in zip(last, last[1:])]
-    floor = max(CREEP_MIB, 0.01 * last[-1][0])
+    floor = max(CREEP_MIB, 0.005 * last[-1][0])
     if min(growth) < floor:
         return None
     rate = sum(growth) / len(growth)

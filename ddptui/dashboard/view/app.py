@@ -26,6 +26,7 @@ from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.screens.heat_screen import HeatScreen
+from ddptui.dashboard.view.screens.steptime_screen import StepTimeScreen
 from ddptui.dashboard.view.screens.help import HelpScreen
 from ddptui.dashboard.view.screens.jump import JumpToRank
 from ddptui.dashboard.view.screens.stacks_screen import StacksScreen
@@ -291,6 +292,9 @@ class DashboardApp(RankKeys, App[int]):
 
     def action_heat(self) -> None:
         self.push_screen(HeatScreen(self.source.state))
+
+    def action_steptime(self) -> None:
+        self.push_screen(StepTimeScreen(self.source.state))
 
     def action_jump(self) -> None:
         ranks = [r.rank for r in self._ranks()]
