@@ -91,12 +91,14 @@ def compare_lines(a: dict, b: dict) -> list[str]:
         va, vb = a["settings"].get(key, "-"), b["settings"].get(key, "-")
         rows.append((key, str(va), str(vb), "changed" if va != vb else ""))
     widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
-    return ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip()
+    return ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]
 
 
 def _figure(label: str, a, b, form: str, points: bool = False) -> tuple:
-    show = (lambda v: "-" if v is None else form.format(v))
+    def show(v) -> str:
+        return "-" if v is None else form.format(v)
+
     if a is None or b is None:
         change = ""
     elif points:

@@ -14,11 +14,19 @@ from collections.abc import Callable
 
 def after_import(patches: dict[str, Callable]) -> None:
     """`patches[name](module)` once the module `name` is executed (at once for one imported
-    already). A patch that fails says so in one line and leaves the script as it was."""
+    already). A patch that fails says so in one line and leaves the script as it was. One
+    finder holds every patch to come: two that wrapped each other's search would never end."""
+    patches = dict(patches)
     for name in [n for n in patches if n in sys.modules]:
         _apply(patches.pop(name), sys.modules[name])
-    if patches:
-        sys.meta_path.insert(0, _Patcher(patches))
+    if not patches:
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _Patcher)), None)
+    if finder is None:
+        finder = _Patcher({})
+        sys.meta_path.insert(0, finder)
+    for name, patch in patches.items():
+        finder.patches.setdefault(name, []).append(patch)
 
 
 def _apply(patch: Callable, module) -> None:
@@ -29,12 +37,12 @@ def _apply(patch: Callable, module) -> None:
 
 
 class _Patcher(importlib.abc.MetaPathFinder):
-    def __init__(self, patches: dict):
+    def __init__(self, patches: dict[str, list[Callable]]):
         self.patches = patches
 
     def find_spec(self, name, path, target=None):
         patch = self.patches.get(name)
-        if patch is None:
+        if not patch:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -55,7 +63,8 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _apply(self._patch, module)
+        for patch in self._patch:
+            _apply(patch, module)
 
     def __getattr__(self, name):  # get_resource_reader, is_package, ...: the real loader's
         return getattr(self._loader, name)

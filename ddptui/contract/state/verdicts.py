@@ -105,14 +105,14 @@ def gpus_of(view: RunView) -> dict[int, DeviceView]:
 
 
 def _cause(phase: str, gpu: DeviceView | None, settings: dict) -> str:
-    compute = phase in ("forward", "backward", "optimizer") and gpu is not None
-    name = gpu.key.replace("gpu", "GPU ") if gpu is not None else ""
-    if compute and gpu.held_down:
-        clock = f" at {gpu.sm_clock:,} MHz" if gpu.sm_clock else ""
-        return f"{name} held{clock} by {', '.join(map(str, gpu.held_down))}"
-    if compute and gpu.others:
-        return f"{name} shared with {len(gpu.others)} other process" + (
-            "es" if len(gpu.others) > 1 else "")
+    if phase in ("forward", "backward", "optimizer") and gpu is not None:
+        name = gpu.key.replace("gpu", "GPU ")
+        if gpu.held_down:
+            clock = f" at {gpu.sm_clock:,} MHz" if gpu.sm_clock else ""
+            return f"{name} held{clock} by {', '.join(map(str, gpu.held_down))}"
+        if gpu.others:
+            return f"{name} shared with {len(gpu.others)} other process" + (
+                "es" if len(gpu.others) > 1 else "")
     if phase == "data" and "workers" in settings:
         return f"{settings['workers']} DataLoader workers"
     if phase == "rest":
@@ -177,7 +177,7 @@ def memory_creep(slot: int, r: RankTimes) -> Finding | None:
     if len(epochs) <= CREEP_EPOCHS:
         return None
     last = epochs[-CREEP_EPOCHS - 1:]
-    growth = [b[0] - a[0] for a, b in zip(last, last[1:])]
+    growth = [b[0] - a[0] for a, b in zip(last, last[1:], strict=False)]
     floor = max(CREEP_MIB, 0.005 * last[-1][0])
     if min(growth) < floor:
         return None

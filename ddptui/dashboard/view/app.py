@@ -26,10 +26,10 @@ from ddptui.dashboard.view.rank_keys import RankKeys
 from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.screens.heat_screen import HeatScreen
-from ddptui.dashboard.view.screens.steptime_screen import StepTimeScreen
 from ddptui.dashboard.view.screens.help import HelpScreen
 from ddptui.dashboard.view.screens.jump import JumpToRank
 from ddptui.dashboard.view.screens.stacks_screen import StacksScreen
+from ddptui.dashboard.view.screens.steptime_screen import StepTimeScreen
 from ddptui.dashboard.view.widgets import rank_groups
 from ddptui.dashboard.view.widgets.charts import RunCharts
 from ddptui.dashboard.view.widgets.devices import DevicePanel

@@ -10,11 +10,14 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from ddptui.contract.protocol.steptime import Phases
-from ddptui.rank.telemetry.phases import StepClock
+
+if TYPE_CHECKING:  # torch is imported by the script, not here: this loads before it runs
+    import torch
+
+    from ddptui.rank.telemetry.phases import StepClock
 
 # What the hooks can tell apart in code of yours: the copy to the device is yours, in `rest`.
 SCRIPT_PHASES = ("data", "forward", "backward", "comm", "optimizer")
@@ -103,6 +106,10 @@ class Watch:
 
     def model(self, ddp: torch.nn.Module) -> None:
         """A DDP model was built: the clock starts on its device."""
+        import torch
+
+        from ddptui.rank.telemetry.phases import StepClock
+
         if self.clock is None:
             device = getattr(ddp, "device", None)
             self.clock = StepClock(self.rank, lambda ev: self.send(ev),
@@ -178,7 +185,9 @@ def say_out_of_memory(watch: Watch) -> None:
     before = sys.excepthook
 
     def hook(kind, value, tb) -> None:
-        if isinstance(value, torch.OutOfMemoryError) and watch.clock is not None:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, torch.OutOfMemoryError) and \
+                watch.clock is not None:
             print(oom_line(watch.clock), file=sys.stderr, flush=True)
         before(kind, value, tb)
 

@@ -15,8 +15,8 @@ import threading
 import time
 from collections import deque
 
-from ddptui.contract.protocol.codec import encode
 from ddptui.contract.observe.vitals import PHASES_KEPT, PHASES_RECORD, vitals_record
+from ddptui.contract.protocol.codec import encode
 from ddptui.rank.patching import after_import
 
 EVERY_S = 0.5

@@ -25,6 +25,7 @@ from ddptui.contract.protocol import events
 from ddptui.contract.protocol.codec import encode
 from ddptui.contract.safe_text import plain
 from ddptui.rank.stacks import answer_stacks
+from ddptui.rank.telemetry.instrument import watch_everything
 from ddptui.rank.telemetry.vitals import keep_vitals
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
@@ -79,6 +80,8 @@ class RankWatch:
         answer_stacks(sig, open(stacks, "a"))
         vitals = os.path.join(self._dir, "vitals")
         keep_vitals(vitals)
+        # The phases of its steps (DDP's, torch.optim's and DataLoader's hooks), sent as events.
+        self.steps = watch_everything(rank, self.emit)
         read, self._out = os.pipe()
         self.sidecar = subprocess.Popen(
             [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),
@@ -170,6 +173,7 @@ class RankWatch:
             self.emit(events.Run(rank=self.rank, status="failed", exit_code=code, reason=f"rank 0: {text}"))
 
     def finished(self, code: int) -> None:
+        self.steps.flush()  # its last window
         self.emit(events.Rank(rank=self.rank, state="done" if code == 0 else "crashed", exit_code=code,
                   pid=os.getpid(), reason=None if code == 0 else f"exited with code {code}"))
         if self.rank == 0:

@@ -180,7 +180,7 @@ def _joined(c10d) -> None:
     """This process joined a process group: the run is told who it is (its rank and world
     from the group), gets its stdout and stderr as the rank's own, and its stacks on signal;
     under attach, it reports through a watch of its own."""
-    from ddptui.contract.observe.vitals import vitals_path
+    from ddptui.contract.observe.vitals import phases_path, vitals_path
     from ddptui.rank.stacks import answer_stacks
     from ddptui.rank.telemetry.vitals import keep_vitals
 
@@ -200,7 +200,7 @@ def _joined(c10d) -> None:
     open(stacks, "w").close()  # a former rank's are not this one's
     # Appending, as sitecustomize's: ddptui empties the file before each request.
     answer_stacks(int(os.environ.get("DDPTUI_STACKS_SIGNAL", signal.SIGUSR1)), open(stacks, "a"))
-    keep_vitals(vitals_path(stacks))
+    keep_vitals(vitals_path(stacks), phases_path(stacks))
     hello = {"pid": os.getpid(), "rank": rank, "world": world, "gpu": _gpu(),
              "stacks": stacks}
     for stream in (sys.stdout, sys.stderr):

@@ -30,7 +30,7 @@ def bar(means: dict[str, float], width: int) -> Text:
     """The phases of a step as one bar `width` cells wide, in PHASES' order."""
     total = sum(means.values()) or 1.0
     out, used = Text(), 0
-    for i, phase in enumerate(p for p in PHASES if means.get(p)):
+    for phase in (p for p in PHASES if means.get(p)):
         cells = round(width * sum(means.get(q, 0.0) for q in PHASES[:PHASES.index(phase) + 1])
                       / total) - used
         out.append(" " * max(0, cells), style=f"on {COLOURS[phase]}")
