@@ -50,7 +50,7 @@ def timed_comm_hook(hook: Callable, clock: StepClock) -> Callable:
     engine = Variable._execution_engine
 
     def comm_done() -> None:
-        clock.begin("rest")
+        clock.begin("optimizer" if clock.stepping else "rest")
 
     def after_ddp() -> None:
         # Queued from the hook, this runs before DDP's own end of backward (queued just after
@@ -91,8 +91,14 @@ class Watch:
         if self.clock is not None:
             self.clock.begin(phase)
 
+    def step_begins(self) -> None:
+        if self.clock is not None:
+            self.clock.stepping = True
+            self.clock.begin("optimizer")
+
     def step_end(self) -> None:
         if self.clock is not None:
+            self.clock.stepping = False
             self.clock.epoch = self.epoch
             self.clock.step_end()
 
@@ -161,7 +167,7 @@ def _patch_ddp(cls, watch: Watch) -> None:
 
 
 def _optimizer_hooks(module, watch: Watch) -> None:
-    module.register_optimizer_step_pre_hook(lambda *_: watch.begin("optimizer"))
+    module.register_optimizer_step_pre_hook(lambda *_: watch.step_begins())
     module.register_optimizer_step_post_hook(lambda *_: watch.step_end())
 
 

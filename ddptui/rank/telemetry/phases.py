@@ -34,6 +34,9 @@ class StepClock:
         self.cuda = device if device is not None and device.type == "cuda" else None
         self.measured = [p for p in PHASES if p in measured or p == "rest"]
         self.phase = "rest"
+        # Inside optimizer.step(): a closure (Lightning's, LBFGS's) runs forward and backward
+        # there, and what follows its backward is the optimizer's, not rest.
+        self.stepping = False
         self.epoch: int | None = None
         self.global_step = 0
         self.window: list[dict[str, float]] = []  # the steps read since the last window was sent

@@ -26,6 +26,17 @@ def _each_ranks_rows(log, count: int) -> dict[int, list[dict]]:
     return rows
 
 
+def _timed_by_phase(log) -> None:
+    """The framework's DDP model and optimizer steps were seen: each rank's steps have their
+    forward, backward, all-reduce wait and optimizer (its closure's backward inside the step:
+    what follows is the optimizer's), and the run's verdict is in its log."""
+    for rank in (0, 1):
+        windows = [e for e in events(log, "phases") if e["rank"] == rank]
+        assert windows and all(sum(w["phases"][p][0] for w in windows) > 0 for p in
+                               ("forward", "backward", "comm", "optimizer")), windows
+    assert events(log, "verdict")
+
+
 def _joined(log) -> dict[int, int]:
     """rank -> pid of the process that joined a process group as it (under a launcher)."""
     return {e["rank"]: e["pid"] for e in events(log, "rank")
@@ -50,6 +61,7 @@ def test_lightning_with_ddp_and_no_callback_shows_each_ranks_loss_and_epochs(env
         assert [e["epoch"] for e in rows] == [0, 1, 2]
         assert all(e["val_loss"] is not None and e["val_acc"] is not None for e in rows)
     assert not [e for e in events(log, "rank") if e.get("state") in ("stalled", "waiting")]
+    _timed_by_phase(log)
 
 
 @lightning
@@ -80,6 +92,7 @@ def test_the_hugging_face_trainer_with_no_callback_shows_each_ranks_loss_and_eva
     assert {e["rank"] for e in events(log, "step")} == {0, 1}
     for rows in _each_ranks_rows(log, 2).values():
         assert all(e["val_loss"] is not None for e in rows)
+    _timed_by_phase(log)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("accelerate") is None,
