@@ -6,11 +6,11 @@ size or AMP), both read from the runs' logs.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from ddptui.contract.options.errors import UsageError
+from ddptui.contract.protocol.codec import dumps
 from ddptui.contract.protocol.steptime import PHASES
 
 LABELS = {"data": "data-wait", "h2d": "h2d copy", "forward": "forward", "backward": "backward",
@@ -19,14 +19,14 @@ LABELS = {"data": "data-wait", "h2d": "h2d copy", "forward": "forward", "backwar
 
 def cmd_report(args: argparse.Namespace) -> int:
     report, lines = _report(args.run)
-    print(json.dumps(report, indent=1) if args.json else "\n".join(lines))
+    print(dumps(report, indent=1) if args.json else "\n".join(lines))
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     a, b = _report(args.run_a)[0], _report(args.run_b)[0]
     if args.json:
-        print(json.dumps({"a": a, "b": b}, indent=1))
+        print(dumps({"a": a, "b": b}, indent=1))
     else:
         print("\n".join(compare_lines(a, b)))
     return 0

@@ -231,6 +231,8 @@ def test_a_partly_broken_log_plays_and_names_its_first_bad_line(tmp_path, env, c
     said = [line for line in r.stdout.splitlines() if "not a ddptui event" in line]
     assert said == [f"warning: {log} line 6 is not a ddptui event: skipped",
                     f"warning: {log} line 6 is not a ddptui event: skipped (and 1 more such line)"]
-    assert "done in" in r.stdout.splitlines()[-1]
+    out = r.stdout.splitlines()
+    end = next(i for i, line in enumerate(out) if line.startswith("done in"))
+    assert out[end + 1].startswith("verdict: ")  # the run's, from its log, after its exit line
     code, err = cli_main(["replay", str(log), "--csv", str(tmp_path / "e.csv")])
     assert code == 0 and err[0].endswith("line 6 is not a ddptui event: skipped (and 1 more such line)")

@@ -93,9 +93,9 @@ def _as_now(obj: dict) -> dict:
     return obj
 
 
-def dumps(obj: Any) -> str:
-    """A record of ddptui's own as JSON text (a run's record, a rank's hello)."""
-    return json.dumps(obj)
+def dumps(obj: Any, indent: int | None = None) -> str:
+    """A record of ddptui's own as JSON text (a run's record, a rank's hello, a report)."""
+    return json.dumps(obj, indent=indent)
 
 
 def pack(obj: Any) -> bytes:

@@ -21,6 +21,8 @@ async def _open(pilot) -> None:
     await settle(pilot)
     await pilot.press("e")
     await pilot.pause(0.3)
+    pilot.app.screen.redraw()  # at the sizes laid out by now (its first drawing guessed them)
+    await pilot.pause(0.3)
 
 
 def _text(app, widget: str) -> str:
