@@ -18,7 +18,8 @@ from ddptui.rank.elastic import world
 from ddptui.rank.elastic.control import Mailbox, OrderPipe
 from ddptui.rank.elastic.snapshot import Snapshots, buffer_count, state_tensors
 from ddptui.rank.sampler import ShardedBatchSampler
-from ddptui.rank.telemetry.phases import StepClock
+from ddptui.rank.telemetry.instrument import clock_on
+from ddptui.rank.telemetry.phases import NoClock, StepClock
 from ddptui.rank.telemetry.reporter import StepMeter
 from ddptui_trainer.checkpoint import Writer, announce_checkpoint, find_resume_state, load_checkpoint
 from ddptui_trainer.models import build_model
@@ -56,7 +57,8 @@ def build_parts(config: RunConfig, me: Rank, inbox, supervised: bool,
               meter=StepMeter(me.reporter, config.telemetry.hz, config.train.batch_size, me.device,
                               sampler.progress),
               autocast=build_autocast(config, me.device), state=state,
-              clock=StepClock(me.reporter.rank, me.reporter.emit, me.device))
+              clock=StepClock(me.reporter.rank, me.reporter.emit, me.device) if clock_on()
+              else NoClock())
     if not me.standby:  # (the loaders read the position and the settings only when they start)
         resume(p)
     if config.checkpoint.dir and me.is_main:

@@ -15,7 +15,7 @@ from ddptui.rank.elastic import change
 from ddptui.rank.elastic.control import Control
 from ddptui.rank.elastic.snapshot import state_tensors
 from ddptui.rank.telemetry.instrument import watch_ddp
-from ddptui.rank.telemetry.phases import StepClock
+from ddptui.rank.telemetry.phases import NoClock, StepClock
 from ddptui_trainer.parts import Parts
 from ddptui_trainer.rank import Rank
 
@@ -58,7 +58,7 @@ def wrap(model: torch.nn.Module, me: Rank, strategy: str = "ddp",
         return torch.nn.DataParallel(model, device_ids=list(range(torch.cuda.device_count())))
     ddp = DDP(model, device_ids=[me.device.index] if me.device.type == "cuda" else None,
               gradient_as_bucket_view=True, init_sync=not in_sync)
-    if clock is not None:  # forward, backward and the all-reduce left after it
+    if clock is not None and not isinstance(clock, NoClock):  # forward, backward, all-reduce
         watch_ddp(ddp, clock)
     return ddp
 

@@ -24,6 +24,8 @@ from ddptui.contract.wording import count
 from ddptui.rank.elastic import world
 from ddptui.rank.elastic.control import CONTROL_OFF, Control, all_linked
 from ddptui.rank.telemetry.heartbeat import Heartbeat
+from ddptui.rank.telemetry.instrument import oom_line
+from ddptui.rank.telemetry.phases import NoClock
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
 from ddptui.rank.telemetry.reporter import Reporter
 from ddptui_trainer import member
@@ -160,6 +162,15 @@ def _one_line(e: Exception) -> str:
 def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised: bool) -> None:
     """Build everything, enter the world (a standby waits to join), then run epochs."""
     p = build_parts(config, me, inbox, supervised, on_urgent)
+    try:
+        _train(p, me, control_group, sockets)
+    except torch.OutOfMemoryError:
+        if not isinstance(p.clock, NoClock):  # the phase it ran out in, and its peak
+            me.say(oom_line(p.clock).removeprefix("ddptui: "), "error")
+        raise
+
+
+def _train(p: Parts, me: Rank, control_group, sockets) -> None:
     try:
         if me.standby:
             warm_up(p)

@@ -108,7 +108,8 @@ def report_lines(report: dict) -> list[str]:
                 lines.append(f"  rank {slot}: {r['step_ms']:,.1f} ms a step: " +
                              shares_text(r["phases"]) + _peak(r["memory"]))
     else:
-        lines.append("  no phases were measured (no step of a DDP model was seen)")
+        lines.append("  no phases were measured (no DDP model's step was seen, or "
+                     "DDPTUI_STEP_CLOCK=0)")
     lines.append("  slowest: " + (report["slowest"]["text"] if report["slowest"] else
                                   "no rank stood out"))
     lines += [f"  {text}" for text in report["findings"] if text != (report["slowest"] or

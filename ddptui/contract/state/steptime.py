@@ -23,7 +23,8 @@ class RankTimes:
     """One rank's phases: the latest windows, its best, its totals since it began, its memory."""
 
     recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))
-    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))  # (t, step_ms, means)
+    # (t, step ms, phase means, memory in use MiB or None)
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY))
     best: tuple[float, dict] | None = None  # (step ms, phase means) of its fastest window
     windows: int = 0
     steps: int = 0
@@ -36,7 +37,7 @@ class RankTimes:
     def add(self, ev: Phases, t0: float) -> None:
         means = {p: float(v[0]) for p, v in ev.phases.items() if _pair(v)}
         self.recent.append((ev.steps, ev.step_ms, means))
-        self.history.append((ev.t, ev.step_ms, means))
+        self.history.append((ev.t, ev.step_ms, means, ev.mem_allocated))
         self.windows += 1
         self.steps += ev.steps
         for p, ms in means.items():

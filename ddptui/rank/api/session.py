@@ -244,8 +244,12 @@ class Run:
 
 def _watch(me: RankSide):
     """The step clock's hooks (installed at the rank's start under `ddptui run SCRIPT`, here
-    otherwise), their windows sent on this rank's link from now on."""
-    from ddptui.rank.telemetry.instrument import watch_everything
+    otherwise), their windows sent on this rank's link from now on; DDPTUI_STEP_CLOCK=0: none
+    (a Watch with no clock marks nothing)."""
+    from ddptui.rank.telemetry.instrument import Watch, clock_on, watch_everything
+
+    if not clock_on():
+        return Watch(me.slot, me.reporter.emit)
 
     watch = watch_everything(me.slot, me.reporter.emit)
     watch.rank, watch.send = me.slot, me.reporter.emit

@@ -8,6 +8,7 @@ Each hook only marks the clock; none waits, reads a tensor or raises into the sc
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -21,6 +22,11 @@ if TYPE_CHECKING:  # torch is imported by the script, not here: this loads befor
 
 # What the hooks can tell apart in code of yours: the copy to the device is yours, in `rest`.
 SCRIPT_PHASES = ("data", "forward", "backward", "comm", "optimizer")
+
+
+def clock_on() -> bool:
+    """DDPTUI_STEP_CLOCK=0 turns the step clock off (to measure what it costs: bench/)."""
+    return os.environ.get("DDPTUI_STEP_CLOCK", "1") != "0"
 
 
 def watch_ddp(ddp: torch.nn.Module, clock: StepClock, comm: bool = True) -> None:

@@ -25,7 +25,7 @@ from ddptui.contract.protocol import events
 from ddptui.contract.protocol.codec import encode
 from ddptui.contract.safe_text import plain
 from ddptui.rank.stacks import answer_stacks
-from ddptui.rank.telemetry.instrument import watch_everything
+from ddptui.rank.telemetry.instrument import Watch, clock_on, watch_everything
 from ddptui.rank.telemetry.vitals import keep_vitals
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
@@ -81,7 +81,7 @@ class RankWatch:
         vitals = os.path.join(self._dir, "vitals")
         keep_vitals(vitals)
         # The phases of its steps (DDP's, torch.optim's and DataLoader's hooks), sent as events.
-        self.steps = watch_everything(rank, self.emit)
+        self.steps = watch_everything(rank, self.emit) if clock_on() else Watch(rank, self.emit)
         read, self._out = os.pipe()
         self.sidecar = subprocess.Popen(
             [sys.executable, "-c", SIDECAR, "--report", report, "--rank", str(rank),

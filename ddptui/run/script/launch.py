@@ -77,7 +77,6 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         "DDPTUI_PARENT": str(os.getpid()),
         "DDPTUI_STACKS": stacks_path,
         "DDPTUI_VITALS": vitals_path(stacks_path),
-        "DDPTUI_PHASES": phases_path(stacks_path),
         "DDPTUI_STACKS_SIGNAL": str(config.stacks_signal),
         "DDPTUI_REPORT": attempt.report,
         "DDPTUI_AUTHKEY": attempt.key,
@@ -86,6 +85,8 @@ def rank_env(config: ScriptConfig, attempt: Attempt, rank: int, stacks_path: str
         env["DDPTUI_RANKS"], env["DDPTUI_RANKS_STEM"] = ranks
     if door and config.relaunch and not config.launch:  # it may turn out to launch: said there
         env["DDPTUI_RELAUNCH"] = door
+    if env.get("DDPTUI_STEP_CLOCK", "1") != "0":  # (off: to measure what it costs)
+        env["DDPTUI_PHASES"] = phases_path(stacks_path)
     env.pop("DDPTUI_AUTHKEY_FILE", None)
     if n > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes on one host's cores

@@ -115,3 +115,13 @@ def test_a_rank_that_keeps_a_tensor_an_epoch_is_flagged_for_memory_creep(env, tm
     creeping = [f for f in report["findings"] if "memory peak" in f]
     assert len(creeping) == 1 and creeping[0].startswith("rank 1: memory peak +"), report
     assert "MiB an epoch: out of memory in about" in creeping[0]
+
+
+@pytest.mark.timeout(200)
+def test_the_step_clock_turned_off_times_nothing_and_the_verdict_says_so(env, tmp_path):
+    """DDPTUI_STEP_CLOCK=0 (to measure what the clock costs: bench/)."""
+    said, report = run_phased(dict(env, DDPTUI_STEP_CLOCK="0"), tmp_path, "off", "--api",
+                              "--epochs", "1")
+    assert not events(tmp_path / "off.jsonl", "phases") and report["phases"] == {}
+    assert "  no phases were measured (no DDP model's step was seen, or DDPTUI_STEP_CLOCK=0)" \
+        in said.splitlines()

@@ -19,11 +19,13 @@ from ddptui.contract.state.report import run_report
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.steptime import RankTimes
 from ddptui.contract.state.verdicts import LABELS, gpus_of, judge
+from ddptui.dashboard.view.widgets.bars import spark
 
 COLOURS = {"data": "red", "h2d": "magenta", "forward": "blue", "backward": "cyan",
            "comm": "yellow", "optimizer": "green", "rest": "grey50"}
 ROWS = 64  # ranks drawn a bar each (the slowest first past that: a 512-rank job)
 TIME_ROWS = 6  # the height of the world's shares over time
+SPARK = 16  # windows of memory a rank's line shows
 
 
 def bar(means: dict[str, float], width: int) -> Text:
@@ -97,7 +99,8 @@ class StepTimeScreen(ModalScreen):
             rows.update(Text("no step of a DDP model seen yet: phases come a second after the "
                              "first steps", style="dim"))
             return
-        width = max(10, (rows.size.width or 100) - 48)
+        width = max(10, (rows.size.width or 100) - 96)  # the rank, its memory and their line
+        nvml = {r.rank: r.gpu_mem for r in view.ranks if r.gpu_mem}  # a script rank's, per process
         clock = {r.clock for r in ranks.values()}
         self.query_one("#steptime-title", Label).update(Text.from_markup(
             f"[b]where each rank's step time goes[/b]: its last seconds, "
@@ -112,7 +115,9 @@ class StepTimeScreen(ModalScreen):
             text.append(f"{'>' if slot in slow else ' '} rank {slot:<4} {now[0]:>9,.1f} ms ",
                         style="bold red" if slot in slow else "")
             text.append_text(bar(now[1], width))
-            text.append(f"  {_memory(ranks[slot].memory)}\n")
+            text.append(f"  {_memory(ranks[slot].memory, nvml.get(slot))} ")
+            text.append_text(_memory_line(ranks[slot]))
+            text.append("\n")
         rows.update(text)
         self.query_one("#steptime-time", Static).update(
             Text("the world's shares, a column a second:\n").append_text(
@@ -136,9 +141,19 @@ def _unmeasured(ranks: dict[int, RankTimes]) -> str:
     return f"; not told apart here (in rest): {', '.join(left)}" if left else ""
 
 
-def _memory(memory: dict) -> str:
+def _memory(memory: dict, nvml: int | None) -> str:
     if not memory.get("peak"):
         return ""
     limit = f" of {memory['limit']:,.0f}" if memory.get("limit") else ""
     kind = "GPU" if memory.get("kind") == "cuda" else "RSS"
-    return f"{kind} {memory['allocated']:,.0f}{limit} MiB, peak {memory['peak']:,.0f}"
+    process = f" (NVML {nvml:,})" if nvml else ""
+    return f"{kind} {memory['allocated']:,.0f}{limit} MiB{process}, peak {memory['peak']:,.0f}"
+
+
+def _memory_line(r: RankTimes) -> Text:
+    """Its memory in use over its last windows, on a scale of their own (a creep shows)."""
+    used = [h[3] for h in r.history if h[3] is not None][-SPARK:]
+    if not used:
+        return Text()
+    lo, hi = min(used), max(used)
+    return spark(used, SPARK, lo, max(hi, lo + 0.01 * (r.memory.get("limit") or 100.0)))
