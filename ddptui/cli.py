@@ -71,7 +71,8 @@ environment: DDPTUI_PYCACHE=0|1 turns the ranks' bytecode cache off or on (on by
   where Python may not write bytecode); DDPTUI_BELL=0 keeps the dashboard from ringing the
   terminal's bell when a rank stalls or crashes; ranks of a job over 16 send their telemetry
   folded once a second (DDPTUI_ROLLUP_S=S: another span, 0: every step event), and attach's log
-  keeps it whole for its first 300 s (DDPTUI_LOG_FULL_S) (docs/cluster.md)"""
+  keeps it whole for its first 300 s (DDPTUI_LOG_FULL_S) (docs/cluster.md); DDPTUI_STEP_CLOCK=0
+  turns off the phases of each step (to measure what they cost; docs/dashboard.md)"""
 
 
 def build_parser() -> Parser:
