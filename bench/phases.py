@@ -1,0 +1,126 @@
+"""What the step clock costs, and whether its phases add up, on the GPUs: the built-in loop and
+a torchrun script (bench/plain_ddp.py under `ddptui run`, no code change) with the clock on
+against DDPTUI_STEP_CLOCK=0, alternating, in one call; `--sanitizer`: both once more under
+PyTorch's CUDA sanitizer (its events and comm hook on the autograd thread).
+
+python bench/phases.py --gpus 1 --rounds 2 --steps 300 [--sanitizer] --out phases.json
+Prints a Markdown table: img/s on and off per round and the ratio of their medians, for each
+leg; how far each rank's windows (after its first) are from the wall time they cover; and the
+sanitizer runs' exit codes and any race they reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "bench", "plain_ddp.py")
+
+
+def run(leg: str, on: bool, gpus: int, steps: int, warmup: int, env_extra: dict) -> dict:
+    """One run of `leg` (builtin | script): its img/s over the steady window, and its phases."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "run.jsonl")
+        devices = ",".join(map(str, range(gpus)))
+        if leg == "builtin":
+            cmd = ["run", "resnet18", "--gpus", devices, "--data", "synthetic", "--amp", "bf16",
+                   "--channels-last", "--batch-size", "256", "--epochs", "1",
+                   "--steps-per-epoch", str(warmup + steps)]
+        else:
+            cmd = ["run", SCRIPT, "--gpus", devices, "--", "--model", "resnet18", "--steps",
+                   str(steps), "--warmup", str(warmup)]
+        env = dict(os.environ, DDPTUI_STEP_CLOCK="1" if on else "0", **env_extra)
+        out = subprocess.run([sys.executable, "-m", "ddptui", *cmd[:1], "--headless", "--log",
+                              log, *cmd[1:]], capture_output=True, text=True, cwd=tmp, env=env)
+        evs = [json.loads(line) for line in open(log)] if os.path.exists(log) else []
+    result = {"exit": out.returncode, "csan": "CSAN" in out.stderr or "data race" in out.stderr,
+              "tail": out.stderr[-1500:] if out.returncode else ""}
+    if out.returncode:
+        return result
+    if leg == "script":
+        result["img_s"] = json.loads([ln for ln in out.stdout.splitlines()
+                                      if ln.startswith("{")][-1])["img_s"]
+    else:
+        window = [e for e in evs if e["kind"] == "step" and e["rank"] == 0
+                  and e["global_step"] >= warmup]
+        a, b = window[0], window[-1]
+        result["img_s"] = (b["global_step"] - a["global_step"]) * 256 * gpus / (b["t"] - a["t"])
+    result["adds_up"] = adds_up([e for e in evs if e["kind"] == "phases"])
+    result["shares"] = shares([e for e in evs if e["kind"] == "phases"])
+    return result
+
+
+def adds_up(windows: list[dict]) -> float | None:
+    """The largest gap, over the ranks and epochs, between the steps their windows add up to
+    and the wall time between the windows' events (a fraction of that time)."""
+    worst = None
+    for key in {(w["rank"], w.get("epoch")) for w in windows}:
+        span = [w for w in windows if (w["rank"], w.get("epoch")) == key]
+        if len(span) < 3:
+            continue
+        stepped = sum(w["steps"] * w["step_ms"] for w in span[1:]) / 1000
+        wall = span[-1]["t"] - span[0]["t"]
+        gap = abs(stepped - wall) / wall
+        worst = gap if worst is None else max(worst, gap)
+    return worst
+
+
+def shares(windows: list[dict]) -> dict:
+    total = sum(w["steps"] * w["step_ms"] for w in windows)
+    return {p: round(sum(w["steps"] * w["phases"][p][0] for w in windows) / total, 4)
+            for p in (windows[0]["phases"] if windows else {})} if total else {}
+
+
+def _rates(runs: list[dict]) -> str:
+    return ", ".join(f"{r['img_s']:,.0f}" for r in runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--legs", nargs="+", default=["builtin", "script"])
+    ap.add_argument("--sanitizer", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    rows = {}
+    print("| leg | img/s on, per round | img/s off, per round | on / off (medians) | "
+          "phases vs wall, worst | shares (on) |")
+    print("|---|---|---|---|---|---|")
+    for leg in args.legs:
+        on, off = [], []
+        for i in range(args.rounds):  # alternating, which goes first too
+            for clock in ((True, False) if i % 2 == 0 else (False, True)):
+                r = run(leg, clock, args.gpus, args.steps, args.warmup, {})
+                if r["exit"]:
+                    raise SystemExit(f"{leg} (clock {'on' if clock else 'off'}) failed:\n"
+                                     f"{r['tail']}")
+                (on if clock else off).append(r)
+        ratio = statistics.median(r["img_s"] for r in on) / statistics.median(
+            r["img_s"] for r in off)
+        worst = max((r["adds_up"] for r in on if r["adds_up"] is not None), default=None)
+        rows[leg] = {"on": on, "off": off, "ratio": ratio, "adds_up": worst}
+        gap = "-" if worst is None else f"{worst:.2%}"
+        print(f"| {leg} | {_rates(on)} | {_rates(off)} | {ratio:.4f} | {gap} | "
+              f"{on[0]['shares']} |", flush=True)
+    if args.sanitizer:
+        for leg in args.legs:
+            r = run(leg, True, args.gpus, 40, 10, {"TORCH_CUDA_SANITIZER": "1"})
+            rows[f"{leg}-sanitizer"] = r
+            print(f"sanitizer, {leg}: exit {r['exit']}, race reported: {r['csan']}"
+                  + (f"\n{r['tail']}" if r["exit"] else ""), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
