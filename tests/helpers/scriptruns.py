@@ -4,6 +4,9 @@ was doing when it fails."""
 from __future__ import annotations
 
 import dataclasses
+import sys
+import threading
+import traceback
 
 from ddptui.contract.options.script import parse_script_args
 from ddptui.run.script.run import ScriptRun
@@ -24,5 +27,8 @@ async def until_shown(pilot, predicate, timeout: float = 150, log=None) -> None:
             return
         await pilot.pause(0.1)
     last = [] if log is None else [e for e in events(log) if e["kind"] != "step"][-15:]
+    frames = sys._current_frames()  # where the run's thread is: a hang names its call
+    stuck = "".join(f"\n-- thread {t.name}:\n" + "".join(traceback.format_stack(frames[t.ident]))
+                    for t in threading.enumerate() if t.name == "script-run" and t.ident in frames)
     raise AssertionError("the dashboard never showed it; the run's last events:\n"
-                         + "\n".join(map(str, last)))
+                         + "\n".join(map(str, last)) + stuck)

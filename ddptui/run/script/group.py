@@ -273,9 +273,8 @@ class RankGroup:
         """As torchrun ends them: `sig` to every rank's group now (None: they were asked to stop
         by a command, and SIGINT follows at half the grace period), SIGKILL to what is left at
         its end (escalate() sends what is due). The `hung` slots (stalled, or waiting on one)
-        cannot end by themselves: SIGKILL after HUNG_GRACE_S at most."""
-        if not self.alive():
-            return
+        cannot end by themselves: SIGKILL after HUNG_GRACE_S at most. Armed even where every
+        rank seems gone: one may have ended between the caller's look and this one."""
         now, self._grace = time.monotonic(), grace
         if sig is None:
             self._deadlines = [(now + grace / 2, signal.SIGINT, None),
@@ -331,7 +330,10 @@ class RankGroup:
                 _killpg(r.pid, signal.SIGKILL)  # its group, even once the rank itself is gone
             if r.alive:
                 r.kill()
-            r.popen.wait()
+            try:  # SIGKILLed: a process in the kernel's uninterruptible sleep holds no way out
+                r.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         strays = []
         for pid in {c for r in self.ranks for c in r.children}:
             try:

@@ -243,7 +243,7 @@ def test_a_member_killed_just_after_a_joiner_entered_leaves_the_joiner_training(
             time.sleep(delay)
             seen = len(worlds())
             pids |= rank_pids(log)
-            os.kill(rank_pids_of(log, victim), signal.SIGKILL)
+            os.kill(member_pid(run, victim), signal.SIGKILL)
             alone(joiner, seen)
         pids |= rank_pids(log)
     finally:
@@ -256,9 +256,11 @@ def test_a_member_killed_just_after_a_joiner_entered_leaves_the_joiner_training(
     assert_gone(pids)
 
 
-def rank_pids_of(log, slot: int) -> int:
-    """The pid of the slot's newest process (its standby once it joined)."""
-    return [e["pid"] for e in events(log, "rank") if e["rank"] == slot and e.get("pid")][-1]
+def member_pid(run: ScriptRun, slot: int) -> int:
+    """The slot's process in the world now, as the run holds it: the log's newest `rank` event
+    of the slot may not be written yet (read from it, a loaded suite killed a pid long gone)."""
+    (pid,) = [r.pid for r in run.group.alive() if r.slot == slot]
+    return pid
 
 
 @pytest.mark.timeout(120)
