@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 
 from ddptui.contract.protocol.events import Event, Gpu, Output, Process, Step
+from ddptui.contract.protocol.steptime import Phases
 
 ROLLUP_ENV = "DDPTUI_ROLLUP_S"
 FULL_DETAIL_UP_TO = 16  # ranks: a job this size (two nodes of 8) keeps every step event
 # Readings where the latest says all: a rank's GPU, its process, the last line it printed.
 LATEST = (Gpu, Process, Output)
+FOLDED = (Step, Phases, *LATEST)  # what a span folds: the rest keeps its place
 
 
 def rollup_seconds() -> float:
@@ -34,7 +36,7 @@ def fold(batch: list[Event]) -> list[Event]:
     out: list[Event] = []
     run: list[Event] = []
     for ev in batch:
-        if isinstance(ev, (Step, *LATEST)):
+        if isinstance(ev, FOLDED):
             run.append(ev)
             continue
         out.extend(_fold_run(run))
@@ -48,10 +50,13 @@ def _fold_run(run: list[Event]) -> list[Event]:
     last: dict[tuple, int] = {}  # what an event folds into -> the index of its last one
     merged: dict[tuple, Event] = {}
     for i, ev in enumerate(run):
-        key = (type(ev), ev.rank, ev.epoch if isinstance(ev, Step) else getattr(ev, "gpu", None))
+        key = (type(ev), ev.rank, ev.epoch if isinstance(ev, (Step, Phases))
+               else getattr(ev, "gpu", None))
         before = merged.get(key)
         if isinstance(ev, Step) and isinstance(before, Step):
             ev = merge_steps(before, ev)
+        elif isinstance(ev, Phases) and isinstance(before, Phases):
+            ev = merge_phases(before, ev)
         elif isinstance(ev, Gpu) and isinstance(before, Gpu) and ev.uuid is None:
             ev = ev.replace(uuid=before.uuid)  # said once a minute: not folded away
         merged[key] = ev
@@ -78,6 +83,20 @@ def merge_steps(a: Step, b: Step) -> Step:
                      data_wait=None if wait is None else round(wait, 4),
                      steps_per_s=round(steps * 1000 / total, 3)
                      if b.steps_per_s is not None else None)
+
+
+def merge_phases(a: Phases, b: Phases) -> Phases:
+    """Two windows of one rank and epoch as one: means over both (weighted by their steps), the
+    higher 90th percentile, b's memory with the higher peak."""
+    steps = a.steps + b.steps
+    phases = {}
+    for p in b.phases:
+        pa, pb = a.phases.get(p, [0.0, 0.0]), b.phases[p]
+        phases[p] = [round((pa[0] * a.steps + pb[0] * b.steps) / steps, 3), max(pa[1], pb[1])]
+    return b.replace(steps=steps, phases=phases,
+                     step_ms=round((a.step_ms * a.steps + b.step_ms * b.steps) / steps, 3),
+                     step_p90_ms=max(a.step_p90_ms, b.step_p90_ms),
+                     mem_peak=max(a.mem_peak or 0.0, b.mem_peak or 0.0) or None)
 
 
 def _weighted(pairs: list[tuple[float | None, float]]) -> float | None:

@@ -48,3 +48,19 @@ def test_a_job_above_two_nodes_rolls_up_unless_told(monkeypatch):
     assert rollup_seconds() == 1.0
     monkeypatch.setenv("DDPTUI_ROLLUP_S", "0")
     assert rollup_seconds() == 0.0
+
+
+def test_a_ranks_phase_windows_fold_into_one_over_all_their_steps():
+    """What attach keeps of a big job's phases once its log thins: the report's totals (steps x
+    mean a phase) are those of the windows it folded; the 90th percentile is the higher."""
+    from ddptui.contract.protocol.steptime import Phases
+
+    def window(t: float, steps: int, forward: float, peak: float) -> Phases:
+        return Phases(t=t, rank=3, steps=steps, step_ms=forward + 10, step_p90_ms=forward + 12,
+                      phases={"forward": [forward, forward + 2], "rest": [10.0, 10.0]},
+                      measured=["forward", "rest"], clock="cuda", epoch=0, mem_peak=peak)
+
+    (one,) = fold([window(1.0, 10, 20.0, 500.0), window(2.0, 30, 40.0, 400.0)])
+    assert one.steps == 40 and one.t == 2.0
+    assert one.phases["forward"] == [35.0, 42.0] and one.step_ms == 45.0
+    assert one.step_p90_ms == 52.0 and one.mem_peak == 500.0

@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from ddptui.contract.protocol.events import Event, Step
-from ddptui.contract.rollup import FULL_DETAIL_UP_TO, LATEST, fold
+from ddptui.contract.protocol.events import Event
+from ddptui.contract.rollup import FOLDED, FULL_DETAIL_UP_TO, fold
 
 FULL_S = 300.0  # the first minutes in full: the start of a job is when it is read closest
 FULL_ENV = "DDPTUI_LOG_FULL_S"  # another span for them
@@ -32,7 +32,7 @@ class ThinLog:
         if ev.rank >= 0:
             self.ranks.add(ev.rank)
         thin = len(self.ranks) >= self.from_ranks and ev.t - self.start >= self.full_s
-        if not isinstance(ev, (Step, *LATEST)) or not thin:
+        if not isinstance(ev, FOLDED) or not thin:
             self._flush(ev.rank)
             self.write(ev)
             return
