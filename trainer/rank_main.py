@@ -24,7 +24,7 @@ from ddptui.contract.wording import count
 from ddptui.rank.elastic import world
 from ddptui.rank.elastic.control import CONTROL_OFF, Control, all_linked
 from ddptui.rank.telemetry.heartbeat import Heartbeat
-from ddptui.rank.telemetry.instrument import oom_line
+from ddptui.rank.telemetry.instrument import oom_line, out_of_memory
 from ddptui.rank.telemetry.phases import NoClock
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
 from ddptui.rank.telemetry.reporter import Reporter
@@ -164,8 +164,8 @@ def train(config: RunConfig, me: Rank, inbox, control_group, sockets, supervised
     p = build_parts(config, me, inbox, supervised, on_urgent)
     try:
         _train(p, me, control_group, sockets)
-    except torch.OutOfMemoryError:
-        if not isinstance(p.clock, NoClock):  # the phase it ran out in, and its peak
+    except Exception as e:
+        if out_of_memory(e) and not isinstance(p.clock, NoClock):  # its phase, and its peak
             me.say(oom_line(p.clock).removeprefix("ddptui: "), "error")
         raise
 

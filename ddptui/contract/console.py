@@ -127,8 +127,14 @@ def run_headless(run: RunSource, console: HeadlessConsole | None = None) -> int:
 
 
 def print_verdict(state: RunState, out=sys.stdout) -> None:
-    """The run's verdict, after its exit line: where the time went, who was slow and why."""
-    print("\n".join(run_report(state)[1]), file=out, flush=True)
+    """The run's verdict, after its exit line: where the time went, who was slow and why (one
+    that cannot be made is one line; the run's exit code stands)."""
+    try:
+        lines = run_report(state)[1]
+    except Exception as e:
+        lines = [f"ddptui: no verdict for this run: {type(e).__name__}: {e}"]
+    if lines:
+        print("\n".join(lines), file=out, flush=True)
 
 
 def _stop_on_signals(stop) -> None:

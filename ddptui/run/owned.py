@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import traceback
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -141,12 +142,24 @@ class OwnedRun(RunSource):
             return
         last = isinstance(ev, Run) and ev.exit_code is not None
         if last and not ev.restarting and self.state.steptimes.verdict is None:
-            self._handle(verdict_event(self.state))  # the verdict, just before the run's end
+            self._verdict()
         if self._writer.write(ev, last=last) or self.log_lost:
             return
         self.log_lost = f"its log {self.log_path} cannot be written: {self._writer.failed}"
         self.state.say(f"the run ends: {self.log_lost}", "error")
         self.stop("failed", EXIT_FAILED, self.log_lost)
+
+    def _verdict(self) -> None:
+        """The verdict, just before the run's end; one that cannot be made costs the run its
+        verdict only (its traceback on stderr), never its end."""
+        try:
+            ev = verdict_event(self.state)
+        except Exception as e:
+            traceback.print_exc()
+            self._handle(Notice(rank=PARENT, level="warning",
+                                text=f"no verdict for this run: {type(e).__name__}: {e}"))
+            return
+        self._handle(ev)
 
     def note(self, text: str, level: str = "warning") -> None:
         """say() from another thread (the dashboards' host): the run's thread logs it; once the

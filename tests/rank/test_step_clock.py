@@ -15,7 +15,7 @@ from tests.helpers.runs import ROOT, local_port
 RANK = """
 import os, sys, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
-from ddptui.rank.telemetry.instrument import watch_everything
+from ddptui.rank.telemetry.script_watch import watch_everything
 windows = []
 watch = watch_everything(0, windows.append)
 dist.init_process_group("gloo", rank=0, world_size=1)
@@ -30,9 +30,18 @@ if "{hook}" == "mine":
     model.register_comm_hook(None, mine)
 elif "{hook}" == "builtin":
     model._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)
+elif "{hook}" == "late":  # after the first forward (ddptui's own is in by then)
+    model(torch.randn(2, 32)).sum().backward()
+    def mine(state, bucket):
+        calls.append(state)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        return allreduce_hook(state, bucket)
+    model.register_comm_hook(None, mine)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 data = torch.utils.data.TensorDataset(torch.randn(640, 32), torch.randint(0, 4, (640,)))
-for x, y in torch.utils.data.DataLoader(data, batch_size=16):
+join = model.join() if "{hook}" == "join" else __import__("contextlib").nullcontext()
+with join:
+  for x, y in torch.utils.data.DataLoader(data, batch_size=16):
     if "{hook}" == "oom" and len(windows) == 0 and watch.clock.global_step == 5:
         model.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(
             torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")))
@@ -40,12 +49,18 @@ for x, y in torch.utils.data.DataLoader(data, batch_size=16):
     opt.zero_grad()
     loss.backward()
     opt.step()
+    with torch.no_grad():  # an evaluation's forward: no step's time
+        model(x)
+if "{hook}" == "copy":  # an EMA's deepcopy, a torch.save of the whole model
+    import copy, io
+    copy.deepcopy(model.module)
+    torch.save(model, io.BytesIO())
 watch.flush()
 steps = sum(w.steps for w in windows)
 comm = sum(w.steps * w.phases["comm"][0] for w in windows)
 adds_up = all(abs(sum(v[0] for v in w.phases.values()) - w.step_ms) <= 0.01 * w.step_ms + 0.01
               for w in windows)
-print(steps, len(calls), comm > 0, adds_up, windows[-1].measured)
+print(steps, len(calls), comm > 0, adds_up, windows[-1].measured, calls[-1:] == [None])
 """
 
 
@@ -66,6 +81,22 @@ def test_a_comm_hook_of_the_scripts_is_timed_and_still_runs():
     r = rank("mine")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[:3] == ["39", "40", "True"], r.stdout
+
+
+def test_a_comm_hook_registered_after_the_first_forward_takes_ddptuis_place():
+    """DDP takes one comm hook: ddptui's went in at the first forward; the script's, registered
+    after it, runs in its place, with its own state, and is timed."""
+    r = rank("late")
+    assert r.returncode == 0, r.stderr
+    fields = r.stdout.split()
+    assert fields[:3] == ["39", "40", "True"] and fields[-1] == "True", r.stdout
+
+
+def test_join_for_uneven_inputs_and_a_copied_or_saved_model_work_as_without_ddptui():
+    for hook in ("join", "copy"):
+        r = rank(hook)
+        assert r.returncode == 0, (hook, r.stderr[-2000:])
+        assert r.stdout.split()[:4] == ["39", "0", "True", "True"], (hook, r.stdout)
 
 
 def test_a_built_in_comm_hook_is_left_alone():

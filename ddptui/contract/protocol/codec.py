@@ -37,9 +37,10 @@ def parse(text: str | bytes) -> dict | None:
 
 
 def json_value(text: str | bytes) -> Any:
-    """Any JSON value (a browser page's messages are lists), or None where it is not JSON."""
+    """Any JSON value (a browser page's messages are lists), or None where it is not JSON. NaN
+    and Infinity, which Python's JSON reads and no other does, are null: never a figure."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=lambda _name: None)
     except (ValueError, RecursionError):
         return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ddptui.contract.protocol.events import PARENT
 from ddptui.contract.protocol.steptime import PHASES, Verdict
+from ddptui.contract.safe_text import plain
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.steptime import RankTimes
 from ddptui.contract.state.verdicts import LABELS, gpus_of, judge
@@ -16,22 +17,23 @@ from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import count
 
 
-def run_report(state: RunState) -> tuple[dict, list[str]]:
-    """The run's verdict: the one it left in its log, else one made now from what it has seen
-    (a run still going, a log cut short)."""
+def run_report(state: RunState, logged: bool = True) -> tuple[dict, list[str]]:
+    """The run's verdict: (`logged`) the one it left in its log, else one made now from what it
+    has seen (a run still going, a log cut short; the figures of a log's verdict, which anyone
+    may have written, are never taken as they are)."""
     view = state.view()
     with state.lock:
         book = state.steptimes
         verdict, ranks, states = book.verdict, book.copy(), dict(book.states)
-    if verdict is not None:
-        return verdict.report, [str(line) for line in verdict.lines]
+    if verdict is not None and logged:
+        return verdict.report, [plain(str(line)) for line in verdict.lines]
     report = build_report(view, ranks, states)
     return report, report_lines(report)
 
 
 def verdict_event(state: RunState) -> Verdict:
     """The verdict as the event the run leaves in its log, just before its end."""
-    report, lines = run_report(state)
+    report, lines = run_report(state, logged=False)
     return Verdict(rank=PARENT, report=report, lines=lines)
 
 

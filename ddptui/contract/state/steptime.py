@@ -7,6 +7,7 @@ Pure Python, fed under the run state's lock.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,22 +34,25 @@ class RankTimes:
     clock: str = ""
     memory: dict = field(default_factory=dict)  # the latest mem_ figures
     epoch_peaks: dict = field(default_factory=dict)  # epoch (or minute) -> (peak MiB, t0, t1)
+    by_minute: bool = False  # the rank names no epochs: its peaks are minute by minute
 
     def add(self, ev: Phases, t0: float) -> None:
-        means = {p: float(v[0]) for p, v in ev.phases.items() if _pair(v)}
+        # From a rank, or a record file: only the phases there are, in figures that can be
+        means = {p: float(v[0]) for p, v in ev.phases.items() if p in PHASES and _pair(v)}
         self.recent.append((ev.steps, ev.step_ms, means))
         self.history.append((ev.t, ev.step_ms, means, ev.mem_allocated))
         self.windows += 1
         self.steps += ev.steps
         for p, ms in means.items():
             self.total_ms[p] = self.total_ms.get(p, 0.0) + ms * ev.steps
-        self.measured, self.clock = [p for p in ev.measured if p in PHASES], ev.clock
+        self.measured, self.clock = [p for p in PHASES if p in ev.measured], ev.clock
         if self.windows > WARM_WINDOWS and ev.steps >= 2 and (
                 self.best is None or ev.step_ms < self.best[0]):
             self.best = (ev.step_ms, means)
-        if ev.mem_peak is not None:
+        if ev.mem_peak is not None and _finite(ev.mem_peak):
             self.memory = {k: getattr(ev, f"mem_{k}") for k in
                            ("kind", "allocated", "reserved", "peak", "limit")}
+            self.by_minute = ev.epoch is None
             key = ev.epoch if ev.epoch is not None else int((ev.t - t0) // 60)
             peak, start, _ = self.epoch_peaks.get(key, (0.0, ev.t, ev.t))
             self.epoch_peaks[key] = (max(peak, ev.mem_peak), start, ev.t)
@@ -85,6 +89,8 @@ class StepTimes:
     def take(self, ev: Event) -> None:
         """Any event of the run: its phases, its verdict, a rank's change of state."""
         if isinstance(ev, Phases):
+            if not (ev.steps > 0 and _finite(ev.t, ev.step_ms, ev.step_p90_ms) and ev.step_ms > 0):
+                return  # a window no rank of ours sends
             self.t0 = ev.t if self.t0 is None else self.t0
             self.ranks.setdefault(ev.rank, RankTimes()).add(ev, self.t0)
         elif isinstance(ev, Verdict):
@@ -98,10 +104,15 @@ class StepTimes:
         """The ranks' figures for a reader outside the lock (its deques and dicts copied)."""
         return {slot: RankTimes(deque(r.recent, RECENT), deque(r.history, HISTORY), r.best,
                                 r.windows, r.steps, dict(r.total_ms), list(r.measured), r.clock,
-                                dict(r.memory), dict(r.epoch_peaks))
+                                dict(r.memory), dict(r.epoch_peaks), r.by_minute)
                 for slot, r in self.ranks.items()}
 
 
 def _pair(value) -> bool:
     return isinstance(value, list) and len(value) == 2 and all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+        for x in value)
+
+
+def _finite(*values) -> bool:
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in values)

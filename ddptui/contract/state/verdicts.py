@@ -63,7 +63,7 @@ def stragglers(now: dict[int, tuple[float, dict]], gpus: dict[int, DeviceView],
         others = [f for s, f in now.items() if s != slot]
         median = statistics.median(own_ms(f) for f in others)
         mine = own_ms(fig)
-        if mine < SLOW * median or mine - median < MIN_EXCESS_MS:
+        if median <= 0 or mine < SLOW * median or mine - median < MIN_EXCESS_MS:
             continue
         phase, excess, base = _worst_phase(fig[1], [f[1] for f in others])
         # +22% where the others spend time in that phase too, else the milliseconds it adds
@@ -161,6 +161,8 @@ def behind_best(ranks: dict[int, RankTimes], now: dict[int, tuple[float, dict]])
     for fig, best in pairs.values():
         for phase, ms in fig[1].items():
             grew[phase] = grew.get(phase, 0.0) + ms - best[1].get(phase, 0.0)
+    if not grew:
+        return []
     phase = max(grew, key=lambda p: grew[p])
     step = statistics.median(fig[0] for fig, _ in pairs.values())
     best_ms = statistics.median(best[0] for _, best in pairs.values())
@@ -171,8 +173,8 @@ def behind_best(ranks: dict[int, RankTimes], now: dict[int, tuple[float, dict]])
 
 
 def memory_creep(slot: int, r: RankTimes) -> Finding | None:
-    """A rank whose memory peak grew in each of its last CREEP_EPOCHS epochs: how fast, and when
-    it runs out at that rate."""
+    """A rank whose memory peak grew in each of its last CREEP_EPOCHS epochs (minutes, where it
+    names none): how fast, and when it runs out at that rate."""
     epochs = [r.epoch_peaks[k] for k in sorted(r.epoch_peaks)]
     if len(epochs) <= CREEP_EPOCHS:
         return None
@@ -185,10 +187,14 @@ def memory_creep(slot: int, r: RankTimes) -> Finding | None:
     spans = [e[2] - e[1] for e in epochs[:-1] if e[2] > e[1]]
     epoch_min = statistics.median(spans) / 60 if spans else None
     limit, peak = r.memory.get("limit"), last[-1][0]
-    text = f"rank {slot}: memory peak +{rate:,.0f} MiB an epoch"
+    span = "a minute" if r.by_minute else "an epoch"
+    text = f"rank {slot}: memory peak +{rate:,.0f} MiB {span}"
     minutes = None
     if limit and epoch_min:
         minutes = max(0.0, (limit - peak) / rate * epoch_min)
+        text += f": out of memory in about {_duration(minutes)} at this rate"
+    elif limit and r.by_minute:
+        minutes = max(0.0, (limit - peak) / rate)
         text += f": out of memory in about {_duration(minutes)} at this rate"
     return Finding("memory", slot, text, {"mib_per_epoch": round(rate, 1), "peak": peak,
                                           "limit": limit, "minutes_left": minutes})

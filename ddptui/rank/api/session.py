@@ -246,7 +246,8 @@ def _watch(me: RankSide):
     """The step clock's hooks (installed at the rank's start under `ddptui run SCRIPT`, here
     otherwise), their windows sent on this rank's link from now on; DDPTUI_STEP_CLOCK=0: none
     (a Watch with no clock marks nothing)."""
-    from ddptui.rank.telemetry.instrument import Watch, clock_on, watch_everything
+    from ddptui.rank.telemetry.instrument import clock_on
+    from ddptui.rank.telemetry.script_watch import Watch, watch_everything
 
     if not clock_on():
         return Watch(me.slot, me.reporter.emit)

@@ -21,6 +21,7 @@ from ddptui.contract.protocol.steptime import PHASES, Phases
 
 EVERY_S = 1.0  # a window a second
 MAX_BEHIND = 64  # steps whose CUDA events the GPU has not reached yet: past this, steps go untimed
+MAX_MARKS = 64  # marks in one step: more (an optimizer torch.optim does not see) drops the step
 MIB = 1 << 20
 
 
@@ -48,7 +49,7 @@ class StepClock:
         else:
             self._pool: list = []
             self._start = self._event()  # the step's first mark: the last one's end
-            self._start.record()
+            self._start.record(torch.cuda.current_stream(self.cuda))
             self._marks: list[tuple[str, object]] = []  # (phase that ended, its end's event)
             self._behind: deque = deque()  # (start, marks) of steps the GPU has not passed
             self._read = 0  # steps read
@@ -61,9 +62,11 @@ class StepClock:
             now = time.perf_counter()
             self._step[self.phase] = self._step.get(self.phase, 0.0) + now - self._t
             self._t = now
-        elif len(self._behind) < MAX_BEHIND:
+        elif len(self._behind) < MAX_BEHIND and not torch.cuda.is_current_stream_capturing():
+            if len(self._marks) >= MAX_MARKS:  # no step ends: not a step we can tell apart
+                self.restart()
             event = self._event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.cuda))  # (the current device may differ)
             self._marks.append((self.phase, event))
         self.phase = phase
 
@@ -90,9 +93,8 @@ class StepClock:
             self._step, self._t = {}, time.perf_counter()
             return
         self._pool.extend(event for _, event in self._marks)
-        # A new start: the old one may still end a step the GPU has not passed.
-        self._marks, self._start = [], self._event()
-        self._start.record()
+        self._marks = []
+        self._new_start()
 
     def flush(self, now: float | None = None) -> None:
         """Send the steps read so far as one window (at the window's end, and at exit)."""
@@ -122,13 +124,19 @@ class StepClock:
             self._behind.append((self._start, self._marks))
             self._start, self._marks = self._marks[-1][1], []
         else:  # a step left untimed (the GPU too far behind): the next one starts here
-            self._start.record()
+            self._new_start()
         self._read_passed()
+
+    def _new_start(self) -> None:
+        """A new event starts the next step: the old one may still end a step not read yet."""
+        self._start = self._event()
+        self._start.record(torch.cuda.current_stream(self.cuda))
 
     def _read_passed(self) -> None:
         """The steps whose last event the GPU has passed: their phases in seconds, and their
         events back to the pool (a step's last event stays: it starts the next step)."""
-        while self._behind and self._behind[0][1][-1][1].query():
+        # every mark: one on another stream (the autograd thread's) may not be passed yet
+        while self._behind and all(event.query() for _, event in self._behind[0][1]):
             start, marks = self._behind.popleft()
             phases: dict[str, float] = {}
             before = start

@@ -102,7 +102,7 @@ def keep_vitals(path: str, phases_path: str | None = None) -> Vitals:
     if phases_path:
         import atexit
 
-        from ddptui.rank.telemetry.instrument import watch_everything
+        from ddptui.rank.telemetry.script_watch import watch_everything
 
         watch = watch_everything(int(os.environ.get("RANK", 0)), vitals.hold_phases)
         atexit.register(lambda: (watch.flush(), vitals.write_phases()))  # its last window

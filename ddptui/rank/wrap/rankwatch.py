@@ -25,7 +25,8 @@ from ddptui.contract.protocol import events
 from ddptui.contract.protocol.codec import encode
 from ddptui.contract.safe_text import plain
 from ddptui.rank.stacks import answer_stacks
-from ddptui.rank.telemetry.instrument import Watch, clock_on, watch_everything
+from ddptui.rank.telemetry.instrument import clock_on
+from ddptui.rank.telemetry.script_watch import Watch, watch_everything
 from ddptui.rank.telemetry.vitals import keep_vitals
 
 SEND_EVERY_S = 1.0  # whole lines and figures read from them go out this often
