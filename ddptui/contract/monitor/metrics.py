@@ -18,6 +18,7 @@ from prometheus_client.core import (
 )
 
 from ddptui.contract.state.runstate import RunState
+from ddptui.contract.state.verdicts import gpus_of, judge
 from ddptui.contract.state.views import STEP_BUCKETS, RankView, RunView
 from ddptui.contract.states import RankState
 
@@ -38,6 +39,7 @@ class RunCollector:
         view = self.state.view()
         yield self._info(view)
         yield from self._ranks(view)
+        yield from self._phases(view)
         yield from self._gpus(view)
         yield from self._epochs(view)
 
@@ -74,6 +76,38 @@ class RunCollector:
                 buckets.append((bound, total))
             f.step_time.add_metric(labels, buckets, r.step_seconds)
         yield from f.all()
+
+    def _phases(self, view: RunView) -> Iterator[Metric]:
+        """Where each rank's step time goes (its last seconds), its memory, and the straggler
+        the phases name (docs/dashboard.md)."""
+        with self.state.lock:
+            ranks = self.state.steptimes.copy()
+        f = _Families(self.run)
+        phase = GaugeMetricFamily("ddptui_step_phase_seconds", "a step's time in each phase: "
+                                  "data, h2d, forward, backward, comm, optimizer, rest (mean "
+                                  "over the rank's last seconds)", labels=(*RANK, "phase"))
+        memory = GaugeMetricFamily("ddptui_rank_memory_bytes", "the rank's memory: allocated "
+                                   "(in use), reserved (held by the caching allocator), peak",
+                                   labels=(*RANK, "kind"))
+        slow = GaugeMetricFamily("ddptui_straggler", "1 for a rank 15% or more slower than the "
+                                 "others' median in its own time, in the phase that makes it",
+                                 labels=(*RANK, "phase"))
+        named = {f.rank: f.fields["phase"] for f in judge(ranks, gpus_of(view), view.settings)
+                 if f.kind == "slow"}
+        for r in view.ranks:
+            times = ranks.get(r.rank)
+            now = times.now() if times is not None else None
+            if now is None:
+                continue
+            labels = f.labels(r)
+            for name, ms in now[1].items():
+                phase.add_metric([*labels, name], ms / 1000)
+            for kind in ("allocated", "reserved", "peak"):
+                if times.memory.get(kind) is not None:
+                    memory.add_metric([*labels, kind], times.memory[kind] * 2**20)
+            if r.rank in named:
+                slow.add_metric([*labels, named[r.rank]], 1.0)
+        yield from (phase, memory, slow)
 
     def _gpus(self, view: RunView) -> Iterator[Metric]:
         util = GaugeMetricFamily("ddptui_gpu_utilization_ratio", "GPU utilisation, 0-1 (NVML)",

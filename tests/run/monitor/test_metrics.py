@@ -69,6 +69,10 @@ def test_a_run_is_scraped_by_prometheus_and_leaves_nothing(env, tmp_path, server
         assert rates and {r["metric"]["rank"] for r in rates} == {"0", "1"}
         running = query(base, 'ddptui_rank_state{state="running"} == 1')
         assert len(running) == 2
+        phases = until(lambda: len(got := query(base, 'ddptui_step_phase_seconds{phase="comm"}'))
+                       == 2 and got, 30)  # where each rank's step time goes
+        assert phases and {p["metric"]["rank"] for p in phases} == {"0", "1"}
+        assert len(query(base, 'ddptui_rank_memory_bytes{kind="peak"} > 0')) == 2
         info = query(base, "ddptui_run_info")
         assert info[0]["metric"]["model"] == TINY[0] and info[0]["metric"]["world_size"] == "2"
         _assert_shipped_queries_work(base, text)
