@@ -97,7 +97,7 @@ class RunCollector:
         for r in view.ranks:
             times = ranks.get(r.rank)
             now = times.now() if times is not None else None
-            if now is None:
+            if times is None or now is None:
                 continue
             labels = f.labels(r)
             for name, ms in now[1].items():
