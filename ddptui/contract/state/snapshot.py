@@ -10,6 +10,7 @@ from dataclasses import fields
 from ddptui.contract.protocol.codec import event_of
 from ddptui.contract.state.epochs import EpochRow
 from ddptui.contract.state.runstate import RunState
+from ddptui.contract.state.steptime import StepTimes
 from ddptui.contract.state.timeline import Recent, Timeline
 from ddptui.contract.state.views import CHANGES, HEAT_POINTS, DeviceView, RankView
 from ddptui.contract.states import RankState
@@ -34,6 +35,7 @@ def dump(state: RunState) -> dict:
     out["lines"] = list(state.lines)
     out["rank_said"] = list(state.rank_said.items())
     out["live_epoch"] = state.live_epoch.now
+    out["steptimes"] = state.steptimes.dump()
     return out
 
 
@@ -67,6 +69,8 @@ def load(data: dict, live: bool = True) -> RunState:
     state.lines.extend(tuple(line) for line in data["lines"])
     state.rank_said = dict(data["rank_said"])
     state.live_epoch.now = data["live_epoch"]
+    if "steptimes" in data:  # a run's process of before the phases
+        state.steptimes = StepTimes.load(data["steptimes"])
     return state
 
 

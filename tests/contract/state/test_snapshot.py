@@ -11,7 +11,7 @@ import pytest
 from ddptui.contract.jsonl import read_events
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.snapshot import dump, load
-from tests.helpers.runlogs import gpu_run, script_run, typed
+from tests.helpers.runlogs import gpu_run, phased_run, script_run, typed
 from tests.helpers.runs import ROOT
 
 RECORDED = os.path.join(ROOT, "tests", "data", "run-2cpu.jsonl")
@@ -19,8 +19,9 @@ RECORDED = os.path.join(ROOT, "tests", "data", "run-2cpu.jsonl")
 
 @pytest.mark.parametrize("evs", [read_events(RECORDED),
                                  [typed(e) for e in gpu_run(ranks=4, trouble=True)],
-                                 [typed(e) for e in script_run()]],
-                         ids=["recorded", "gpus", "script"])
+                                 [typed(e) for e in script_run()],
+                                 [typed(e) for e in phased_run(finished=True)]],
+                         ids=["recorded", "gpus", "script", "phases"])
 def test_a_snapshot_and_the_events_after_it_draw_what_every_event_drew(evs):
     seen_all, attached = RunState(live=False), None
     for i, ev in enumerate(evs):
@@ -34,3 +35,4 @@ def test_a_snapshot_and_the_events_after_it_draw_what_every_event_drew(evs):
     assert attached.charts() == seen_all.charts()
     assert attached.lines_after(0) == seen_all.lines_after(0)
     assert attached.unanswered() == seen_all.unanswered()
+    assert attached.steptimes.copy() == seen_all.steptimes.copy()  # the phases' screen, whole

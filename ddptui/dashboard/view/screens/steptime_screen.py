@@ -5,8 +5,6 @@ whom; memory that grows). Redrawn every second; once the run ended, its verdict.
 
 from __future__ import annotations
 
-import statistics
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -40,21 +38,15 @@ def bar(means: dict[str, float], width: int) -> Text:
     return out
 
 
-def over_time(ranks: dict[int, RankTimes], width: int) -> Text:
-    """The world's median share of each phase, a column a window (oldest at the left), each
+def over_time(seconds: list[dict[str, float]], width: int) -> Text:
+    """The world's mean share of each phase, a column a second (oldest at the left), each
     column TIME_ROWS cells high and filled from the bottom in PHASES' order."""
-    columns = []
-    for i in range(-min(width, max((len(r.history) for r in ranks.values()), default=0)), 0):
-        shares = [{p: ms / step for p, ms in r.history[i][2].items()}
-                  for r in ranks.values() if len(r.history) >= -i and (step := r.history[i][1])]
-        if shares:
-            columns.append({p: statistics.median(s.get(p, 0.0) for s in shares) for p in PHASES})
     out = Text()
     for row in range(TIME_ROWS, 0, -1):  # top row first
-        for col in columns:
+        for col in seconds[-width:]:
             edge, colour = 0.0, "grey11"
             for phase in PHASES:
-                edge += col[phase]
+                edge += col.get(phase, 0.0)
                 if edge * TIME_ROWS >= row - 0.5:
                     colour = COLOURS[phase]
                     break
@@ -94,6 +86,7 @@ class StepTimeScreen(ModalScreen):
         view = self.state.view()
         with self.state.lock:
             ranks = self.state.steptimes.copy()
+            seconds = self.state.steptimes.shares_by_second()
         rows = self.query_one("#steptime-ranks", Static)
         if not ranks:
             rows.update(Text("no step of a DDP model seen yet: phases come a second after the "
@@ -121,7 +114,7 @@ class StepTimeScreen(ModalScreen):
         rows.update(text)
         self.query_one("#steptime-time", Static).update(
             Text("the world's shares, a column a second:\n").append_text(
-                over_time(ranks, max(10, (rows.size.width or 100) - 2))))
+                over_time(seconds, max(10, (rows.size.width or 100) - 2))))
         lines = run_report(self.state)[1] if view.status in ("done", "failed", "interrupted") \
             else [f.text for f in findings] or ["no rank stands out"]
         self.query_one("#steptime-verdict", Static).update(Text("\n".join(lines)))
@@ -152,7 +145,7 @@ def _memory(memory: dict, nvml: int | None) -> str:
 
 def _memory_line(r: RankTimes) -> Text:
     """Its memory in use over its last windows, on a scale of their own (a creep shows)."""
-    used = [h[3] for h in r.history if h[3] is not None][-SPARK:]
+    used = list(r.memory_line)[-SPARK:]
     if not used:
         return Text()
     lo, hi = min(used), max(used)
