@@ -370,3 +370,21 @@ async def test_K_ends_a_hung_job_sigterm_then_sigkill_after_the_grace(keyed_env,
     assert ends == {0: ends[0], 1: "killed by SIGKILL (K, still there 2 s after its SIGTERM)"}
     assert attach.exit_code == 1 and events(log, "run")[-1]["status"] == "failed"
     assert_gone(set(pids.values()))
+
+
+def test_the_sidecars_death_signal_handler_never_waits_for_a_lock():
+    """The kernel's word that the rank died (PR_SET_PDEATHSIG, once per thread of the rank that
+    ends) can come twice at once: a handler that set the `gone` Event itself waited for ever on
+    the lock held by what it interrupted (found as a sidecar left behind, holding its job's
+    stderr, in a loaded suite). The handler, run while that lock is held, returns."""
+    import threading
+    import types
+
+    from ddptui.rank.wrap.sidecar import noted_gone
+
+    sidecar = types.SimpleNamespace(signalled_gone=None, gone=threading.Event())
+    with sidecar.gone._cond:  # as the main thread holds it inside Event.wait or set
+        handler = threading.Thread(target=noted_gone(sidecar), args=(12, None), daemon=True)
+        handler.start()
+        handler.join(5)
+        assert not handler.is_alive() and sidecar.signalled_gone is not None

@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -51,6 +52,9 @@ class Sidecar:
         self._asking = threading.Lock()  # one request at a time: they share the stacks file
         self.gone = threading.Event()  # the rank died, or closed its end of the pipe
         self.gone_at = 0.0
+        # The kernel's word, as its signal handler notes it: a handler that set `gone` itself
+        # could find its lock held by the main thread it interrupted, and wait on it for ever.
+        self.signalled_gone: float | None = None
         self.ended: events.Rank | None = None  # the rank's own word of its end, passed on
         self.terminated: float | None = None  # when a SIGTERM came (its launcher's, mostly)
         self.killed_at: float | None = None  # when k's SIGKILL was sent
@@ -73,6 +77,8 @@ class Sidecar:
         threading.Thread(target=self._forward, args=(lines,), name="ddptui-sidecar-events",
                          daemon=True).start()
         while not self.gone.wait(0.5):  # the rank's end: its pipe closed, or the kernel's word
+            if self.signalled_gone is not None:
+                self.rank_gone(self.signalled_gone)
             if self.terminated and time.monotonic() - self.terminated > TERM_GRACE_S:
                 break  # the rank outlived the signal: this process goes as it was told
         if self.ended is None:
@@ -97,9 +103,9 @@ class Sidecar:
             self.put(ev)
         self.rank_gone()
 
-    def rank_gone(self) -> None:
+    def rank_gone(self, at: float | None = None) -> None:
         if not self.gone.is_set():
-            self.gone_at = time.time()
+            self.gone_at = at or time.time()
             self.gone.set()
 
     def end_of(self, code: int | None) -> dict:
@@ -240,6 +246,16 @@ def _wait(collect, seconds: float = 15.0):
     return None
 
 
+def noted_gone(sidecar) -> Callable[[int, object], None]:
+    """RANK_GONE's handler: it notes the time and nothing else. The kernel's word comes once per
+    thread of the rank that ends, so twice at once at times; a handler that set `gone` itself
+    waited for ever on the lock of the handler (or the wait) it interrupted."""
+    def gone(signum, frame) -> None:
+        sidecar.signalled_gone = sidecar.signalled_gone or time.time()
+
+    return gone
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m ddptui.rank.wrap.sidecar", description=__doc__)
     p.add_argument("--report", required=True)
@@ -261,7 +277,7 @@ def main(argv: list[str]) -> int:
         sidecar.terminated = time.monotonic()
 
     signal.signal(signal.SIGTERM, terminated)  # the rank's end is said first
-    signal.signal(RANK_GONE, lambda signum, frame: sidecar.rank_gone())
+    signal.signal(RANK_GONE, noted_gone(sidecar))
     die_with_parent(RANK_GONE)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the rank's to handle
     try:
