@@ -12,9 +12,7 @@ import sys
 from ddptui.contract.options.errors import UsageError
 from ddptui.contract.protocol.codec import dumps
 from ddptui.contract.protocol.steptime import PHASES
-
-LABELS = {"data": "data-wait", "h2d": "h2d copy", "forward": "forward", "backward": "backward",
-          "comm": "all-reduce wait", "optimizer": "optimizer", "rest": "rest"}
+from ddptui.contract.state.verdicts import LABELS
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from ddptui.contract.protocol.steptime import PHASES, Verdict
 from ddptui.contract.safe_text import plain
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.steptime import RankTimes
-from ddptui.contract.state.verdicts import LABELS, gpus_of, judge
+from ddptui.contract.state.verdicts import LABELS, gpus_of, judge, untold
 from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import count
 
@@ -21,13 +21,12 @@ def run_report(state: RunState, logged: bool = True) -> tuple[dict, list[str]]:
     """The run's verdict: (`logged`) the one it left in its log, else one made now from what it
     has seen (a run still going, a log cut short; the figures of a log's verdict, which anyone
     may have written, are never taken as they are)."""
-    view = state.view()
     with state.lock:
         book = state.steptimes
         verdict, ranks, states = book.verdict, book.copy(), dict(book.states)
     if verdict is not None and logged:
         return verdict.report, [plain(str(line)) for line in verdict.lines]
-    report = build_report(view, ranks, states)
+    report = build_report(state.view(), ranks, states)
     return report, report_lines(report)
 
 
@@ -102,7 +101,7 @@ def report_lines(report: dict) -> list[str]:
     if report["phases"]:
         lines.append(f"  where the time went ({report['step_ms']:,.1f} ms a step): " +
                      shares_text(report["phases"]))
-        left = [LABELS[p] for p in PHASES if p not in report["measured"]]
+        left = untold(report["measured"])
         if left:
             lines.append(f"  not told apart here (in rest): {', '.join(left)}")
         for slot, r in report["per_rank"].items():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from ddptui.contract.protocol.steptime import PHASES
 from ddptui.contract.state.steptime import RankTimes
 from ddptui.contract.state.views import DeviceView, RunView
 
@@ -45,6 +46,11 @@ def judge(ranks: dict[int, RankTimes], gpus: dict[int, DeviceView] | None = None
     found += behind_best(ranks, now)
     found += [f for slot, r in sorted(ranks.items()) if (f := memory_creep(slot, r))]
     return found
+
+
+def untold(measured: list[str]) -> list[str]:
+    """The phases a rank cannot tell apart (their time is in rest), as the screen names them."""
+    return [LABELS[p] for p in PHASES if p not in measured]
 
 
 def own_ms(fig: tuple[float, dict]) -> float:

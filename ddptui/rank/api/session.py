@@ -219,8 +219,7 @@ class Run:
             return
         me.finished = True
         me.send_step()
-        if self._clock.clock is not None:
-            self._clock.clock.flush()
+        self._clock.flush()
         me.end_epoch()
         me.reporter.emit(events.Rank(rank=me.reporter.rank, state="done", pid=os.getpid()))
         if me.rank == 0 and not me.supervised:

@@ -16,7 +16,7 @@ from ddptui.contract.protocol.steptime import PHASES
 from ddptui.contract.state.report import run_report
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.steptime import RankTimes
-from ddptui.contract.state.verdicts import LABELS, gpus_of, judge
+from ddptui.contract.state.verdicts import LABELS, gpus_of, judge, own_ms, untold
 from ddptui.dashboard.view.widgets.bars import spark
 
 COLOURS = {"data": "red", "h2d": "magenta", "forward": "blue", "backward": "cyan",
@@ -124,13 +124,12 @@ def _shown(ranks: dict[int, RankTimes]) -> list[int]:
     """Every rank in order; past ROWS, the slowest own times first."""
     if len(ranks) <= ROWS:
         return sorted(ranks)
-    own = {s: fig[0] - fig[1].get("comm", 0.0) for s, r in ranks.items() if (fig := r.now())}
+    own = {s: own_ms(fig) for s, r in ranks.items() if (fig := r.now())}
     return sorted(own, key=lambda s: -own[s])[:ROWS]
 
 
 def _unmeasured(ranks: dict[int, RankTimes]) -> str:
-    measured = {p for r in ranks.values() for p in r.measured}
-    left = [LABELS[p] for p in PHASES if p not in measured]
+    left = untold(sorted({p for r in ranks.values() for p in r.measured}))
     return f"; not told apart here (in rest): {', '.join(left)}" if left else ""
 
 
