@@ -1,12 +1,15 @@
 """What the step clock costs, and whether its phases add up, on the GPUs: the built-in loop and
 a torchrun script (bench/plain_ddp.py under `ddptui run`, no code change) with the clock on
 against DDPTUI_STEP_CLOCK=0, alternating, in one call; `--sanitizer`: both once more under
-PyTorch's CUDA sanitizer (its events and comm hook on the autograd thread).
+PyTorch's CUDA sanitizer (its events and comm hook on the autograd thread); `--named`: a phase
+made slow on purpose from the second epoch on (bench/slow_phase.py: a sleep in forward, a slow
+dataset), and what the run's verdict says of it.
 
-python bench/phases.py --gpus 1 --rounds 2 --steps 300 [--sanitizer] --out phases.json
+python bench/phases.py --gpus 1 --rounds 2 --steps 300 [--sanitizer] [--named] --out phases.json
 Prints a Markdown table: img/s on and off per round and the ratio of their medians, for each
-leg; how far each rank's windows (after its first) are from the wall time they cover; and the
-sanitizer runs' exit codes and any race they reported.
+leg; how far each rank's windows (after its first) are from the wall time they cover; the
+sanitizer runs' exit codes and any race they reported; the named runs' findings.
+(`--legs --named --cpu`: the named runs alone on CPU ranks, to try them without a GPU.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "plain_ddp.py")
+SLOW = os.path.join(ROOT, "bench", "slow_phase.py")
+# What the verdict must say of each phase made slow: the phase, by name.
+NAMED = {"forward": "forward", "data": "data-wait"}
 
 
 def run(leg: str, on: bool, gpus: int, steps: int, warmup: int, env_extra: dict) -> dict:
@@ -56,6 +62,26 @@ def run(leg: str, on: bool, gpus: int, steps: int, warmup: int, env_extra: dict)
     return result
 
 
+def named(slow: str, gpus: int, cpu: bool) -> dict:
+    """A run of bench/slow_phase.py slowed in `slow` from its second epoch: its verdict's
+    findings (`ddptui report --json`), and whether one names the phase."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, f"{slow}.jsonl")
+        devices = ["--cpus", str(gpus)] if cpu else ["--gpus", ",".join(map(str, range(gpus)))]
+        size = ["--image-size", "32", "--batch-size", "32"] if cpu else []
+        out = subprocess.run([sys.executable, "-m", "ddptui", "run", "--headless", "--log", log,
+                              *devices, SLOW, "--", "--slow", slow, *size],
+                             capture_output=True, text=True, cwd=tmp)
+        report = subprocess.run([sys.executable, "-m", "ddptui", "report", log, "--json"],
+                                capture_output=True, text=True, cwd=tmp)
+    if out.returncode or report.returncode:
+        return {"exit": out.returncode or report.returncode,
+                "tail": (out.stderr + report.stderr)[-1500:]}
+    got = json.loads(report.stdout)
+    return {"exit": 0, "findings": got["findings"], "phases": got["phases"],
+            "named": any(NAMED[slow] in f for f in got["findings"])}
+
+
 def adds_up(windows: list[dict]) -> float | None:
     """The largest gap, over the ranks and epochs, between the steps their windows add up to
     and the wall time between the windows' events (a fraction of that time)."""
@@ -87,15 +113,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=60)
-    ap.add_argument("--legs", nargs="+", default=["builtin", "script"])
+    ap.add_argument("--legs", nargs="*", default=["builtin", "script"])
     ap.add_argument("--sanitizer", action="store_true")
+    ap.add_argument("--named", action="store_true")
+    ap.add_argument("--cpu", action="store_true", help="--named on CPU ranks")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows = {}
     print("| leg | img/s on, per round | img/s off, per round | on / off (medians) | "
           "phases vs wall, worst | shares (on) |")
     print("|---|---|---|---|---|---|")
-    for leg in args.legs:
+    for leg in args.legs if args.rounds else ():  # --rounds 0: the sanitizer or named alone
         on, off = [], []
         for i in range(args.rounds):  # alternating, which goes first too
             for clock in ((True, False) if i % 2 == 0 else (False, True)):
@@ -117,6 +145,12 @@ def main() -> None:
             rows[f"{leg}-sanitizer"] = r
             print(f"sanitizer, {leg}: exit {r['exit']}, race reported: {r['csan']}"
                   + (f"\n{r['tail']}" if r["exit"] else ""), flush=True)
+    if args.named:
+        for slow in NAMED:
+            r = named(slow, args.gpus, args.cpu)
+            rows[f"named-{slow}"] = r
+            print(f"{slow} made slow: exit {r['exit']}, named: {r.get('named')}; "
+                  f"{r.get('findings') or r.get('tail')}; shares {r.get('phases')}", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

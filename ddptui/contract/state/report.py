@@ -88,6 +88,7 @@ def _whole_run(ranks: dict[int, RankTimes]) -> dict[int, RankTimes]:
         whole = RankTimes(measured=r.measured, clock=r.clock, memory=r.memory,
                           epoch_peaks=r.epoch_peaks)
         whole.recent.append((r.steps, sum(means.values()), means))
+        whole.best = r.best  # a run that fell behind its own best says so at its end too
         out[slot] = whole
     return out
 
