@@ -5,7 +5,7 @@ PyTorch's CUDA sanitizer (its events and comm hook on the autograd thread); `--n
 made slow on purpose from the second epoch on (bench/slow_phase.py: a sleep in forward, a slow
 dataset), and what the run's verdict says of it.
 
-python bench/phases.py --gpus 1 --rounds 2 --steps 300 [--sanitizer] [--named] --out phases.json
+python bench/phases.py --gpus 1 --rounds 2 --steps 300 [--without-hook] [--sanitizer] [--named]
 Prints a Markdown table: img/s on and off per round and the ratio of their medians, for each
 leg; how far each rank's windows (after its first) are from the wall time they cover; the
 sanitizer runs' exit codes and any race they reported; the named runs' findings.
@@ -107,6 +107,33 @@ def _rates(runs: list[dict]) -> str:
     return ", ".join(f"{r['img_s']:,.0f}" for r in runs)
 
 
+# Each variant: the clock on, and ddptui's environment beside it.
+VARIANTS = {"on": (True, {}), "off": (False, {}),
+            "on, DDP's own reduction": (True, {"DDPTUI_COMM_HOOK": "0"})}
+
+
+def measure(leg: str, args) -> dict:
+    """`leg`'s variants in turn, a round at a time, each round starting one further along (so
+    none always goes first); the ratio of each variant's median to off's."""
+    names = list(VARIANTS)[:3 if args.without_hook else 2]
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for i in range(args.rounds):
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            clock, env = VARIANTS[name]
+            r = run(leg, clock, args.gpus, args.steps, args.warmup, env)
+            if r["exit"]:
+                raise SystemExit(f"{leg} ({name}) failed:\n{r['tail']}")
+            runs[name].append(r)
+    off = statistics.median(r["img_s"] for r in runs["off"])
+    ratios = {n: statistics.median(r["img_s"] for r in runs[n]) / off for n in names}
+    worst = max((r["adds_up"] for r in runs["on"] if r["adds_up"] is not None), default=None)
+    gap = "-" if worst is None else f"{worst:.2%}"
+    beside = "".join(f"; {n}: {_rates(runs[n])} ({ratios[n]:.4f})" for n in names[2:])
+    print(f"| {leg} | {_rates(runs['on'])} | {_rates(runs['off'])} | {ratios['on']:.4f}{beside} "
+          f"| {gap} | {runs['on'][0]['shares']} |", flush=True)
+    return {"runs": runs, "ratios": ratios, "adds_up": worst}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpus", type=int, default=1)
@@ -114,31 +141,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--legs", nargs="*", default=["builtin", "script"])
+    ap.add_argument("--without-hook", action="store_true",
+                    help="a third variant: the clock on, DDP's own reduction kept "
+                    "(DDPTUI_COMM_HOOK=0): what ddptui's comm hook costs")
     ap.add_argument("--sanitizer", action="store_true")
     ap.add_argument("--named", action="store_true")
     ap.add_argument("--cpu", action="store_true", help="--named on CPU ranks")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rows = {}
     print("| leg | img/s on, per round | img/s off, per round | on / off (medians) | "
           "phases vs wall, worst | shares (on) |")
     print("|---|---|---|---|---|---|")
-    for leg in args.legs if args.rounds else ():  # --rounds 0: the sanitizer or named alone
-        on, off = [], []
-        for i in range(args.rounds):  # alternating, which goes first too
-            for clock in ((True, False) if i % 2 == 0 else (False, True)):
-                r = run(leg, clock, args.gpus, args.steps, args.warmup, {})
-                if r["exit"]:
-                    raise SystemExit(f"{leg} (clock {'on' if clock else 'off'}) failed:\n"
-                                     f"{r['tail']}")
-                (on if clock else off).append(r)
-        ratio = statistics.median(r["img_s"] for r in on) / statistics.median(
-            r["img_s"] for r in off)
-        worst = max((r["adds_up"] for r in on if r["adds_up"] is not None), default=None)
-        rows[leg] = {"on": on, "off": off, "ratio": ratio, "adds_up": worst}
-        gap = "-" if worst is None else f"{worst:.2%}"
-        print(f"| {leg} | {_rates(on)} | {_rates(off)} | {ratio:.4f} | {gap} | "
-              f"{on[0]['shares']} |", flush=True)
+    # --rounds 0: the sanitizer or the named runs alone
+    rows = {leg: measure(leg, args) for leg in (args.legs if args.rounds else ())}
     if args.sanitizer:
         for leg in args.legs:
             r = run(leg, True, args.gpus, 40, 10, {"TORCH_CUDA_SANITIZER": "1"})

@@ -129,17 +129,39 @@ def timed(ddp: torch.nn.Module, hook: Callable, state: Any) -> tuple[Any, Callab
 def _default_comm_hook(ddp, marks: Any) -> None:
     """DDP's own all-reduce as a comm hook the marks see; none where the script has one
     already that ddptui cannot see into (a C++ one: fp16 compression), whose wait stays in
-    backward."""
-    if ddp._comm_hooks or ddp._get_ddp_logging_data().get("comm_hook"):
+    backward, or where DDPTUI_COMM_HOOK=0 keeps DDP's C++ reduction."""
+    if ddp._comm_hooks or ddp._get_ddp_logging_data().get("comm_hook") or os.environ.get(
+            "DDPTUI_COMM_HOOK") == "0":
         _TIMED[ddp] = None
         return
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-
-    hook = _TIMED[ddp] = Timed(allreduce_hook, marks, ours=True)
+    hook = _TIMED[ddp] = Timed(_reduction(ddp.process_group), marks, ours=True)
     # The group rides in the hook, not as DDP's state: DDP keeps the state it is given, and
     # a model saved whole (torch.save) cannot take a process group with it.
     hook.state = ddp.process_group
     ddp.register_comm_hook(None, hook)
+
+
+def _reduction(group) -> Callable:
+    """On NCCL, the mean taken by NCCL itself; elsewhere torch's allreduce_hook (a sum after
+    each bucket is divided: one more pass over the gradients)."""
+    dist = sys.modules["torch.distributed"]
+    if "nccl" in str(dist.get_backend(group)):
+        return average
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    return allreduce_hook
+
+
+def average(group, bucket):
+    """A bucket's mean over the world in one NCCL all-reduce (ncclAvg), as DDP's C++ reduction
+    divides while it copies the gradients into the bucket: no pass over them is added."""
+    dist = sys.modules["torch.distributed"]
+    work = dist.all_reduce(bucket.buffer(), op=dist.ReduceOp.AVG, group=group, async_op=True)
+    return work.get_future().then(_reduced)
+
+
+def _reduced(fut):
+    return fut.value()[0]
 
 
 def _grad() -> bool:
