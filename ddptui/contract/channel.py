@@ -71,10 +71,21 @@ def parse_address(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(address: tuple[str, int], key: bytes, timeout: float = HANDSHAKE_S) -> Connection:
-    """A connection to a dashboard, both ends proven to hold the key. Every step waits at most
-    `timeout` s (OSError after); afterwards a send waits at most SEND_S, a read for ever."""
-    sock = socket.create_connection(address, timeout=timeout)
+def connect(address: tuple[str, int] | str, key: bytes, timeout: float = HANDSHAKE_S
+            ) -> Connection:
+    """A connection to a dashboard (HOST, PORT) or to a node's relay (a Unix socket's path),
+    both ends proven to hold the key. Every step waits at most `timeout` s (OSError after);
+    afterwards a send waits at most SEND_S, a read for ever."""
+    if isinstance(address, str):
+        sock = socket.socket(socket.AF_UNIX)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except BaseException:
+            sock.close()
+            raise
+    else:
+        sock = socket.create_connection(address, timeout=timeout)
     sock.setblocking(True)  # Connection reads the descriptor directly: limits go in the kernel
     conn = Connection(sock.detach())
     try:

@@ -14,6 +14,7 @@ from multiprocessing.connection import Connection, Listener
 from ddptui.contract.channel import HANDSHAKE_S, MessageTooLong, handshake, receive, send, wake
 from ddptui.contract.protocol.events import Event, Rank
 from ddptui.contract.protocol.orders import Order
+from ddptui.contract.protocol.relay import Relay
 from ddptui.contract.states import RankState
 
 REFUSALS_SAID = 10
@@ -25,8 +26,12 @@ class ReportListener:
     """start() accepts on a thread; record(ev) is called from the connections' threads."""
 
     def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[Event], None],
-                 note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None):
+                 note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None,
+                 relay_lost: Callable[[str, set[int]], None] = lambda node, ranks: None):
+        """`relay_lost(node, ranks)`: a node's relay went away with those ranks' link."""
         self.key, self.record, self.note, self.closed = key, record, note, closed
+        self.relay_lost = relay_lost
+        self._relays: dict[Connection, str] = {}  # a node's relay's connection -> its node
         # No authkey here: each handshake runs in its thread. The listen queue holds a whole
         # job's ranks connecting at once (multiprocessing's default of one dropped 12 of 32).
         self._listener = Listener(address, backlog=socket.SOMAXCONN)
@@ -94,7 +99,7 @@ class ReportListener:
             self.note("warning", f"rank {rank} is not connected: the command was not sent")
             return False
         try:
-            send(conn, cmd)
+            send(conn, cmd.replace(to=rank) if conn in self._relays else cmd)
         except (OSError, ValueError):
             wake(conn)  # a send cut short leaves half a message: the rank connects again
             self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
@@ -146,6 +151,10 @@ class ReportListener:
                 ev = receive(conn)
                 if not isinstance(ev, Event):
                     continue  # malformed, or not an event: dropped, the dashboard goes on
+                if isinstance(ev, Relay):  # a node's ranks come on this connection
+                    with self._lock:
+                        self._relays[conn] = ev.node or peer
+                    continue
                 ranks.add(ev.rank)
                 if isinstance(ev, Rank) and ev.pid is not None:
                     pids.add(ev.pid)
@@ -178,6 +187,9 @@ class ReportListener:
                 for r in ranks:
                     if self._conns.get(r) is conn:
                         del self._conns[r]
+                node = self._relays.pop(conn, None)
+            if node is not None and not self._closing:
+                self.relay_lost(node, ranks - {-1})
             self.closed()
 
 

@@ -15,7 +15,7 @@ import math
 import pickle
 from typing import Any
 
-from ddptui.contract.protocol import steptime  # noqa: F401  (registers its events)
+from ddptui.contract.protocol import relay, steptime  # noqa: F401  (register their events)
 from ddptui.contract.protocol.events import EVENTS, Event
 from ddptui.contract.protocol.orders import ORDERS, Order
 from ddptui.contract.protocol.updates import UPDATES, Update

@@ -23,6 +23,9 @@ class Order(Wire):
     in the events for each of a dashboard's first 10 in 10 s, the rest summed up in one, and a
     dashboard with 100 refused in 10 s is closed."""
 
+    to: int | None = doc("attach to a node's relay: the rank the order is for (the relay passes "
+                         "it to that rank alone)", None)
+
 
 @ORDERS.register("pause")
 @dataclass(frozen=True, kw_only=True, slots=True)

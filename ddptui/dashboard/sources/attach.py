@@ -53,7 +53,7 @@ class Attach(RunSource):
         self.exit_code: int | None = None
         self.key_source = key_source
         self._link = ReportListener(address, key, self._received, self._note,
-                                    self._check_finished)
+                                    self._check_finished, self._relay_lost)
         self._writer: JsonlWriter | None = None
         self._log: ThinLog | None = None
         self._finished = False
@@ -123,6 +123,11 @@ class Attach(RunSource):
         with self._lock:
             self._watch.observe(ev, time.time())
             self._record(ev)
+
+    def _relay_lost(self, node: str, ranks: set[int]) -> None:
+        with self._lock:
+            self._watch.lost(node, ranks)
+            self._watch.check(time.time())  # said now, not at the next check
 
     def _keep_lines(self, ev: Lines) -> None:
         path = f"{os.path.splitext(self.log_path)[0]}.rank{ev.rank}.out"

@@ -53,6 +53,7 @@ class RemoteWatch:
         self.waiting: dict[int, tuple[str, list[int]]] = {}
         self._said_stuck: tuple = ()
         self.clock = SentTime()
+        self.cut: dict[int, str] = {}  # rank -> its node, whose relay was lost with its link
 
     def observe(self, ev: Event, received: float) -> None:
         """An event, as it is read: judged by when its rank sent it (SentTime)."""
@@ -68,6 +69,7 @@ class RemoteWatch:
         if rank not in self.silence:
             return  # not a wrapped rank: its own loop reports its steps
         self.heard[rank] = max(now, self.heard.get(rank, now))  # a backlog comes late
+        self.cut.pop(rank, None)  # connected again
         match ev:
             case Rank():
                 self._rank(ev, now)
@@ -107,16 +109,25 @@ class RemoteWatch:
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
                 self._clear(rank, "making progress again")
 
+    def lost(self, node: str, ranks: set[int]) -> None:
+        """Node `node`'s relay went away with these ranks' link: unreachable until they report
+        again (each connects directly a moment later, if it still runs)."""
+        for rank in ranks & set(self.silence) - set(self.ended):
+            self.cut[rank] = node
+
     def check(self, now: float) -> None:
         now = self.clock.judged(now)
         for rank, silence in self.silence.items():
             if rank in self.ended:
                 continue
             state = self.flags.get(rank, ("", 0.0))[0]
-            if now - self.heard.get(rank, now) > UNREACHABLE_S:
+            if rank in self.cut or now - self.heard.get(rank, now) > UNREACHABLE_S:
                 if state != RankState.UNREACHABLE:
-                    self._flag(rank, RankState.UNREACHABLE, now, f"no report for {UNREACHABLE_S:.0f} s: "
-                               "its process stopped, its node is down or the link is cut")
+                    self._flag(rank, RankState.UNREACHABLE, now, (
+                        f"node {self.cut[rank]}'s relay went away: waiting for the rank to "
+                        "report directly") if rank in self.cut else (
+                        f"no report for {UNREACHABLE_S:.0f} s: its process stopped, its node "
+                        "is down or the link is cut"))
                 continue
             if state == RankState.UNREACHABLE:
                 self._clear(rank, "reporting again")

@@ -1,4 +1,5 @@
-"""--report HOST:PORT: a rank's telemetry to a `ddptui attach` dashboard, and its commands back.
+"""--report HOST:PORT: a rank's telemetry to a `ddptui attach` dashboard, and its commands back,
+through its node's relay (ddptui/rank/wrap/relay.py) where one listens, else directly.
 
 Training never waits on the dashboard: events go to a bounded buffer that a thread sends; while
 the dashboard is away the oldest are dropped (and counted) and the thread keeps reconnecting.
@@ -6,12 +7,16 @@ the dashboard is away the oldest are dropped (and counted) and the thread keeps 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import queue
 import random
 import socket
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import AuthenticationError
 
 from ddptui.contract.channel import connect, receive, send, wake
@@ -21,6 +26,8 @@ from ddptui.contract.rollup import fold, rollup_seconds
 from ddptui.rank.telemetry.buffer import EventBuffer
 
 RETRY_S = 2.0
+RELAY_WAIT_S = 10.0  # a rank up before its node's relay listens tries it this long
+RELAY_RETRY_S = 0.25
 
 
 def node_name() -> str:
@@ -29,12 +36,33 @@ def node_name() -> str:
     return socket.gethostname() + (f"/{node_rank}" if node_rank else "")
 
 
+def relay_path(address: tuple[str, int], key: bytes, node: str) -> str | None:
+    """Where this node's relay for this dashboard listens: the same for each rank of a node's
+    job, another for another job. On Linux a name in the abstract namespace (no file to leave
+    behind, whatever TMPDIR's length); elsewhere a socket file in TMPDIR, where its path fits.
+    None where DDPTUI_RELAY=0."""
+    if os.environ.get("DDPTUI_RELAY") == "0":
+        return None
+    job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or ""
+    name = "ddptui-relay-" + hashlib.sha256(
+        f"{address[0]}:{address[1]}|{node}|{job}|".encode() + key).hexdigest()[:24]
+    if sys.platform.startswith("linux"):
+        return "\0" + name
+    path = os.path.join(tempfile.gettempdir(), f"{name}.sock")
+    return path if len(path.encode()) < 100 else None
+
+
 class RemoteLink:
     """One rank's link. `put` is what the Reporter calls; `inbox` is what the Mailbox reads."""
 
     def __init__(self, address: tuple[str, int], key: bytes, node: str, warn,
-                 limit: int = 10_000, every: float | None = None):
+                 limit: int = 10_000, every: float | None = None, relay: str | None = None,
+                 hello: Callable[[], list[Event]] | None = None):
+        """`relay`: the node's relay to go through while it is there; `hello`: the events each
+        connection opens with (a rank's clock, by default)."""
         self.address, self.key, self.node, self.warn = address, key, node, warn
+        self.relay, self.hello = relay, hello or self._clock
+        self.started = time.monotonic()
         # Telemetry gathered and folded this long before it goes (contract/rollup.py): a job of
         # hundreds of ranks sends a step event a second a rank, not twenty.
         self.every = rollup_seconds() if every is None else every
@@ -58,8 +86,9 @@ class RemoteLink:
         where = f"{self.address[0]}:{self.address[1]}"
         refused_once = connected_once = absent_once = False
         while not self.buffer.closing:
+            relayed = self.relay
             try:
-                conn = connect(self.address, self.key)
+                conn = connect(relayed or self.address, self.key)
             except AuthenticationError:
                 if not refused_once:
                     self.warn(f"the dashboard at {where} refused our key: check DDPTUI_AUTHKEY "
@@ -68,6 +97,9 @@ class RemoteLink:
                 self._pause()
                 continue
             except (OSError, EOFError, ValueError):  # absent, or a handshake that failed
+                if relayed:
+                    self._relay_absent()
+                    continue
                 if not (connected_once or absent_once):  # attach may come later: said once
                     self.warn(f"no dashboard at {where} yet: training goes on, and its latest "
                               f"{self.buffer.limit:,} events wait for `ddptui attach --listen "
@@ -83,18 +115,33 @@ class RemoteLink:
             wake(conn)  # ends the reader's blocking read
             reader.join(5.0)
             conn.close()  # here alone: the reader closing it raced a send on this thread
+            if relayed and not self.buffer.closing:
+                self.warn("the node's relay went away: reporting to the dashboard directly")
+                self.relay = None
+
+    def _relay_absent(self) -> None:
+        """Its node's relay is not listening (yet: local rank 0 starts it): tried again for a
+        while, then the dashboard directly."""
+        if time.monotonic() - self.started < RELAY_WAIT_S:
+            time.sleep(RELAY_RETRY_S)
+        else:
+            self.relay = None
 
     def _pause(self) -> None:
         """Wait before trying again, a little longer or shorter a rank: a whole job whose
         dashboard came back does not knock at the same instant every time."""
         time.sleep(RETRY_S * random.uniform(0.75, 1.25))
 
+    def _clock(self) -> list[Event]:
+        # First, so that attach can place a backlog by when it was sent
+        return [] if self.rank is None else [Clock(rank=self.rank, node=self.node)]
+
     def _feed(self, conn) -> None:
-        if self.rank is not None:
-            try:  # first, so that attach can place a backlog by when it was sent
-                send(conn, Clock(rank=self.rank, node=self.node))
-            except (OSError, ValueError):
-                return
+        try:
+            for ev in self.hello():
+                send(conn, ev)
+        except (OSError, ValueError):
+            return
         while (taken := self.buffer.take()) is not None:
             batch, dropped = taken
             if self.every:

@@ -31,6 +31,7 @@ from ddptui.contract.protocol.codec import decode
 from ddptui.contract.protocol.orders import AskStacks, EndWrapped, KillWrapped
 from ddptui.rank.elastic.lifeline import die_with_parent
 from ddptui.rank.telemetry.remote import RemoteLink, node_name
+from ddptui.rank.wrap import relay
 
 SAMPLE_EVERY_S = 1.0  # its process figures over the link (attach: unreachable after 5 s without)
 TERM_GRACE_S = 10.0  # after a SIGTERM of its own, how long it waits for the rank to end
@@ -40,9 +41,10 @@ RANK_GONE = signal.SIGUSR2  # the kernel's word that the rank died (PR_SET_PDEAT
 class Sidecar:
     def __init__(self, args: argparse.Namespace):
         self.args, self.rank, self.pid = args, args.rank, args.pid
-        self.link = RemoteLink(parse_address(args.report, "DDPTUI_REPORT"), load_key()[0],
-                               node_name(), lambda text: print(f"ddptui.wrap: rank {args.rank}: "
-                                                               f"{text}", file=sys.stderr))
+        address, key, node = parse_address(args.report, "DDPTUI_REPORT"), load_key()[0], node_name()
+        self.link = RemoteLink(address, key, node, lambda text: print(
+            f"ddptui.wrap: rank {args.rank}: {text}", file=sys.stderr),
+            relay=relay.start(args.report, address, key, node))
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._sampled = threading.Event()
