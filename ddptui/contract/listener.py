@@ -158,16 +158,7 @@ class ReportListener:
                 ranks.add(ev.rank)
                 if isinstance(ev, Rank) and ev.pid is not None:
                     pids.add(ev.pid)
-                with self._lock:
-                    # A process that announces itself for a rank takes its orders from now
-                    # on: a standby for rank 1 says it is warm while the rank 1 that left may
-                    # still be connected, and the join order must reach the standby.
-                    if isinstance(ev, Rank) and ev.state in TAKES_OVER:
-                        self._conns[ev.rank] = conn
-                    else:
-                        self._conns.setdefault(ev.rank, conn)
-                    self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
-                self.record(ev)
+                self._take(conn, ev)
         except MessageTooLong:
             self.note("warning", f"dropped the connection from {peer}: message over the size "
                       "limit")
@@ -191,6 +182,19 @@ class ReportListener:
             if node is not None and not self._closing:
                 self.relay_lost(node, ranks - {-1})
             self.closed()
+
+
+    def _take(self, conn: Connection, ev: Event) -> None:
+        with self._lock:
+            # A process that announces itself for a rank takes its orders from now on: a
+            # standby for rank 1 says it is warm while the rank 1 that left may still be
+            # connected, and the join order must reach the standby.
+            if isinstance(ev, Rank) and ev.state in TAKES_OVER:
+                self._conns[ev.rank] = conn
+            else:
+                self._conns.setdefault(ev.rank, conn)
+            self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
+        self.record(ev)
 
 
 def _peer(listener: Listener) -> str:

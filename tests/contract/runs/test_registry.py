@@ -228,6 +228,12 @@ def test_another_user_can_neither_list_nor_attach(env, tmp_path):
 def _main_as_nobody(args: list[str], runtime: str) -> tuple[int, str]:
     """ddptui's main(ARGS) in a child process that became user 65534: its exit code and
     stderr (the interpreter here is not one that user may start)."""
+    # Nor may it read the interpreter's library: every module these commands use is imported
+    # here first, whatever the tests before this one in its worker happened to import.
+    import ddptui.browse  # noqa: F401
+    import ddptui.cli  # noqa: F401
+    import ddptui.dashboard.main  # noqa: F401
+
     read, write = os.pipe()
     child = os.fork()
     if child == 0:  # pragma: no cover (the child)
