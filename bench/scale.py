@@ -14,6 +14,9 @@ python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out sc
   steps sent (lost); attach's CPU (share of one core) and peak RSS; stall -> flag and cut ->
   unreachable (s, from the attach log's stamps, one clock); the log's growth once it is thinned
   (from LOG_FULL_S + a minute on: --seconds 130 at least), as MB a day.
+- --relay: each node's ranks report through a real relay process (ddptui/rank/wrap/relay.py)
+  on a Unix socket, as wrapped ranks on a node of several do; measured besides: attach's
+  threads, and the relays' CPU (their sum, and the busiest one).
 - --screen KEYS: instead, attach and its dashboard in this process under Pilot (160x50) with the
   ranks connecting; up / down timed to the screen that shows the cursor moved; CPU and RSS.
 """
@@ -59,6 +62,7 @@ class Plan:
     ramp: float
     players: int
     stall_after: float
+    relay: bool = False
 
     def node(self, rank: int) -> int:
         return rank // self.per_node
@@ -73,8 +77,10 @@ class Sim:
     rates until the plan says otherwise."""
 
     def __init__(self, rank: int, plan: Plan, address: tuple[str, int], t0: float):
-        self.rank, self.plan, self.address, self.t0 = rank, plan, address, t0
+        self.rank, self.plan, self.t0 = rank, plan, t0
         self.node = f"sim{plan.node(rank)}"
+        self.address: tuple[str, int] | str = relay_name(address, plan.node(rank)) \
+            if plan.relay else address
         self.sent: dict[str, int] = {}
         self.connected_after: float | None = None
         self.retries = 0
@@ -197,6 +203,40 @@ def player(ranks: list[int], plan: Plan, address, t0: float, out) -> None:
     out.put(asyncio.run(_player(ranks, plan, address, t0)))
 
 
+def relay_name(address: tuple[str, int], node: int) -> str:
+    """The abstract Unix socket name of the bench's relay of `node`."""
+    return f"\0ddptui-bench-relay-{address[1]}-{node}"
+
+
+def start_relays(plan: Plan, address: tuple[str, int], env: dict) -> list[psutil.Process]:
+    """A relay process a node, as local rank 0's sidecar starts one, each up and listening."""
+    nodes = plan.cut_node + 1
+    relays = [subprocess.Popen(
+        [sys.executable, "-m", "ddptui.rank.wrap.relay", "--report", f"{address[0]}:{address[1]}",
+         "--path", "@" + relay_name(address, n)[1:], "--node", f"sim{n}",
+         "--parent", str(os.getpid())], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL) for n in range(nodes)]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        with open("/proc/net/unix") as f:
+            listening = f.read().count(f"@ddptui-bench-relay-{address[1]}-")
+        if listening >= nodes:
+            return [psutil.Process(r.pid) for r in relays]
+        time.sleep(0.5)
+    raise SystemExit(f"only {listening} of {nodes} relays listened")
+
+
+def _cpu(procs: list[psutil.Process]) -> list[float]:
+    out = []
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            out.append(t.user + t.system)
+        except psutil.Error:
+            out.append(0.0)
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,6 +260,7 @@ def measure(plan: Plan) -> dict:
         if attach.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"attach never listened (exit {attach.poll()})")
         time.sleep(0.1)
+    relays = start_relays(plan, address, env) if plan.relay else []
     t0 = time.time() + 3.0  # the players are up by then
     spawn = mp.get_context("spawn")
     out = spawn.Queue()
@@ -228,23 +269,30 @@ def measure(plan: Plan) -> dict:
         for i in range(plan.players)]
     for p in players:
         p.start()
-    cpu0, rss, size0 = proc.cpu_times(), 0, None
+    cpu0, rss, size0, threads, relay0 = proc.cpu_times(), 0, None, 0, _cpu(relays)
     while time.time() < t0 + plan.seconds:
         rss = max(rss, proc.memory_info().rss)
+        threads = max(threads, proc.num_threads())
         if size0 is None and time.time() >= t0 + LOG_FULL_S + EVERY_S:  # thinned by then
             size0 = (os.path.getsize(log), time.time())
         time.sleep(1.0)
     grew = (os.path.getsize(log) - size0[0]) / (time.time() - size0[1]) if size0 else None
-    cpu1 = proc.cpu_times()
+    cpu1, relay1 = proc.cpu_times(), _cpu(relays)
     sims = [s for _ in players for s in out.get(timeout=plan.seconds + 120)]
     for p in players:
         p.join()
     time.sleep(plan.stall_after + 3)  # the verdicts of the last seconds reach the log
+    for r in relays:
+        r.terminate()
+    psutil.wait_procs(relays, timeout=30)
     attach.terminate()
     attach.wait(30)
     busy = (cpu1.user + cpu1.system - cpu0.user - cpu0.system) / plan.seconds
+    spent = [(b - a) / plan.seconds for a, b in zip(relay0, relay1, strict=True)]
     return {**asdict(plan), **_read_log(log, plan, t0, sims), "attach_cpu": round(busy, 2),
-            "attach_rss_mb": round(rss / 2**20),
+            "attach_rss_mb": round(rss / 2**20), "attach_threads": threads,
+            "relays_cpu": round(sum(spent), 2) if spent else None,
+            "relay_cpu_max": round(max(spent), 3) if spent else None,
             "log_mb_a_day": None if grew is None else round(grew * 86400 / 2**20)}
 
 
@@ -334,6 +382,7 @@ def main() -> None:
     ap.add_argument("--ramp", type=float, default=10.0, help="staggered: over this many s")
     ap.add_argument("--players", type=int, default=2, help="processes playing the ranks")
     ap.add_argument("--stall-after", type=float, default=5.0)
+    ap.add_argument("--relay", action="store_true", help="each node's ranks through a relay")
     ap.add_argument("--screen", type=int, default=0, metavar="KEYS",
                     help="instead: the dashboard's key -> screen over KEYS presses, in-process")
     ap.add_argument("--out")
@@ -349,17 +398,21 @@ def main() -> None:
         return
     rows = []
     print("| ranks | connect | appeared | last in (s) | events sent | steps lost | attach CPU "
-          "| RSS (MB) | stall -> flag (s) | cut -> unreachable (s) | log MB a day |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| RSS (MB) | threads | relays' CPU (sum, busiest) | stall -> flag (s) "
+          "| cut -> unreachable (s) | log MB a day |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n in args.ranks:
         for how in args.connect:
             row = measure(Plan(n, args.per_node, args.seconds, how == "together", args.ramp,
-                               args.players, args.stall_after))
+                               args.players, args.stall_after, args.relay))
             rows.append(row)
+            relays = "-" if row["relays_cpu"] is None else \
+                f"{row['relays_cpu']:.2f}, {row['relay_cpu_max']:.3f}"
             print(f"| {n} | {how} | {row['appeared']} | {row['last_in_s']} | "
                   f"{row['events_sent']:,} | {row['steps_lost']:,} | {row['attach_cpu']:.2f} | "
-                  f"{row['attach_rss_mb']} | {row['stall_to_flag_s']} | "
-                  f"{row['cut_to_unreachable_s']} | {row['log_mb_a_day']} |", flush=True)
+                  f"{row['attach_rss_mb']} | {row['attach_threads']} | {relays} | "
+                  f"{row['stall_to_flag_s']} | {row['cut_to_unreachable_s']} | "
+                  f"{row['log_mb_a_day']} |", flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

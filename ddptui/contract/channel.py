@@ -81,6 +81,8 @@ def connect(address: tuple[str, int] | str, key: bytes, timeout: float = HANDSHA
         try:
             sock.settimeout(timeout)
             sock.connect(address)
+            if not same_user(sock):  # a name any user may take: ours only
+                raise ConnectionRefusedError(f"{address!r} is another user's")
         except BaseException:
             sock.close()
             raise
@@ -97,6 +99,12 @@ def connect(address: tuple[str, int] | str, key: bytes, timeout: float = HANDSHA
         conn.close()
         raise
     return conn
+
+
+def same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a Unix socket runs as this one's user."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1] == os.getuid()
 
 
 def handshake(conn: Connection, key: bytes, timeout: float = HANDSHAKE_S) -> None:

@@ -32,6 +32,7 @@ class ReportListener:
         self.key, self.record, self.note, self.closed = key, record, note, closed
         self.relay_lost = relay_lost
         self._relays: dict[Connection, str] = {}  # a node's relay's connection -> its node
+        self._sending = threading.Lock()  # a relay's connection carries orders of many threads
         # No authkey here: each handshake runs in its thread. The listen queue holds a whole
         # job's ranks connecting at once (multiprocessing's default of one dropped 12 of 32).
         self._listener = Listener(address, backlog=socket.SOMAXCONN)
@@ -99,7 +100,8 @@ class ReportListener:
             self.note("warning", f"rank {rank} is not connected: the command was not sent")
             return False
         try:
-            send(conn, cmd.replace(to=rank) if conn in self._relays else cmd)
+            with self._sending:
+                send(conn, cmd.replace(to=rank) if conn in self._relays else cmd)
         except (OSError, ValueError):
             wake(conn)  # a send cut short leaves half a message: the rank connects again
             self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
@@ -154,6 +156,9 @@ class ReportListener:
                 if isinstance(ev, Relay):  # a node's ranks come on this connection
                     with self._lock:
                         self._relays[conn] = ev.node or peer
+                        for r in ev.left or ():  # hung up on it: gone, or reporting directly
+                            if self._conns.get(r) is conn:
+                                del self._conns[r]
                     continue
                 ranks.add(ev.rank)
                 if isinstance(ev, Rank) and ev.pid is not None:
@@ -175,22 +180,22 @@ class ReportListener:
             with self._lock:
                 self._open.discard(conn)
                 conn.close()
-                for r in ranks:
-                    if self._conns.get(r) is conn:
-                        del self._conns[r]
+                routed = {r for r in ranks if self._conns.get(r) is conn}
+                for r in routed:
+                    del self._conns[r]
                 node = self._relays.pop(conn, None)
             if node is not None and not self._closing:
-                self.relay_lost(node, ranks - {-1})
+                self.relay_lost(node, routed)  # not those that went elsewhere since
             self.closed()
-
 
     def _take(self, conn: Connection, ev: Event) -> None:
         with self._lock:
             # A process that announces itself for a rank takes its orders from now on: a
             # standby for rank 1 says it is warm while the rank 1 that left may still be
             # connected, and the join order must reach the standby.
-            if isinstance(ev, Rank) and ev.state in TAKES_OVER:
-                self._conns[ev.rank] = conn
+            if isinstance(ev, Rank) and ev.state in TAKES_OVER or (
+                    self._conns.get(ev.rank) in self._relays and conn not in self._relays):
+                self._conns[ev.rank] = conn  # (a rank whose relay went: directly from now on)
             else:
                 self._conns.setdefault(ev.rank, conn)
             self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)

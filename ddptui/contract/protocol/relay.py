@@ -14,9 +14,12 @@ from ddptui.contract.protocol.wire import doc
 @EVENTS.register("relay")
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Relay(Event):
-    """A node's relay, first on each connection it makes to `ddptui attach` (rank -1): the events
-    that follow on it are its node's ranks', and orders for them go back on it with `to` set.
+    """A node's relay, first on each connection it makes to `ddptui attach` (rank -1), and again
+    when ranks hang up on it: the events that follow on it are its node's ranks', and orders for
+    them go back on it with `to` set.
     When it is lost, attach says its ranks unreachable until they connect again directly. Not
     written to the log."""
 
     pid: int = doc("the relay's process")
+    left: list | None = doc("ranks that hung up on the relay since: their orders no longer go "
+                            "through it", None)

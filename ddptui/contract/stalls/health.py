@@ -171,11 +171,12 @@ def _cause(slot: int, step_ms: float, input_ms: float, input_med: float, step_me
     if input_ms - input_med >= (SLOW_FACTOR - 1) * step_med:
         return (f"data-wait: {input_ms:.0f} ms a step waiting for input against "
                 f"{input_med:.0f} ms on the others (its input pipeline)")
-    return _gpu_cause(gpus.get(slot)) or (
+    return gpu_cause(gpus.get(slot)) or (
         f"compute: {step_ms:.0f} ms a step against {step_med:.0f} ms on the others")
 
 
-def _gpu_cause(gpu: Gpu | None) -> str:
+def gpu_cause(gpu: Gpu | None) -> str:
+    """What NVML says holds a rank's GPU back: its clocks, or another process on it."""
     if gpu is not None and gpu.held_down:
         return "GPU clocks held down: " + ", ".join(gpu.held_down)
     if gpu is not None and gpu.others:

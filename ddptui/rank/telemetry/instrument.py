@@ -60,9 +60,16 @@ def watch_ddp(ddp: torch.nn.Module, marks: Any, comm: bool = True) -> None:
     def before_forward(module, args) -> None:
         if not _grad():
             return
-        marks.begin("forward")
+        # DDP syncs before the model's forward (its buffers from rank 0: BatchNorm's running
+        # statistics): a wait for the others, as the all-reduce's is; the model's own forward
+        # starts at its pre-hook, after it.
+        marks.begin("comm" if comm else "forward")
         if comm and module not in _TIMED:
             _default_comm_hook(module, marks)
+
+    def model_forward(module, args) -> None:
+        if _grad():
+            marks.begin("forward")
 
     def after_forward(module, args, out) -> None:
         if _grad():
@@ -71,6 +78,7 @@ def watch_ddp(ddp: torch.nn.Module, marks: Any, comm: bool = True) -> None:
             marks.restart()  # the evaluation's time so far is no training step's
 
     ddp.register_forward_pre_hook(_Hook(before_forward))
+    ddp.module.register_forward_pre_hook(_Hook(model_forward))
     ddp.register_forward_hook(_Hook(after_forward))
 
 

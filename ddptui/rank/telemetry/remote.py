@@ -62,6 +62,7 @@ class RemoteLink:
         connection opens with (a rank's clock, by default)."""
         self.address, self.key, self.node, self.warn = address, key, node, warn
         self.relay, self.hello = relay, hello or self._clock
+        self.connected = False  # to the dashboard (or relay) now
         self.started = time.monotonic()
         # Telemetry gathered and folded this long before it goes (contract/rollup.py): a job of
         # hundreds of ranks sends a step event a second a rank, not twenty.
@@ -90,6 +91,9 @@ class RemoteLink:
             try:
                 conn = connect(relayed or self.address, self.key)
             except AuthenticationError:
+                if relayed:  # not our relay
+                    self._relay_absent()
+                    continue
                 if not refused_once:
                     self.warn(f"the dashboard at {where} refused our key: check DDPTUI_AUTHKEY "
                               "or the key file")
@@ -107,11 +111,12 @@ class RemoteLink:
                 absent_once = True
                 self._pause()
                 continue
-            connected_once = True
+            connected_once = self.connected = True
             reader = threading.Thread(target=self._read, args=(conn,), name="report-commands",
                                       daemon=True)
             reader.start()
             self._feed(conn)
+            self.connected = False
             wake(conn)  # ends the reader's blocking read
             reader.join(5.0)
             conn.close()  # here alone: the reader closing it raced a send on this thread

@@ -30,6 +30,7 @@ from ddptui.contract.channel import (
     load_key,
     parse_address,
     receive,
+    same_user,
     send,
     wake,
 )
@@ -39,7 +40,7 @@ from ddptui.contract.protocol.relay import Relay
 from ddptui.rank.telemetry.remote import RemoteLink, relay_path
 
 HELD = 80_000  # events held for attach while it is away: a node of 8 ranks' 10,000 each
-TERM_LINGER_S = 3.0  # after a SIGTERM: its ranks' last words, then it goes
+HANDSHAKES = 32  # at once, at most: a peer that connects and says nothing holds one 10 s
 # Imports nothing from the job's folder, which -c puts first on the path (as the sidecar's).
 COMMAND = ("import sys; del sys.path[0]; from ddptui.rank.wrap.relay import main; "
            "sys.exit(main(sys.argv[1:]))")
@@ -69,29 +70,25 @@ class NodeRelay:
         self.key, self.path, self.node = key, path, node
         self.listener = bind(path)
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # an order's send, and a connection's close
         self._ranks: dict[int, Connection] = {}  # rank -> the connection its orders go on
         self._open: set[Connection] = set()
+        self._handshakes = threading.BoundedSemaphore(HANDSHAKES)
         self.link = RemoteLink(upstream, key, node, _warn, limit=HELD, every=0.0,
-                               hello=self._hello)
-        self.term: float | None = None
+                               hello=self._hello) if self.listener is not None else None
 
     def serve(self, parent: int) -> None:
+        """Until its parent is gone and every rank has hung up (each sidecar's end is bounded)."""
         threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
         threading.Thread(target=self._orders, name="relay-orders", daemon=True).start()
         while True:
             time.sleep(0.25)
-            with self._lock:
-                idle = not self._open
-            if self.term is not None and (idle or time.monotonic() - self.term > TERM_LINGER_S):
-                break
             if os.getppid() != parent:  # its rank has ended: no rank of the node joins now
                 self._stop_listening()
-                if idle:
-                    break
-        self._stop_listening()
-        with self._lock:
-            for conn in self._open:
-                wake(conn)
+                with self._lock:
+                    if not self._open:
+                        break
+        assert self.link is not None
         self.link.close()
 
     def _hello(self) -> list[Event]:
@@ -123,6 +120,9 @@ class NodeRelay:
                 conn = listener.accept()
             except OSError:
                 return
+            if not self._handshakes.acquire(blocking=False) or not _ours(conn):
+                conn.close()  # another user's, or past the handshakes under way at once
+                continue
             threading.Thread(target=self._serve, args=(conn,), name="relay-rank",
                              daemon=True).start()
 
@@ -137,43 +137,58 @@ class NodeRelay:
             return
         finally:
             deadline.cancel()
+            self._handshakes.release()
         with self._lock:
             self._open.add(conn)
         try:
             while True:
                 ev = receive(conn)
-                if not isinstance(ev, Event) or ev.rank < 0:
-                    continue
-                with self._lock:
-                    if isinstance(ev, Rank) and ev.state in TAKES_OVER:
-                        self._ranks[ev.rank] = conn
-                    else:
-                        self._ranks.setdefault(ev.rank, conn)
-                self.link.put(ev)
+                if isinstance(ev, Event) and ev.rank >= 0:
+                    self._take(conn, ev)
         except (EOFError, OSError, MessageTooLong, TypeError):
             pass
         finally:
-            with self._lock:
+            with self._sending, self._lock:
                 self._open.discard(conn)
                 conn.close()
-                for rank in [r for r, c in self._ranks.items() if c is conn]:
+                left = [r for r, c in self._ranks.items() if c is conn]
+                for rank in left:
                     del self._ranks[rank]
+            if left:  # its orders no longer come here
+                self._put(Relay(rank=PARENT, node=self.node, pid=os.getpid(), left=left))
+
+    def _take(self, conn: Connection, ev: Event) -> None:
+        with self._lock:
+            if isinstance(ev, Rank) and ev.state in TAKES_OVER:
+                self._ranks[ev.rank] = conn
+            else:
+                self._ranks.setdefault(ev.rank, conn)
+        assert self.link is not None
+        if isinstance(ev, Clock) and not self.link.connected:
+            return  # a clock kept for later would be stale: the link's hello sends a fresh one
+        self.link.put(ev)
+
+    def _put(self, ev: Event) -> None:
+        assert self.link is not None
+        self.link.put(ev)
 
     def _orders(self) -> None:
         """attach's orders, each to the rank it names."""
+        assert self.link is not None
         while True:
             try:
                 order = self.link.inbox.recv()
             except EOFError:
                 return
-            with self._lock:
-                conn = self._ranks.get(order.to) if order.to is not None else None
-            if conn is None:
-                continue  # that rank has hung up: attach hears of it from its silence
-            try:
-                send(conn, order.replace(to=None))
-            except (OSError, ValueError):
-                wake(conn)
+            with self._sending:  # the connection is not closed meanwhile
+                with self._lock:
+                    conn = self._ranks.get(order.to) if order.to is not None else None
+                if conn is None:
+                    continue  # that rank has hung up: attach is told so (`left`)
+                try:
+                    send(conn, order.replace(to=None))
+                except (OSError, ValueError):
+                    wake(conn)
 
 
 def bind(path: str) -> Listener | None:
@@ -198,6 +213,17 @@ def bind(path: str) -> Listener | None:
     return None
 
 
+def _ours(conn: Connection) -> bool:
+    """The peer runs as this user (abstract names are open to every user of the host)."""
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        return same_user(sock)
+    except OSError:
+        return False
+    finally:
+        sock.detach()
+
+
 def _warn(text: str) -> None:
     print(f"ddptui.wrap: relay: {text}", file=sys.stderr, flush=True)
 
@@ -218,12 +244,10 @@ def main(argv: list[str]) -> int:
         return 0
     if relay.listener is None:
         return 0  # another relay serves this node's job
-
-    def terminated(signum, frame) -> None:
-        relay.term = relay.term or time.monotonic()
-
-    signal.signal(signal.SIGTERM, terminated)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the ranks' to handle
+    # Its end is its ranks' hanging up: a launcher's SIGTERM to the job's processes, or a
+    # terminal's Ctrl-C, is theirs to answer (each sidecar's end is bounded).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     relay.serve(args.parent)
     return 0
 

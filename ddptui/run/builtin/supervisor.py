@@ -25,6 +25,7 @@ from ddptui.contract.protocol.orders import (
     Stop,
     StopRank,
 )
+from ddptui.contract.protocol.steptime import Phases
 from ddptui.contract.runs.registry import default_log_path
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.states import RankState
@@ -86,7 +87,7 @@ class Supervisor(OwnedRun):
     # -- events --------------------------------------------------------------------------------
     def _handle(self, ev: Event) -> None:
         """Every event, ours or a rank's, goes through here: state, log, then decisions."""
-        if isinstance(ev, (Step, Beat, Gpu)):
+        if isinstance(ev, (Step, Beat, Gpu, Phases)):
             self.watchdog.observe(ev)
             if isinstance(ev, Beat):  # for the watchdog only: the log keeps what it concluded
                 return

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from ddptui.contract.observe.stacks import StackRequests, stacks_said
 from ddptui.contract.protocol.events import Beat, Gpu, Step
-from ddptui.contract.stalls.health import Seen, Stragglers, judge_stalls
+from ddptui.contract.protocol.steptime import Phases
+from ddptui.contract.stalls.health import Seen, Stragglers, gpu_cause, judge_stalls
+from ddptui.contract.state.verdicts import stragglers
 from ddptui.contract.states import RankState
 from ddptui.run.actions import Action, Flag, Kill, Record
 from ddptui.run.inputwatch import InputWatch, Pipeline
@@ -48,6 +50,7 @@ class Watchdog:
         self.step_ms: dict[int, deque] = {}
         self.beats: dict[int, Beat] = {}
         self.gpus: dict[int, Gpu] = {}  # slot -> its GPU's latest reading
+        self.phases: dict[int, Phases] = {}  # slot -> its latest window of phases
         self.since: dict[int, float] = {}  # slot -> when it (re)entered the world or resumed
         self.flags: dict[int, str] = {}  # slot -> stalled | waiting | slow
         self.stepped: set[int] = set()  # slots whose current process has finished a step
@@ -58,7 +61,7 @@ class Watchdog:
         self._streak: dict[int, tuple[bool, int]] = {}  # slot -> (slow?, checks in a row)
         self._next = 0.0
 
-    def observe(self, ev: Step | Beat | Gpu) -> None:
+    def observe(self, ev: Step | Beat | Gpu | Phases) -> None:
         slot = ev.rank
         match ev:
             case Step():
@@ -71,6 +74,8 @@ class Watchdog:
                 self.beats[slot] = ev
             case Gpu():
                 self.gpus[slot] = ev
+            case Phases():
+                self.phases[slot] = ev
 
     def restart_clock(self, slots, now: float, first_step: bool = False) -> None:
         """The world changed, the run resumed, or (`first_step`) the input pipeline was rebuilt
@@ -79,6 +84,7 @@ class Watchdog:
         for slot in slots:
             self.since[slot] = now
             self.stragglers.forget(slot)
+            self.phases.pop(slot, None)
             if first_step:
                 self.stepped.discard(slot)
 
@@ -86,7 +92,7 @@ class Watchdog:
         """The slot left the world (stopped, crashed): no verdicts about it any more."""
         self.stepped.discard(slot)
         for table in (self.last_step, self.step_ms, self.beats, self.since, self.flags,
-                      self._kill_pending, self._streak):
+                      self._kill_pending, self._streak, self.phases):
             table.pop(slot, None)
         self.stragglers.forget(slot)
 
@@ -111,14 +117,34 @@ class Watchdog:
                     for s, v in judge_stalls(seen, now, self.stall_after).items()}
         if not verdicts:  # only a world that makes progress has stragglers
             live = [m.slot for m in members]
-            verdicts = {s: ("slow", cause, {"cause": cause.split(":")[0]})
-                        for s, cause in self.stragglers.judge(live, self.gpus).items()}
+            verdicts = self._by_phases(live)
+            if verdicts is None:  # a rank without its phases yet (or the clock off)
+                verdicts = {s: ("slow", cause, {"cause": cause.split(":")[0]})
+                            for s, cause in self.stragglers.judge(live, self.gpus).items()}
         for m in members:
             out += self._update(m, verdicts.get(m.slot), now)
         pipeline = None if verdicts else self.pipeline()
         said = pipeline and self.inputs.check([m.slot for m in members], pipeline)
         if said:
             out.append(Record(said))
+        return out
+
+    def _by_phases(self, live: list[int]) -> dict[int, tuple] | None:
+        """Stragglers by their own time (the step less the all-reduce wait) in their latest
+        windows, as the `e` screen and the verdict judge them, with the phase that makes the
+        difference; None until every live rank has a window."""
+        figs = {s: (p.step_ms, {k: v[0] for k, v in p.phases.items()})
+                for s in live if (p := self.phases.get(s)) is not None}
+        if len(figs) < len(live):
+            return None
+        out = {}
+        for found in stragglers(figs, {}, {}):
+            phase = found.fields["phase"]
+            gpu = gpu_cause(self.gpus.get(found.rank)) if phase in (
+                "forward", "backward", "optimizer") else ""
+            cause = "data-wait" if phase == "data" else (gpu.split(":")[0] or "compute")
+            reason = found.text.split(": ", 1)[1] + (f": {gpu}" if gpu else "")
+            out[found.rank] = ("slow", reason, {"cause": cause, "phase": phase})
         return out
 
     def _seen(self, m: Member, now: float) -> Seen:

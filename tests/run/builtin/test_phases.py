@@ -1,6 +1,7 @@
 """Where the built-in loop's step time goes, on 2 gloo ranks: its phases (every one of them,
 the host-to-device copy too) add up; a model slow on rank 1 makes the verdict printed after the
-exit line name rank 1 and its forward; `ddptui report` says the same from the log, and
+exit line name rank 1 and its forward, as its `slow` state did while it ran; `ddptui report`
+says the same from the log, and
 `ddptui compare` puts that run beside an even one.
 """
 
@@ -31,6 +32,11 @@ def test_the_verdict_report_and_compare_of_a_slow_and_an_even_run(env, tmp_path)
     assert any(line.startswith("  slowest: rank 1:") and "its forward" in line
                for line in verdict), verdict
     assert [e["kind"] for e in events(slow)][-2:] == ["verdict", "run"]
+    # The ranks table's state says it as it happens, by the same rule and with the phase.
+    flagged = [e for e in events(slow, "rank") if e["state"] == "slow"]
+    assert flagged and {e["rank"] for e in flagged} == {1}, flagged
+    assert flagged[0]["phase"] == "forward" and flagged[0]["cause"] == "compute", flagged[0]
+    assert "slower than the median; its forward" in flagged[0]["reason"], flagged[0]
     windows = events(slow, "phases")
     assert {tuple(w["measured"]) for w in windows} == {tuple(ALL_PHASES)}
     assert_phases_add_up(slow)
@@ -42,6 +48,7 @@ def test_the_verdict_report_and_compare_of_a_slow_and_an_even_run(env, tmp_path)
     r = ddptui(["run", "tests.helpers.userpkg:tiny_cnn", *DATA, "--log", str(even)], env,
                tmp_path, timeout=200)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not [e for e in events(even, "rank") if e["state"] == "slow"]
     side = ddptui(["compare", str(slow), str(even)], env, tmp_path)
     assert side.returncode == 0, side.stderr
     rows = {line.split("  ")[0].strip(): line for line in side.stdout.splitlines()}
