@@ -25,7 +25,8 @@ class Phases(Event):
     step_ms: float = doc("their mean time, ms")
     step_p90_ms: float = doc("their 90th percentile, ms")
     phases: dict = doc("phase -> [mean ms, p90 ms]: data (waiting for input), h2d (copy to the "
-                       "device), forward, backward, comm (the all-reduce not hidden by backward), "
+                       "device), forward, backward, comm (waiting for the others: the all-reduce "
+                       "not hidden by backward, DDP's buffer broadcast before forward), "
                        "optimizer, rest (the loop's own code between them)")
     measured: list = doc("the phases this rank can tell apart; the others' time is in rest")
     clock: Literal["cuda", "host"] = doc("CUDA events (the GPU's timeline) or host clocks")

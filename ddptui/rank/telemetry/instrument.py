@@ -63,7 +63,7 @@ def watch_ddp(ddp: torch.nn.Module, marks: Any, comm: bool = True) -> None:
         # DDP syncs before the model's forward (its buffers from rank 0: BatchNorm's running
         # statistics): a wait for the others, as the all-reduce's is; the model's own forward
         # starts at its pre-hook, after it.
-        marks.begin("comm" if comm else "forward")
+        marks.begin("comm" if comm and _syncs_buffers(module) else "forward")
         if comm and module not in _TIMED:
             _default_comm_hook(module, marks)
 
@@ -78,7 +78,8 @@ def watch_ddp(ddp: torch.nn.Module, marks: Any, comm: bool = True) -> None:
             marks.restart()  # the evaluation's time so far is no training step's
 
     ddp.register_forward_pre_hook(_Hook(before_forward))
-    ddp.module.register_forward_pre_hook(_Hook(model_forward))
+    # First of the model's pre-hooks: the script's own (a wait, a cast) are its forward's
+    ddp.module.register_forward_pre_hook(_Hook(model_forward), prepend=True)
     ddp.register_forward_hook(_Hook(after_forward))
 
 
@@ -170,6 +171,15 @@ def average(group, bucket):
 
 def _reduced(fut):
     return fut.value()[0]
+
+
+def _syncs_buffers(ddp) -> bool:
+    """Whether this forward of DDP's starts with its buffers' broadcast (a model with buffers,
+    broadcast_buffers on): with none to sync, its time before the model's is its own."""
+    try:
+        return bool(ddp.will_sync_module_buffers())
+    except Exception:  # a torch without it: the broadcast, if any, stays in forward
+        return False
 
 
 def _grad() -> bool:
