@@ -120,7 +120,7 @@ class NodeRelay:
                 conn = listener.accept()
             except OSError:
                 return
-            if not self._handshakes.acquire(blocking=False) or not _ours(conn):
+            if not _ours(conn) or not self._handshakes.acquire(blocking=False):
                 conn.close()  # another user's, or past the handshakes under way at once
                 continue
             threading.Thread(target=self._serve, args=(conn,), name="relay-rank",

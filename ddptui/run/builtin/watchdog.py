@@ -133,8 +133,10 @@ class Watchdog:
         """Stragglers by their own time (the step less the all-reduce wait) in their latest
         windows, as the `e` screen and the verdict judge them, with the phase that makes the
         difference; None until every live rank has a window."""
-        figs = {s: (p.step_ms, {k: v[0] for k, v in p.phases.items()})
-                for s in live if (p := self.phases.get(s)) is not None}
+        figs = {s: (p.step_ms, {k: v[0] for k, v in p.phases.items()
+                                if isinstance(v, (list, tuple)) and v and isinstance(v[0], (int, float))})
+                for s in live if (p := self.phases.get(s)) is not None
+                and isinstance(p.step_ms, (int, float))}  # (a NaN is read as null)
         if len(figs) < len(live):
             return None
         out = {}
