@@ -190,16 +190,23 @@ class ReportListener:
 
     def _take(self, conn: Connection, ev: Event) -> None:
         with self._lock:
-            # A process that announces itself for a rank takes its orders from now on: a
-            # standby for rank 1 says it is warm while the rank 1 that left may still be
-            # connected, and the join order must reach the standby.
-            if isinstance(ev, Rank) and ev.state in TAKES_OVER or (
-                    self._conns.get(ev.rank) in self._relays and conn not in self._relays):
-                self._conns[ev.rank] = conn  # (a rank whose relay went: directly from now on)
+            if self._conns.get(ev.rank) in self._relays and conn not in self._relays:
+                self._conns[ev.rank] = conn  # a rank whose relay went: directly from now on
             else:
-                self._conns.setdefault(ev.rank, conn)
+                route(self._conns, ev, conn)
             self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
         self.record(ev)
+
+
+def route(routes: dict[int, Connection], ev: Event, conn: Connection) -> None:
+    """Where `ev`'s rank takes its orders from now on (attach's, and a node's relay's). A
+    process that announces itself for a rank takes them: a standby for rank 1 says it is warm
+    while the rank 1 that left may still be connected, and the join order must reach the
+    standby. Otherwise the first connection the rank spoke on keeps them."""
+    if isinstance(ev, Rank) and ev.state in TAKES_OVER:
+        routes[ev.rank] = conn
+    else:
+        routes.setdefault(ev.rank, conn)
 
 
 def _peer(listener: Listener) -> str:

@@ -34,8 +34,8 @@ from ddptui.contract.channel import (
     send,
     wake,
 )
-from ddptui.contract.listener import TAKES_OVER
-from ddptui.contract.protocol.events import PARENT, Clock, Event, Rank
+from ddptui.contract.listener import route
+from ddptui.contract.protocol.events import PARENT, Clock, Event
 from ddptui.contract.protocol.relay import Relay
 from ddptui.rank.telemetry.remote import RemoteLink, relay_path
 
@@ -155,21 +155,15 @@ class NodeRelay:
                 for rank in left:
                     del self._ranks[rank]
             if left:  # its orders no longer come here
-                self._put(Relay(rank=PARENT, node=self.node, pid=os.getpid(), left=left))
+                assert self.link is not None
+                self.link.put(Relay(rank=PARENT, node=self.node, pid=os.getpid(), left=left))
 
     def _take(self, conn: Connection, ev: Event) -> None:
         with self._lock:
-            if isinstance(ev, Rank) and ev.state in TAKES_OVER:
-                self._ranks[ev.rank] = conn
-            else:
-                self._ranks.setdefault(ev.rank, conn)
+            route(self._ranks, ev, conn)
         assert self.link is not None
         if isinstance(ev, Clock) and not self.link.connected:
             return  # a clock kept for later would be stale: the link's hello sends a fresh one
-        self.link.put(ev)
-
-    def _put(self, ev: Event) -> None:
-        assert self.link is not None
         self.link.put(ev)
 
     def _orders(self) -> None:
