@@ -83,11 +83,13 @@ def named(slow: str, gpus: int, cpu: bool) -> dict:
 
 
 def adds_up(windows: list[dict]) -> float | None:
-    """The largest gap, over the ranks and epochs, between the steps their windows add up to
-    and the wall time between the windows' events (a fraction of that time)."""
+    """The largest gap, over the ranks and epochs, between the steps their steady windows add
+    up to and the wall time between the windows' events (a fraction of that time). Steady: not
+    the first (its steps began with the clock) nor the last, sent at the epoch's end or at exit,
+    after time that is no step's (a script's destroy_process_group, the loop's validation)."""
     worst = None
     for key in {(w["rank"], w.get("epoch")) for w in windows}:
-        span = [w for w in windows if (w["rank"], w.get("epoch")) == key]
+        span = [w for w in windows if (w["rank"], w.get("epoch")) == key][:-1]
         if len(span) < 3:
             continue
         stepped = sum(w["steps"] * w["step_ms"] for w in span[1:]) / 1000
@@ -126,8 +128,9 @@ def measure(leg: str, args) -> dict:
             runs[name].append(r)
     off = statistics.median(r["img_s"] for r in runs["off"])
     ratios = {n: statistics.median(r["img_s"] for r in runs[n]) / off for n in names}
-    worst = max((r["adds_up"] for r in runs["on"] if r["adds_up"] is not None), default=None)
-    gap = "-" if worst is None else f"{worst:.2%}"
+    gaps = [r["adds_up"] for r in runs["on"] if r["adds_up"] is not None]
+    worst = max(gaps, default=None)
+    gap = "-" if worst is None else f"{worst:.2%} (each run: {', '.join(f'{g:.2%}' for g in gaps)})"
     beside = "".join(f"; {n}: {_rates(runs[n])} ({ratios[n]:.4f})" for n in names[2:])
     print(f"| {leg} | {_rates(runs['on'])} | {_rates(runs['off'])} | {ratios['on']:.4f}{beside} "
           f"| {gap} | {runs['on'][0]['shares']} |", flush=True)

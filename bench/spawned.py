@@ -98,11 +98,13 @@ def main() -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     rates: dict[str, list[float]] = {"plain": [], "ddptui": []}
+    log = ""  # the last ddptui run's
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for v in (("plain", "ddptui") if r % 2 == 0 else ("ddptui", "plain")):
-                rate, log = one(v == "ddptui", script_args, env, tmp,
+                rate, ran = one(v == "ddptui", script_args, env, tmp,
                                 tmux=args.tmux and v == "ddptui")
+                log = ran if v == "ddptui" else log
                 rates[v].append(rate)
                 print(f"round {r} {v}: {rate:,.0f} img/s", flush=True)
         print("\nthe last ddptui run's log:")
