@@ -29,6 +29,7 @@ from ddptui.contract.stalls.scripts import STALL_S
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.wording import count
+from ddptui.dashboard.sources.kept_state import SAVE_EVERY_S, Kept, fields_of, restore, save
 from ddptui.dashboard.sources.remote_watch import RemoteWatch
 from ddptui.dashboard.sources.thin_log import ThinLog
 
@@ -48,7 +49,7 @@ class Attach(RunSource):
                  stall_after: float = STALL_S, grace: float = JOB_GRACE_S):
         self.address, self.key, self.log_path, self.grace = address, key, log_path, grace
         self.state = RunState({"log": log_path, "model": "waiting for ranks",
-                               "data": f"listening on {address[0]}:{address[1]}"})
+                               "data": self.state_meta_data()})
         self.done = threading.Event()
         self.exit_code: int | None = None
         self.key_source = key_source
@@ -62,12 +63,36 @@ class Attach(RunSource):
         self._concluded = False  # the job's end said, from every rank's
         self._lock = threading.RLock()  # the listener's threads and the watch's
         self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
+        self._kept_t = 0.0  # when the state was last kept beside the log (monotonic)
+        self._keep_failed = False
+        self._restored, self._not_restored = restore(log_path)
+        if self._restored:
+            self._resume(self._restored)
+
+    def _resume(self, kept: Kept) -> None:
+        """The job as the last attach on this log kept it, drawn at once; its wrapped ranks are
+        waited for as if they had just reported (unreachable if none does within 5 s)."""
+        self.state = kept.state
+        self.state.meta.update(log=self.log_path, data=self.state_meta_data())
+        self._world_size, self._finished, self._ends = kept.world_size, kept.finished, kept.ends
+        self._watch.resume(kept.wrapped, kept.places, self.state.ranks, time.time())
+
+    def state_meta_data(self) -> str:
+        return f"listening on {self.address[0]}:{self.address[1]}"
 
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
         self._log = ThinLog(self._writer.write)
         self._note("info", f"listening on {self.address[0]}:{self.address[1]} "
                    f"(key: {self.key_source})")
+        if self._restored:
+            self._log.start, self._log.ranks = self._restored.log_start, set(self.state.ranks)
+            self._note("info", f"continuing {self.log_path}: the job as it was at "
+                       f"{time.strftime('%H:%M:%S', time.localtime(self._restored.saved_t))} "
+                       f"({count(len(self.state.ranks), 'rank')}), kept beside its log; "
+                       "waiting for its ranks to report again")
+        elif self._not_restored:
+            self._note("warning", f"{self._not_restored}: starting empty")
         self._link.start()
         threading.Thread(target=self._judge, name="attach-watch", daemon=True).start()
 
@@ -144,6 +169,24 @@ class Attach(RunSource):
         while not self.done.wait(CHECK_EVERY_S):
             with self._lock:
                 self._watch.check(time.time())
+                if time.monotonic() - self._kept_t >= SAVE_EVERY_S:
+                    self._keep()
+
+    def _keep(self) -> None:
+        """The state beside the log, for an attach restarted on it (kept_state.py); the caller
+        holds the lock, so no event is half in it."""
+        self._kept_t = time.monotonic()
+        try:
+            save(self.log_path, self.state, fields_of(
+                self._world_size, self._finished, self._ends, list(self._watch.silence),
+                self._watch.places, self._log.start if self._log else None))
+            self._keep_failed = False
+        except OSError as e:
+            if not self._keep_failed:
+                self._keep_failed = True
+                self._note("warning", f"cannot keep the job's state beside {self.log_path} "
+                           f"({e.strerror or e}): an attach restarted on this log would start "
+                           "empty")
 
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         """Detach: close the listener and every connection (the ranks keep training)."""
@@ -153,6 +196,7 @@ class Attach(RunSource):
         if self._writer and self._log:
             with self._lock:
                 self._log.close()
+                self._keep()
                 self._writer.close()
         self.done.set()
 

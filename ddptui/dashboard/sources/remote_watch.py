@@ -109,6 +109,23 @@ class RemoteWatch:
             if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
                 self._clear(rank, "making progress again")
 
+    def resume(self, wrapped: list[int], places: dict[int, str], views: dict, now: float) -> None:
+        """An attach restarted on its log: the wrapped ranks of the job as it was kept are
+        waited for from `now`, and their flags stand until each reports again."""
+        self.places.update(places)
+        for rank in wrapped:
+            view = views.get(rank)
+            if view is None:
+                continue
+            self.silence[rank] = Silence(now)
+            if view.state.is_final:
+                crashed = view.state == RankState.CRASHED
+                self.ended[rank] = ((view.reason or "failed") if crashed else None, now)
+                continue
+            self.heard[rank] = now
+            if view.state in (RankState.STALLED, RankState.WAITING, RankState.UNREACHABLE):
+                self.flags[rank] = (view.state, now)
+
     def lost(self, node: str, ranks: set[int]) -> None:
         """Node `node`'s relay went away with these ranks' link: unreachable until they report
         again (each connects directly a moment later, if it still runs)."""

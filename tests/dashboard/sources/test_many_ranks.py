@@ -23,8 +23,9 @@ class Job:
     """The ranks: each says its clock and who it is, then steps (and its process figures)
     until stop(); rank STALLED stops stepping and idles after its first steps."""
 
-    def __init__(self, address):
-        self.conns = {r: connect(address, REPORT_KEY.encode()) for r in range(RANKS)}
+    def __init__(self, address, ranks=range(RANKS), again: bool = False):
+        """`again`: the ranks' links connecting to an attach restarted (a clock, then on)."""
+        self.conns = {r: connect(address, REPORT_KEY.encode()) for r in ranks}
         self.halt = threading.Event()
         for r, conn in self.conns.items():
             node = f"n{r // PER_NODE}"
@@ -32,11 +33,12 @@ class Job:
                                                 api="ddptui.rank.wrap", local_rank=r % PER_NODE,
                                                 host=node),
                       ev.Gpu(rank=r, gpu=r % PER_NODE, util=50.0 if r == STALLED else 100.0,
-                             mem_used=1000, mem_total=80000)):
+                             mem_used=1000, mem_total=80000))[:1 if again else 3]:
                 send(conn, e.replace(node=node))
-        send(self.conns[0], ev.Run(rank=0, status="started", model="train.py", data="",
-                                   epochs=0, world_size=RANKS, device_kind="cpu",
-                                   script="train.py", node="n0"))
+        if not again:
+            send(self.conns[0], ev.Run(rank=0, status="started", model="train.py", data="",
+                                       epochs=0, world_size=RANKS, device_kind="cpu",
+                                       script="train.py", node="n0"))
         self.thread = threading.Thread(target=self._play, daemon=True)
         self.thread.start()
 
@@ -44,7 +46,7 @@ class Job:
         tick = 0
         while not self.halt.wait(0.2):
             tick += 1
-            for r, conn in self.conns.items():
+            for r, conn in list(self.conns.items()):
                 node = f"n{r // PER_NODE}"
                 idle = r == STALLED and tick > 2
                 if not idle:
@@ -63,6 +65,11 @@ class Job:
         self.thread.join()
         for conn in self.conns.values():
             conn.close()
+
+    def orphaned(self) -> None:
+        """Their attach went away: the links stop sending (a rank's link tries again later)."""
+        self.halt.set()
+        self.thread.join()
 
 
 def _keys(app) -> list[str]:
@@ -122,3 +129,53 @@ async def test_sixty_four_ranks_fold_by_node_with_the_stalled_one_pinned(tmp_pat
         await pilot.press("q")
         await pilot.pause()
     assert attach.done.is_set()
+
+
+@pytest.mark.timeout(120)
+async def test_an_attach_restarted_on_its_log_draws_the_job_at_once_then_hears_its_ranks(tmp_path):
+    """The first attach keeps the job's state beside its log; the next one on that log shows the
+    64 ranks, node rows and the stalled rank pinned before any rank reports again; ranks that
+    report are live again, and a node that never does is unreachable."""
+    from ddptui.dashboard.view.app import DashboardApp
+
+    log = str(tmp_path / "a.jsonl")
+    first = Attach(("127.0.0.1", local_port()), REPORT_KEY.encode(), log, "test", stall_after=2.0)
+    first.start()
+    job = Job(first.address)
+    deadline = time.monotonic() + 60
+    while not (len(first.state.ranks) == RANKS
+               and first.state.ranks[STALLED].state == "stalled"):
+        assert time.monotonic() < deadline, "the first attach never saw the stall"
+        time.sleep(0.2)
+    first.stop()  # its state is kept beside the log at its end (and every few seconds)
+    job.orphaned()
+    assert first.state.ranks[STALLED].state == "stalled"
+    lines_before = open(log).read().count("\n")
+
+    attach = Attach(("127.0.0.1", local_port()), REPORT_KEY.encode(), log, "test",
+                    stall_after=2.0)
+    app = DashboardApp(attach)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await pilot.pause(0.3)  # no rank has reported to this attach yet
+        assert len(app.view.ranks) == RANKS
+        assert _keys(app)[:2] == [str(STALLED), "node:n0"]
+        assert str(app.rank_table.get_row("node:n4")[1]) == "stalled 1/8"
+        said = [line[3] for line in attach.state.lines]
+        assert f"continuing {log}" in said[-1] and "(64 ranks)" in said[-1]
+        again = Job(attach.address, ranks=range(RANKS - PER_NODE), again=True)  # node 7 is gone
+        try:
+            deadline = time.monotonic() + 60
+            while not all(app.view.ranks[r].state.value == "unreachable"
+                          for r in range(RANKS - PER_NODE, RANKS)):
+                assert time.monotonic() < deadline, "node n7 was never unreachable"
+                await pilot.pause(0.2)
+            states = {r: app.view.ranks[r].state.value for r in range(RANKS - PER_NODE)}
+            assert states.pop(STALLED) == "stalled"  # still idle: its flag stands
+            assert set(states.values()) == {"running"}
+            assert app.view.ranks[1].global_step > first.state.ranks[1].global_step
+        finally:
+            again.stop()
+        await pilot.press("q")
+        await pilot.pause()
+    with open(log) as f:  # the log goes on after the first attach's lines, whole
+        assert f.read().count("\n") > lines_before
