@@ -33,7 +33,7 @@ from ddptui.contract.protocol.updates import Applied, HostReadings, Said, Update
 from ddptui.contract.safe_text import keep_colours, plain
 from ddptui.contract.state.epochs import EpochRow, LiveEpoch
 from ddptui.contract.state.steptime import StepTimes
-from ddptui.contract.state.timeline import Timeline
+from ddptui.contract.state.timeline import Timeline, loss_line
 from ddptui.contract.state.views import DeviceView, RankView, RunView, Vitals, progress_of, throughput
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count, describe, epoch_line
@@ -149,7 +149,7 @@ class RunState:
             r.step_times.append(r.step_ms)
             r.count(ev.steps or 1, r.step_ms, r.samples_per_s)
         if r.loss is not None:
-            self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
+            loss_line(self.loss_lines, ev.rank, len(self.ranks)).add(t, r.loss)
         # One point an interval, from the lowest stepping rank (found anew only when it may move)
         lead = self.ranks.get(self._lead)
         if lead is None or ev.rank < self._lead or not lead.state.is_stepping:

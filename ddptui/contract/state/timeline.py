@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import deque
 
+MANY, FEW = 16, 256  # ranks past which each rank's loss line holds FEW points
+
 
 class Timeline:
     """(t, value) points from the start of a run. Past `capacity` points, neighbours are merged
@@ -35,6 +37,27 @@ class Timeline:
 
     def copy(self) -> list[tuple[float, float]]:
         return list(self.points)
+
+    def fit(self, capacity: int) -> None:
+        """Hold at most `capacity` points from now on, halving the resolution until they fit."""
+        self.capacity = capacity + capacity % 2
+        while len(self.points) >= self.capacity:
+            even, pts = len(self.points) & ~1, self.points  # an odd last point stays as it is
+            self.points = [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)
+                           for a, b in zip(pts[:even:2], pts[1:even:2], strict=True)] + pts[even:]
+            self.stride *= 2
+
+
+def loss_line(lines: dict[int, Timeline], rank: int, ranks: int) -> Timeline:
+    """`rank`'s loss over the run. In a job of more than MANY ranks each holds FEW points: the
+    chart draws their envelope, a chart's width of points (1,024 a rank would be some 60 MB at
+    512 ranks, and the most of what attach keeps beside its log)."""
+    line = lines.get(rank)
+    if line is None:
+        line = lines[rank] = Timeline()
+    if ranks > MANY and line.capacity > FEW:
+        line.fit(FEW)
+    return line
 
 
 class Recent:

@@ -19,6 +19,7 @@ from ddptui.contract.state.snapshot import dump, load
 SAVE_EVERY_S = 10.0  # what a crashed attach loses of the screen; the log keeps every event
 MAX_BYTES = 256 << 20  # a kept state is a few MB at 1,024 ranks: past this it is not one of ours
 VERSION = 1
+KEPT_GPU_S = 60.0  # of each GPU's readings: the `g` screen's five minutes fill up again
 FINAL = ("done", "failed", "interrupted")  # a job that ended: a new one starts afresh
 
 
@@ -43,10 +44,14 @@ def path_of(log_path: str) -> str:
 def save(log_path: str, state: RunState, attach: dict) -> int:
     """Write the state and `attach`'s fields whole or not at all (a new file renamed over the
     old one); the caller holds attach's lock, so the log's size matches the state. Its bytes."""
-    with state.lock:
+    with state.lock:  # (the dump holds some of the state's own lists: encoded under the lock)
+        kept = dump(state)
+        for device in kept["devices"]:
+            rows = device["history"]["rows"]
+            device["history"]["rows"] = [r for r in rows if r[0] >= rows[-1][0] - KEPT_GPU_S]
         data = json.dumps({"version": VERSION, "saved_t": time.time(),
                            "log_size": os.path.getsize(log_path), **attach,
-                           "state": dump(state)}, separators=(",", ":")).encode()
+                           "state": kept}, separators=(",", ":")).encode()
     path = path_of(log_path)
     tmp = f"{path}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
