@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from ddptui.contract.protocol.events import Epoch
 
+KEPT = 16  # ranks' epoch events a row keeps whole (rank 0's besides)
+
 
 @dataclass
 class EpochRow:
@@ -15,32 +17,57 @@ class EpochRow:
     epoch: int
     start_step: int = 0
     restart: int = 0  # a script's group started again: its epochs are rows of their own
-    ranks: dict = field(default_factory=dict)  # rank -> its epoch event
+    # rank -> its epoch event: rank 0's and the first KEPT others'; past those (a job of
+    # hundreds of ranks, whose rows attach keeps beside its log) the rest are summed in `folded`
+    ranks: dict = field(default_factory=dict)
     said: bool = False  # its line is in the events
+    folded: dict = field(default_factory=dict)  # "ranks", "measured", "rate", "wait", "bad", "seconds"
+
+    @property
+    def count(self) -> int:
+        """The ranks whose event came."""
+        return len(self.ranks) + len(self.folded.get("ranks", ()))
+
+    def take(self, ev: Epoch) -> None:
+        f = self.folded
+        if ev.rank == 0 or ev.rank in self.ranks or len(self.ranks) < KEPT:
+            self.ranks[ev.rank] = ev
+        elif ev.rank not in f.setdefault("ranks", []):  # (a rank's row comes once)
+            f["ranks"].append(ev.rank)
+            measured = ev.source != "output"
+            f["measured"] = f.get("measured", 0) + measured
+            f["rate"] = f.get("rate", 0.0) + (ev.samples_per_s if measured else 0.0)
+            f["wait"] = f.get("wait", 0.0) + (ev.data_wait if measured else 0.0)
+            f["bad"] = f.get("bad", 0) + (ev.bad_samples or 0)
+            f["seconds"] = max(f.get("seconds", 0.0), ev.seconds)
 
     def merged(self, cpu: bool = False) -> dict:
         """The row of every rank's event; a figure no rank knew is None (a script's rows read
         from its output have no rates, no input wait). `cpu`: the prefetcher, a CUDA side
         stream, is n/a."""
         evs: list[Epoch] = list(self.ranks.values())
-        first = self.ranks.get(0, evs[0])
-        world = first.world_size or len(evs)
+        first, f, came = self.ranks.get(0, evs[0]), self.folded, self.count
+        world = first.world_size or came
         measured = [e for e in evs if e.source != "output"]
-        rate = sum(e.samples_per_s for e in measured) if measured else None
-        if rate is not None and len(evs) < world:  # a rank died before it could report:
-            rate *= world / len(evs)  # lockstep, so scale
+        n_measured = len(measured) + f.get("measured", 0)
+        rate = sum(e.samples_per_s for e in measured) + f.get("rate", 0.0) if n_measured \
+            else None
+        if rate is not None and came < world:  # a rank died before it could report:
+            rate *= world / came  # lockstep, so scale
         settings = dict(first.settings)
         if cpu and settings:
             settings["prefetch"] = "n/a"
         return {
             "epoch": self.epoch, "start_step": self.start_step, "restart": self.restart,
             "end_step": first.end_step, "partial": bool(first.partial), "settings": settings,
-            "samples_per_s": rate, "bad_samples": sum(e.bad_samples or 0 for e in evs),
+            "samples_per_s": rate,
+            "bad_samples": sum(e.bad_samples or 0 for e in evs) + f.get("bad", 0),
             "at_quit": bool(first.at_quit), "rolled_back": first.rolled_back,
-            "data_wait": (sum(e.data_wait for e in measured) / len(measured)
-                          if measured else None),
+            "data_wait": ((sum(e.data_wait for e in measured) + f.get("wait", 0.0)) / n_measured
+                          if n_measured else None),
             "train_loss": first.train_loss, "val_loss": first.val_loss, "val_acc": first.val_acc,
-            "seconds": max(e.seconds for e in evs), "world_size": world, "ranks": len(evs),
+            "seconds": max(max(e.seconds for e in evs), f.get("seconds", 0.0)),
+            "world_size": world, "ranks": came,
             "source": first.source, "metrics": first.metrics or {}, "at_step": first.at_step,
             "steps_per_s": first.steps_per_s,
         }

@@ -176,7 +176,7 @@ class RunState:
         restart = self.meta.get("restart", 0)
         key = (restart, ev.epoch, ev.start_step or 0)
         row = self.epochs.setdefault(key, EpochRow(ev.epoch, ev.start_step or 0, restart))
-        row.ranks[ev.rank] = ev
+        row.take(ev)
         if ev.val_acc is not None:
             self.best_val_acc = max(self.best_val_acc or 0.0, ev.val_acc)
         # The settings a segment ran under, not those in force: a peer's row cut by `a` arrives
@@ -188,8 +188,7 @@ class RunState:
                 if r.state.is_member or r.state == RankState.STARTING]
         # Said once every member has sent its row; ranks that ended meanwhile (a script's
         # last epoch: rank 0 done before rank 1's row came) are not waited for.
-        if not row.said and (len(row.ranks) >= max(1, len(live))
-                             or len(row.ranks) == ev.world_size):
+        if not row.said and (row.count >= max(1, len(live)) or row.count == ev.world_size):
             row.said = True
             self._line(ev.t, "info", epoch_line(self._row(row)))
 

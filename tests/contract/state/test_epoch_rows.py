@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+
+import pytest
 
 from ddptui.contract.protocol.codec import encode
-from ddptui.contract.protocol.events import PARENT
+from ddptui.contract.protocol.events import PARENT, Epoch
 from ddptui.contract.state.runstate import RunState
 from ddptui.dashboard.sources.export import write_epochs_csv
 from tests.helpers.runlogs import logged, typed
@@ -95,3 +98,27 @@ def test_a_scripts_run_runs_once_a_rank_does_and_a_row_with_one_held_out_figure_
                       data_wait=0.0, settings={}, train_loss=None, val_acc=0.375,
                       source="output")))
     assert any("val_acc 37.5%" in line and "val_loss" not in line for line in _said(state))
+
+
+def test_a_row_of_hundreds_of_ranks_keeps_few_events_and_merges_to_the_same_figures():
+    """Past 16 ranks a row sums the rest as they come (attach keeps its rows beside its log):
+    the merged row is the one every event would give, and a rank's row counted once."""
+    from ddptui.contract.state.epochs import EpochRow
+    from ddptui.contract.state.snapshot import dump, load
+
+    evs = [Epoch(rank=r, epoch=3, seconds=100.0 + r, samples=1000, samples_per_s=10.0 + r,
+                    data_wait=r / 1000, settings={"prefetch": True}, bad_samples=r % 3,
+                    world_size=512, train_loss=1.5) for r in reversed(range(512))]
+    row = EpochRow(3)
+    for e in [*evs, evs[7]]:  # rank 504's row twice
+        row.take(e)
+    got = row.merged()
+    assert len(row.ranks) == 17 and 0 in row.ranks  # rank 0's (the last to come) and 16
+    assert got["ranks"] == 512 and got["world_size"] == 512 and got["train_loss"] == 1.5
+    assert got["samples_per_s"] == pytest.approx(sum(10.0 + r for r in range(512)))
+    assert got["data_wait"] == pytest.approx(sum(r / 1000 for r in range(512)) / 512)
+    assert got["bad_samples"] == sum(r % 3 for r in range(512))
+    assert got["seconds"] == 100.0 + 511
+    state = RunState()
+    state.epochs[(0, 3, 0)] = row
+    assert load(json.loads(json.dumps(dump(state)))).epochs[(0, 3, 0)].merged() == got
