@@ -56,7 +56,9 @@ async def restarted(address: tuple[str, int], log: str, ranks: int, spawned: flo
     app = DashboardApp(job)
     seen = shown_in_full(app, ranks)
     # the ranks to hear from again: those still running, but the one stalled (it never steps)
-    live = {r for r, v in job.state.ranks.items() if not v.state.is_final} - {STALLED}
+    # and the cut node's (silent since 2/3 of the run)
+    live = {r for r, v in job.state.ranks.items()
+            if not v.state.is_final and v.state.value != "unreachable"} - {STALLED}
     async with app.run_test(size=(160, 50)) as pilot:
         while not seen:
             await pilot.pause(0.05)
