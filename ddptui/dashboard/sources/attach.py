@@ -29,7 +29,15 @@ from ddptui.contract.stalls.scripts import STALL_S
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.wording import count
-from ddptui.dashboard.sources.kept_state import SAVE_EVERY_S, Kept, fields_of, restore, save
+from ddptui.dashboard.sources.kept_state import (
+    SAVE_EVERY_S,
+    Kept,
+    afresh,
+    encoded,
+    fields_of,
+    restore,
+    write,
+)
 from ddptui.dashboard.sources.remote_watch import RemoteWatch
 from ddptui.dashboard.sources.thin_log import ThinLog
 
@@ -73,9 +81,24 @@ class Attach(RunSource):
         """The job as the last attach on this log kept it, drawn at once; its wrapped ranks are
         waited for as if they had just reported (unreachable if none does within 5 s)."""
         self.state = kept.state
-        self.state.meta.update(log=self.log_path, data=self.state_meta_data())
+        self.state.meta["log"] = self.log_path
         self._world_size, self._finished, self._ends = kept.world_size, kept.finished, kept.ends
         self._watch.resume(kept.wrapped, kept.places, self.state.ranks, time.time())
+
+    def _new_job(self, ev: Run) -> None:
+        """A job's launch after the kept one's (that job ended while no attach watched): what
+        was kept is let go, and the new job drawn from its start."""
+        assert self._restored is not None
+        if ev.t <= self._restored.saved_t:
+            return  # the kept job's own start, in a backlog: old news
+        self._restored = None
+        afresh(self.state)
+        self.state.meta.update(model="waiting for ranks", data=self.state_meta_data())
+        self._watch = RemoteWatch(self._watch.stalls.stall_after, self._record, self._ask_stacks)
+        self._world_size, self._finished, self._ends = None, False, {}
+        if self._log:
+            self._log.start, self._log.ranks = None, set()
+        self._note("info", "a new job began on this log: the one kept beside it has gone")
 
     def state_meta_data(self) -> str:
         return f"listening on {self.address[0]}:{self.address[1]}"
@@ -146,6 +169,9 @@ class Attach(RunSource):
                 self._watch.clock.sync(ev.rank, ev.t, time.time())
             return
         with self._lock:
+            if self._restored and isinstance(ev, Run) and ev.status == "started" \
+                    and not ev.restart:
+                self._new_job(ev)
             self._watch.observe(ev, time.time())
             self._record(ev)
 
@@ -169,24 +195,29 @@ class Attach(RunSource):
         while not self.done.wait(CHECK_EVERY_S):
             with self._lock:
                 self._watch.check(time.time())
-                if time.monotonic() - self._kept_t >= SAVE_EVERY_S:
-                    self._keep()
+            if time.monotonic() - self._kept_t >= SAVE_EVERY_S:
+                self._keep()
 
     def _keep(self) -> None:
-        """The state beside the log, for an attach restarted on it (kept_state.py); the caller
-        holds the lock, so no event is half in it."""
+        """The state beside the log, for an attach restarted on it (kept_state.py): taken under
+        the lock, so no event is half in it, and written outside it. Not once the log has
+        stopped taking lines (a full disk): the state would be ahead of its log."""
         self._kept_t = time.monotonic()
         try:
-            save(self.log_path, self.state, fields_of(
-                self._world_size, self._finished, self._ends, list(self._watch.silence),
-                self._watch.places, self._log.start if self._log else None))
+            with self._lock:
+                if self._writer is None or self._writer.failed:
+                    return
+                data = encoded(self.log_path, self.state, fields_of(
+                    self._world_size, self._finished, self._ends, list(self._watch.silence),
+                    self._watch.places, self._log.start if self._log else None))
+            write(self.log_path, data)
             self._keep_failed = False
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 (the watch goes on: it judges the ranks)
             if not self._keep_failed:
                 self._keep_failed = True
                 self._note("warning", f"cannot keep the job's state beside {self.log_path} "
-                           f"({e.strerror or e}): an attach restarted on this log would start "
-                           "empty")
+                           f"({getattr(e, 'strerror', None) or e}): an attach restarted on "
+                           "this log would start empty")
 
     def stop(self, status: str = "interrupted", code: int = 130) -> None:
         """Detach: close the listener and every connection (the ranks keep training)."""
@@ -196,7 +227,8 @@ class Attach(RunSource):
         if self._writer and self._log:
             with self._lock:
                 self._log.close()
-                self._keep()
+            self._keep()
+            with self._lock:
                 self._writer.close()
         self.done.set()
 

@@ -106,7 +106,9 @@ class RemoteWatch:
         moved = moves is not None and moves > ((before and before.moves) or 0)
         if stepped or moved and self.silence[rank].last is not None:
             self.silence[rank].heard(now)
-            if rank in self.flags and self.flags[rank][0] != RankState.UNREACHABLE:
+            # (no reading before this one, as after attach restarted: nothing to compare with)
+            if before is not None and rank in self.flags \
+                    and self.flags[rank][0] != RankState.UNREACHABLE:
                 self._clear(rank, "making progress again")
 
     def resume(self, wrapped: list[int], places: dict[int, str], views: dict, now: float) -> None:
@@ -122,7 +124,8 @@ class RemoteWatch:
                 crashed = view.state == RankState.CRASHED
                 self.ended[rank] = ((view.reason or "failed") if crashed else None, now)
                 continue
-            self.heard[rank] = now
+            unreachable = view.state == RankState.UNREACHABLE
+            self.heard[rank] = now - UNREACHABLE_S - 1 if unreachable else now
             if view.state in (RankState.STALLED, RankState.WAITING, RankState.UNREACHABLE):
                 self.flags[rank] = (view.state, now)
 

@@ -52,11 +52,19 @@ def test_a_job_still_going_is_taken_up_where_it_was(tmp_path):
 
 
 @pytest.mark.parametrize("spoil, why", [
-    (lambda p, log: open(p, "r+b").truncate(os.path.getsize(p) // 2), "cannot read"),
+    (lambda p, log: open(p, "r+b").truncate(os.path.getsize(p) // 2), "not a state ddptui"),
     (lambda p, log: open(p, "w").write(json.dumps({"version": 1})), "not a state ddptui"),
     (lambda p, log: open(p, "w").write("[1, 2]"), "not a state ddptui"),
     (lambda p, log: open(log, "w").close(), "longer log"),  # the log started again
     (lambda p, log: open(p, "w").write(json.dumps({"version": 99})), "another version"),
+    (lambda p, log: _poison(p, meta=[]), "not a state ddptui"),
+    (lambda p, log: _poison(p, seq="a"), "not a state ddptui"),
+    (lambda p, log: _poison(p, started_t=1e300), "not a state ddptui"),
+    (lambda p, log: _poison(p, ranks=[{"rank": 0, "step": "x"}]), "not a state ddptui"),
+    (lambda p, log: _poison(p, saved_t=1e300, top=True), "not a state ddptui"),
+    (lambda p, log: _poison(p, wrapped=[1e999], top=True), "not a state ddptui"),
+    (lambda p, log: open(p, "w").write("[" * 100_000 + "]" * 100_000), "not a state ddptui"),
+    (lambda p, log: (os.unlink(p), os.mkfifo(p)), "not a file"),
 ])
 def test_a_kept_state_spoiled_or_of_another_log_starts_attach_empty_and_says_why(
         tmp_path, spoil, why):
@@ -72,6 +80,35 @@ def test_a_kept_state_spoiled_or_of_another_log_starts_attach_empty_and_says_why
         attach.stop()
     # and what it keeps now is its own (whole), for the attach after it
     assert json.load(open(path_of(log)))["version"] == 1
+
+
+def _poison(path: str, top: bool = False, **fields) -> None:
+    """The kept state with `fields` (of its run state, or with `top` of the file) set."""
+    data = json.load(open(path))
+    if "ranks" in fields:  # the rest of the rank as it was
+        fields["ranks"] = [{**data["state"]["ranks"][0], **fields["ranks"][0]}]
+    (data if top else data["state"]).update(fields)
+    open(path, "w").write(json.dumps(data))
+
+
+def test_a_new_job_on_the_log_of_one_that_ended_unseen_starts_afresh(tmp_path):
+    """The kept job ended while no attach watched; a new job's launch on the same log replaces
+    it: its ranks only, its own epochs."""
+    log = str(tmp_path / "job.jsonl")
+    _kept(log, *RUNNING, ev.Epoch(rank=1, epoch=0, seconds=1.0, samples=10, samples_per_s=10.0,
+                                  data_wait=0.0, settings={}))
+    attach = _attach(log)
+    attach.start()
+    try:
+        assert sorted(attach.state.ranks) == [0, 1] and attach.state.epochs
+        attach._received(ev.Run(rank=0, status="started", model="new.py", data="", epochs=0,
+                                world_size=1, device_kind="cpu", script="new.py"))
+        attach._received(ev.Rank(rank=0, state="running", pid=21))
+        assert sorted(attach.state.ranks) == [0] and not attach.state.epochs
+        assert attach.state.meta["model"] == "new.py" and attach.state.ranks[0].pid == 21
+        assert any("a new job began on this log" in s for s in _said(attach))
+    finally:
+        attach.stop()
 
 
 def test_a_job_that_ended_is_not_taken_up(tmp_path):

@@ -39,11 +39,12 @@ class Job:
             send(self.conns[0], ev.Run(rank=0, status="started", model="train.py", data="",
                                        epochs=0, world_size=RANKS, device_kind="cpu",
                                        script="train.py", node="n0"))
+        self.tick = 10 if again else 0  # (rank STALLED idles from its third tick)
         self.thread = threading.Thread(target=self._play, daemon=True)
         self.thread.start()
 
     def _play(self) -> None:
-        tick = 0
+        tick = self.tick
         while not self.halt.wait(0.2):
             tick += 1
             for r, conn in list(self.conns.items()):
@@ -169,10 +170,13 @@ async def test_an_attach_restarted_on_its_log_draws_the_job_at_once_then_hears_i
                           for r in range(RANKS - PER_NODE, RANKS)):
                 assert time.monotonic() < deadline, "node n7 was never unreachable"
                 await pilot.pause(0.2)
+            await pilot.pause(1.0)
             states = {r: app.view.ranks[r].state.value for r in range(RANKS - PER_NODE)}
             assert states.pop(STALLED) == "stalled"  # still idle: its flag stands
             assert set(states.values()) == {"running"}
             assert app.view.ranks[1].global_step > first.state.ranks[1].global_step
+            said = [line[3] for line in attach.state.lines]
+            assert not any("making progress again" in s or "reporting again" in s for s in said)
         finally:
             again.stop()
         await pilot.press("q")
