@@ -34,7 +34,7 @@ class DevicePanel(Static):
             return Text("waiting for the first device reading…", style="dim")
         devices = v.devices
         if len(devices) >= GROUP_FROM and " " in devices[0].key:
-            return _by_node(devices)
+            return _by_node(devices, max(3, self.app.size.height // 2 - 3))  # #top's room
         # As wide as the longest label: "650W 55C" under a GPU, "node/0 GPU 1" under attach.
         label_width = max([7] + [len(_label(d)) for d in devices] +
                           ([] if self.compact else [len(_power(d)) for d in devices
@@ -65,25 +65,37 @@ class DevicePanel(Static):
         return table
 
 
-def _by_node(devices: list) -> Table:
+def _by_node(devices: list, room: int) -> Text:
     """A job of many GPUs on several nodes: a line a node, each GPU one cell of a bar chart
     (its utilisation's height; red: clocks held down; grey: no reading for a while), then the
-    node's median utilisation and memory."""
+    node's median utilisation and memory; nodes with such a GPU first, and past `room` lines,
+    how many more. One Text, not a table: it is drawn at every refresh, and a table of 64
+    rows cost a key press tens of milliseconds."""
     nodes: dict[str, list] = {}
     for d in devices:
         nodes.setdefault(d.key.rsplit(" ", 1)[0], []).append(d)
-    table = Table.grid(padding=(0, 1))
-    for node, gpus in nodes.items():
-        cells = Text()
+    order = sorted(nodes, key=lambda n: not any(d.stale or d.held_down for d in nodes[n]))
+    shown = order if len(order) <= room else order[:room - 1]
+    name_width = max(len(node) for node in shown)
+    cells_width = max(len(nodes[node]) for node in shown)
+    out = Text(no_wrap=True, overflow="crop")
+    for i, node in enumerate(shown):
+        gpus = nodes[node]
+        out.append(("\n" if i else "") + node.ljust(name_width) + " ", "bold")
         for d in gpus:
             load = d.util if d.util is not None else min(d.cpu_percent or 0.0, 100)
             style = "dim" if d.stale else "bold red" if d.held_down else "cyan"
-            cells.append(LEVELS[min(len(LEVELS) - 1, int(load / 100 * len(LEVELS)))], style)
+            out.append(LEVELS[min(len(LEVELS) - 1, int(load / 100 * len(LEVELS)))], style)
         loads = sorted(d.util if d.util is not None else d.cpu_percent or 0.0 for d in gpus)
         used = sum(d.mem_used or 0 for d in gpus)
-        table.add_row(Text(node, style="bold"), cells,
-                      Text(f"{loads[len(loads) // 2]:3.0f}% {mib(used)}", style="dim"))
-    return table
+        out.append(" " * (cells_width - len(gpus) + 1))
+        out.append(f"{loads[len(loads) // 2]:3.0f}% {mib(used)}", "dim")
+    if len(shown) < len(order):
+        out.append(f"\n+{len(order) - len(shown)} more nodes, none with a GPU held down or "
+                   "silent" if not any(d.stale or d.held_down for n in order[len(shown):]
+                                        for d in nodes[n]) else
+                   f"\n+{len(order) - len(shown)} more nodes", "dim")
+    return out
 
 
 def _lines(v: RunView | None) -> tuple[int, bool]:
