@@ -103,9 +103,8 @@ def build_parser() -> Parser:
                         "work; q leaves) and the run refuses any order but stacks (ddptui "
                         "web's tabs without --control)")
     attach.add_argument("--log", default=None, metavar="FILE.jsonl",
-                        help="telemetry log (default runs/attach-<time>.jsonl); the log of a "
-                        "job still going is continued, its dashboard drawn at once as the last "
-                        "attach on it kept it (beside it, as NAME.state.json)")
+                        help="telemetry log (default runs/attach-<time>.jsonl); a going job's "
+                        "log is continued, drawn at once as kept beside it (NAME.state.json)")
     attach.add_argument("--stall-after", type=positive_float, default=STALL_S, metavar="S",
                         help="ranks under python -m ddptui.wrap: flag one stalled after S "
                         f"seconds stopped, idle or silent (default {STALL_S:.0f}); one that "

@@ -95,6 +95,8 @@ def test_four_nodes_of_two_ranks_report_through_one_relay_a_node(keyed_env, tmp_
         node = ranks[5]["node"]
         cut = by_node[node]
         relays[node].kill()  # its node's ranks: unreachable at once, then back directly
+        relays[node].wait(30)  # reaped by the sidecar that started it, which lives on
+        assert not psutil.pid_exists(relays[node].pid)
         for r in cut:
             gone = wait_for_event(log, lambda e, r=r: e["kind"] == "rank" and e["rank"] == r
                                   and e["state"] == "unreachable", 30)

@@ -6,13 +6,12 @@ log draws the job at once instead of starting empty or folding a day of events a
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 import time
 from dataclasses import dataclass, field, fields
 
-from ddptui.contract.protocol.codec import event_of
+from ddptui.contract.protocol.codec import dumps, event_of, parse
 from ddptui.contract.protocol.events import Rank
 from ddptui.contract.state.runstate import RunState
 from ddptui.contract.state.snapshot import PLAIN, dump, load
@@ -52,9 +51,8 @@ def encoded(log_path: str, state: RunState, attach: dict) -> bytes:
         for device in kept["devices"]:
             rows = device["history"]["rows"]
             device["history"]["rows"] = [r for r in rows if r[0] >= rows[-1][0] - KEPT_GPU_S]
-        return json.dumps({"version": VERSION, "saved_t": time.time(),
-                           "log_size": os.path.getsize(log_path), **attach,
-                           "state": kept}, separators=(",", ":")).encode()
+        return dumps({"version": VERSION, "saved_t": time.time(),
+                      "log_size": os.path.getsize(log_path), **attach, "state": kept}).encode()
 
 
 def write(log_path: str, data: bytes) -> None:
@@ -90,8 +88,11 @@ def restore(log_path: str) -> tuple[Kept | None, str]:
         return None, f"cannot read {path}: {e.strerror or e}"
     if len(raw) > MAX_BYTES:
         return None, f"{path} is over {MAX_BYTES >> 20} MB: not a state of ddptui's"
+    data = parse(raw)
+    if data is None:
+        return None, f"{path} is not a state ddptui can read (not a JSON object)"
     try:
-        return _kept(json.loads(raw), log_size, path)
+        return _kept(data, log_size, path)
     except Exception as e:  # noqa: BLE001 (a file's content: whatever it holds, attach starts)
         return None, f"{path} is not a state ddptui can read ({type(e).__name__}: {e})"
 

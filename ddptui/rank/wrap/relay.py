@@ -55,11 +55,13 @@ def start(report: str, address: tuple[str, int], key: bytes, node: str) -> str |
         return None
     if os.environ.get("LOCAL_RANK") == "0":
         try:  # (an abstract name goes on the command line as ss writes it: @name)
-            subprocess.Popen([sys.executable, "-c", COMMAND, "--report", report, "--path",
-                              path.replace("\0", "@", 1), "--node", node, "--parent",
-                              str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
+            proc = subprocess.Popen([sys.executable, "-c", COMMAND, "--report", report, "--path",
+                                     path.replace("\0", "@", 1), "--node", node, "--parent",
+                                     str(os.getpid())], stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as e:
             _warn(f"not started ({e.strerror or e}): each rank reports directly")
+        else:  # reaped as it ends, killed or done: no zombie while this sidecar lives
+            threading.Thread(target=proc.wait, name="relay-reaper", daemon=True).start()
     return path
 
 

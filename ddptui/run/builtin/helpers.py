@@ -4,6 +4,7 @@ every rank needs once, and the resource tracker; started with the run, ended wit
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import tempfile
@@ -101,6 +102,7 @@ def start_helpers(path: str) -> mp.context.BaseContext:
     try:
         os.dup2(fd, 2)
         resource_tracker.ensure_running()
+        _forget_a_gone_server()
         forkserver.ensure_running()
     finally:
         os.environ.update(rank_only)
@@ -109,6 +111,24 @@ def start_helpers(path: str) -> mp.context.BaseContext:
         os.close(saved)
         os.close(fd)
     return ctx
+
+
+def _forget_a_gone_server() -> None:
+    """multiprocessing starts its fork server again where it died, unless another waiter reaped
+    it first (psutil's, after a kill): then it raises ChildProcessError. Such a server is
+    forgotten here, as multiprocessing forgets one it reaps, and a new one starts."""
+    server = forkserver._forkserver
+    if server._forkserver_pid is None:
+        return
+    try:
+        gone, _ = os.waitpid(server._forkserver_pid, os.WNOHANG)
+    except ChildProcessError:
+        gone = server._forkserver_pid
+    if gone:
+        with contextlib.suppress(OSError):
+            os.close(server._forkserver_alive_fd)
+        server._forkserver_address = server._forkserver_alive_fd = None
+        server._forkserver_pid = None
 
 
 def forkserver_pid() -> int | None:
