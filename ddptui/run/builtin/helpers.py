@@ -127,8 +127,7 @@ def _forget_a_gone_server() -> None:
     if gone:
         with contextlib.suppress(OSError):
             os.close(server._forkserver_alive_fd)
-        server._forkserver_address = server._forkserver_alive_fd = None
-        server._forkserver_pid = None
+        server._forkserver_alive_fd = server._forkserver_pid = None  # (a new one, a new address)
 
 
 def forkserver_pid() -> int | None:
