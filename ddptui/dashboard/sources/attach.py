@@ -72,6 +72,7 @@ class Attach(RunSource):
         self._lock = threading.RLock()  # the listener's threads and the watch's
         self._watch = RemoteWatch(stall_after, self._record, self._ask_stacks)
         self._kept_t = 0.0  # when the state was last kept beside the log (monotonic)
+        self._keeping = threading.Lock()  # the watch's keep and stop()'s: one file at a time
         self._keep_failed = False
         self._restored, self._not_restored = restore(log_path)
         if self._restored:
@@ -204,13 +205,14 @@ class Attach(RunSource):
         stopped taking lines (a full disk): the state would be ahead of its log."""
         self._kept_t = time.monotonic()
         try:
-            with self._lock:
-                if self._writer is None or self._writer.failed:
-                    return
-                data = encoded(self.log_path, self.state, fields_of(
-                    self._world_size, self._finished, self._ends, list(self._watch.silence),
-                    self._watch.places, self._log.start if self._log else None))
-            write(self.log_path, data)
+            with self._keeping:
+                with self._lock:
+                    if self._writer is None or self._writer.failed:
+                        return
+                    data = encoded(self.log_path, self.state, fields_of(
+                        self._world_size, self._finished, self._ends, list(self._watch.silence),
+                        self._watch.places, self._log.start if self._log else None))
+                write(self.log_path, data)
             self._keep_failed = False
         except Exception as e:  # noqa: BLE001 (the watch goes on: it judges the ranks)
             if not self._keep_failed:
