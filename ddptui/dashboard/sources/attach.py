@@ -56,8 +56,7 @@ class Attach(RunSource):
     def __init__(self, address: tuple[str, int], key: bytes, log_path: str, key_source: str,
                  stall_after: float = STALL_S, grace: float = JOB_GRACE_S):
         self.address, self.key, self.log_path, self.grace = address, key, log_path, grace
-        self.state = RunState({"log": log_path, "model": "waiting for ranks",
-                               "data": self.state_meta_data()})
+        self.state = RunState(_waiting(log_path, address))
         self.done = threading.Event()
         self.exit_code: int | None = None
         self.key_source = key_source
@@ -93,16 +92,12 @@ class Attach(RunSource):
         if ev.t <= self._restored.saved_t:
             return  # the kept job's own start, in a backlog: old news
         self._restored = None
-        afresh(self.state)
-        self.state.meta.update(model="waiting for ranks", data=self.state_meta_data())
+        afresh(self.state, _waiting(self.log_path, self.address))
         self._watch = RemoteWatch(self._watch.stalls.stall_after, self._record, self._ask_stacks)
         self._world_size, self._finished, self._ends = None, False, {}
         if self._log:
             self._log.start, self._log.ranks = None, set()
         self._note("info", "a new job began on this log: the one kept beside it has gone")
-
-    def state_meta_data(self) -> str:
-        return f"listening on {self.address[0]}:{self.address[1]}"
 
     def start(self) -> None:
         self._writer = JsonlWriter(self.log_path)
@@ -312,3 +307,9 @@ class Attach(RunSource):
             self._job_end()
         if self._finished:
             self.stop(code=self.exit_code or 0)
+
+
+def _waiting(log_path: str, address: tuple[str, int]) -> dict:
+    """What attach shows of a job before its ranks say what it is."""
+    return {"log": log_path, "model": "waiting for ranks",
+            "data": f"listening on {address[0]}:{address[1]}"}

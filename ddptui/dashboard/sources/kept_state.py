@@ -150,11 +150,11 @@ def _whole(n) -> int | None:
     return n
 
 
-def afresh(state: RunState) -> None:
+def afresh(state: RunState, meta: dict) -> None:
     """A new job began on a log whose kept job had ended unseen: the same state object (the
-    screen and the metrics hold it) made a new one's, with the same lock."""
+    screen and the metrics hold it) made a new one's with `meta`, keeping its lock."""
     with state.lock:
-        lock, meta = state.lock, {k: state.meta[k] for k in ("log",) if k in state.meta}
+        lock = state.lock
         state.__dict__.update(RunState(meta).__dict__)
         state.lock = lock
 
