@@ -56,6 +56,8 @@ def ours(model: str, gpus: int, steps: int, warmup: int, extra: list[str],
 def in_tmux(cmd: list[str], log: str, cwd: str) -> None:
     """The dashboard drawing in a 160x50 tmux window for the whole run; q once it is done."""
     session, exit_file = f"bench{os.getpid()}", os.path.join(cwd, "exit")
+    if os.path.exists(exit_file):  # an earlier run's in the same folder: wait for this one's
+        os.remove(exit_file)
     shell = f"cd {shlex.quote(cwd)} && {shlex.join(cmd)}; echo $? > {shlex.quote(exit_file)}"
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "50", shell],
                    check=True)

@@ -1,6 +1,6 @@
 """A Lightning script with no line for ddptui: `python lightning_plain.py ddp|ddp_spawn [cpu|gpu
-[DEVICES]]` trains a small classifier (on 2 CPU devices by default), logging train_loss,
-val_loss and val_acc to its bar."""
+[DEVICES [SAMPLES]]]` trains a small classifier (on 2 CPU devices and 256 samples by default),
+logging train_loss, val_loss and val_acc to its bar."""
 
 import sys
 
@@ -33,7 +33,8 @@ class Classifier(L.LightningModule):
 
 def main() -> None:
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(256, 8), torch.randint(0, 2, (256,)))
+    samples = int(sys.argv[4]) if len(sys.argv) > 4 else 256
+    data = TensorDataset(torch.randn(samples, 8), torch.randint(0, 2, (samples,)))
     accelerator = sys.argv[2] if len(sys.argv) > 2 else "cpu"
     devices = int(sys.argv[3]) if len(sys.argv) > 3 else 2
     trainer = L.Trainer(accelerator=accelerator, devices=devices, strategy=sys.argv[1], max_epochs=3,
