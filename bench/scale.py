@@ -18,7 +18,8 @@ python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out sc
   on a Unix socket, as wrapped ranks on a node of several do; measured besides: attach's
   threads, and the relays' CPU (their sum, and the busiest one).
 - --screen KEYS: instead, attach and its dashboard in this process under Pilot (160x50) with the
-  ranks connecting; up / down timed to the screen that shows the cursor moved; CPU and RSS.
+  ranks connecting (with --relay, through a relay a node); up / down timed to the screen that
+  shows the cursor moved; CPU and RSS.
 """
 
 from __future__ import annotations
@@ -312,6 +313,8 @@ async def screen(plan: Plan, keys: int) -> dict:
     app = DashboardApp(job)
     shown = track_cursor(app)
     spawn, me, latencies = mp.get_context("spawn"), psutil.Process(), []
+    relays = start_relays(plan, job.address, {**os.environ, "DDPTUI_AUTHKEY": KEY}) \
+        if plan.relay else []
     t0 = time.time() + 5.0  # the players start before the app (none can be spawned inside it)
     out = spawn.Queue()
     players = [spawn.Process(target=player, args=(list(range(i, plan.ranks, plan.players)),
@@ -337,7 +340,10 @@ async def screen(plan: Plan, keys: int) -> dict:
         busy = (sum(me.cpu_times()[:2]) - cpu0) / (time.monotonic() - start)
         for p in players:
             p.terminate()
+        for r in relays:
+            r.terminate()
         await pilot.press("q")
+    psutil.wait_procs(relays, timeout=30)
     ms = sorted(1000 * x for x in latencies)
     return {"ranks": plan.ranks, "all_in_s": round(appeared, 2), "p50_ms": round(
         statistics.median(ms), 1), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
@@ -392,7 +398,7 @@ def main() -> None:
         print("|---|---|---|---|---|---|")
         for n in args.ranks:
             row = asyncio.run(screen(Plan(n, args.per_node, 3600.0, True, 0.0, args.players,
-                                          args.stall_after), args.screen))
+                                          args.stall_after, args.relay), args.screen))
             print(f"| {n} | {row['all_in_s']} | {row['p50_ms']} | {row['p95_ms']} | "
                   f"{row['process_cpu']:.2f} | {row['rss_mb']} |", flush=True)
         return

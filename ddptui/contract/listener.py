@@ -18,6 +18,10 @@ from ddptui.contract.protocol.relay import Relay
 from ddptui.contract.states import RankState
 
 REFUSALS_SAID = 10
+# An order a rank must get (a world change) waits this long for a rank between two connections
+# of its link, at most HELD_MOST of them a rank.
+HOLD_S = 10.0
+HELD_MOST = 16
 # The rank states a process announces itself in.
 TAKES_OVER = (RankState.STANDBY, RankState.RUNNING, RankState.RESTARTING)
 
@@ -27,8 +31,10 @@ class ReportListener:
 
     def __init__(self, address: tuple[str, int], key: bytes, record: Callable[[Event], None],
                  note: Callable[[str, str], None], closed: Callable[[], None] = lambda: None,
-                 relay_lost: Callable[[str, set[int]], None] = lambda node, ranks: None):
-        """`relay_lost(node, ranks)`: a node's relay went away with those ranks' link."""
+                 relay_lost: Callable[[str, set[int]], None] = lambda node, ranks: None,
+                 hold_s: float = HOLD_S):
+        """`relay_lost(node, ranks)`: a node's relay went away with those ranks' link;
+        `hold_s`: how long tell() holds an order for a rank with no connection."""
         self.key, self.record, self.note, self.closed = key, record, note, closed
         self.relay_lost = relay_lost
         self._relays: dict[Connection, str] = {}  # a node's relay's connection -> its node
@@ -39,6 +45,11 @@ class ReportListener:
         self.address: tuple[str, int] = self._listener.address
         self._lock = threading.Lock()
         self._conns: dict[int, Connection] = {}  # rank -> its connection
+        # rank -> the open connections it spoke on, oldest first: where its orders go when the
+        # routed one closes (a link that reconnected before its old connection's close was read)
+        self._heard: dict[int, list[Connection]] = {}
+        self.hold_s = hold_s
+        self._held: dict[int, list[Order]] = {}  # rank -> tell()'s orders waiting for it
         self._open: set[Connection] = set()
         self._closing = False
         self._refused = 0  # connections refused so far
@@ -108,6 +119,33 @@ class ReportListener:
             return False
         return True
 
+    def tell(self, rank: int, cmd: Order) -> None:
+        """An order `rank` must get (a world change: without it the rank waits for a world that
+        has moved on): sent now; or, while the rank has no connection, held and sent when it
+        speaks again, said as not sent after hold_s."""
+        with self._lock:
+            routed = rank in self._conns
+            held = self._held.setdefault(rank, []) if not routed else []
+            if not routed and len(held) < HELD_MOST:
+                held.append(cmd)
+        if routed:
+            self.send(rank, cmd)
+        elif any(c is cmd for c in held):
+            timer = threading.Timer(self.hold_s, self._give_up, (rank, cmd))
+            timer.daemon = True
+            timer.start()
+        else:
+            self.note("warning", f"rank {rank} is not connected: the command was not sent")
+
+    def _give_up(self, rank: int, cmd: Order) -> None:
+        with self._lock:
+            held = self._held.get(rank, [])
+            late = any(c is cmd for c in held)
+            self._held[rank] = [c for c in held if c is not cmd]
+        if late and not self._closing:
+            self.note("warning", f"rank {rank} is not connected: the command was not sent "
+                      f"(held {self.hold_s:.0f} s for it)")
+
     def _accept(self) -> None:
         while not self._closing:
             try:
@@ -156,9 +194,8 @@ class ReportListener:
                 if isinstance(ev, Relay):  # a node's ranks come on this connection
                     with self._lock:
                         self._relays[conn] = ev.node or peer
-                        for r in ev.left or ():  # hung up on it: gone, or reporting directly
-                            if self._conns.get(r) is conn:
-                                del self._conns[r]
+                        # hung up on it: gone, or reporting directly
+                        self._forget(conn, set(ev.left or ()))
                     continue
                 ranks.add(ev.rank)
                 if isinstance(ev, Rank) and ev.pid is not None:
@@ -180,13 +217,29 @@ class ReportListener:
             with self._lock:
                 self._open.discard(conn)
                 conn.close()
-                routed = {r for r in ranks if self._conns.get(r) is conn}
-                for r in routed:
-                    del self._conns[r]
+                routed = self._forget(conn, ranks)
                 node = self._relays.pop(conn, None)
             if node is not None and not self._closing:
                 self.relay_lost(node, routed)  # not those that went elsewhere since
             self.closed()
+
+    def _forget(self, conn: Connection, ranks: set[int]) -> set[int]:
+        """`conn` closed (under the lock): the ranks it carried that have no connection now. A
+        rank routed through it that still has another takes its orders on its newest one."""
+        lost = set()
+        for r in ranks:
+            rest = [c for c in self._heard.get(r, ()) if c is not conn]
+            if self._conns.get(r) is conn:
+                if rest:
+                    self._conns[r] = rest[-1]
+                else:
+                    del self._conns[r]
+                    lost.add(r)
+            if rest:
+                self._heard[r] = rest
+            else:
+                self._heard.pop(r, None)
+        return lost
 
     def _take(self, conn: Connection, ev: Event) -> None:
         with self._lock:
@@ -194,8 +247,14 @@ class ReportListener:
                 self._conns[ev.rank] = conn  # a rank whose relay went: directly from now on
             else:
                 route(self._conns, ev, conn)
+            heard = self._heard.setdefault(ev.rank, [])
+            if conn not in heard:
+                heard.append(conn)
             self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
+            held = self._held.pop(ev.rank, ())
         self.record(ev)
+        for cmd in held:  # tell()'s, for a rank that had no connection: it has one now
+            self.send(ev.rank, cmd)
 
 
 def route(routes: dict[int, Connection], ev: Event, conn: Connection) -> None:

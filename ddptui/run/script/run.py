@@ -276,7 +276,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                 self._act(self.world.died(r.slot, alive, r.ended_with(text), r.exit_code))
 
     def _tell(self, slot: int, order: orders.Order) -> None:
-        self._link.send(slot, order)
+        self._link.tell(slot, order)
 
     def _joining(self, slot: int) -> None:
         self.world.standing_by.pop(slot, None)

@@ -95,3 +95,59 @@ def test_a_flood_of_refused_connections_writes_a_few_lines_not_one_a_try():
     assert "10 refused so far" in notes[-1]
     conn.close()
     listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_whose_link_reconnected_before_its_old_connection_closed_gets_its_orders():
+    """A rank's link opens a new connection and speaks on it before the listener has read the
+    old one's close: the old one closing leaves the rank its new one, and an order reaches it
+    (it was "not connected" until its next event, and a rank blocked in a collective has none)."""
+    from ddptui.contract.channel import connect, receive, send
+    from ddptui.contract.protocol.orders import Pause
+
+    closed: list[bool] = []
+    got: list = []
+    listener = ReportListener(("127.0.0.1", 0), KEY, got.append, lambda level, text: None,
+                              closed=lambda: closed.append(True))
+    listener.start()
+    old = connect(listener.address, KEY)
+    send(old, logged("rank", 0, state="running", pid=1000))
+    assert _until(lambda: listener.connected() == {0})
+    new = connect(listener.address, KEY)
+    send(new, Step(rank=0, epoch=0, step=5, global_step=5, loss=None))
+    assert _until(lambda: any(isinstance(e, Step) for e in got))  # the route stays with old
+    old.close()
+    assert _until(lambda: closed)
+    assert listener.connected() == {0}
+    assert listener.send(0, Pause())
+    assert isinstance(receive(new), Pause)
+    new.close()
+    listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_world_order_for_a_rank_between_connections_waits_for_it_a_while():
+    """tell(): an order for a rank with no connection is held and sent when the rank speaks
+    again; one whose rank does not come back in time is said as not sent, and never sent."""
+    from ddptui.contract.channel import connect, receive, send
+    from ddptui.contract.protocol.orders import Pause, Resume
+
+    notes: list[str] = []
+    listener = ReportListener(("127.0.0.1", 0), KEY, lambda ev: None,
+                              lambda level, text: notes.append(text), hold_s=1.0)
+    listener.start()
+    listener.tell(0, Pause())
+    conn = connect(listener.address, KEY)
+    send(conn, Step(rank=0, epoch=0, step=5, global_step=5, loss=None))
+    assert isinstance(receive(conn), Pause)
+    listener.tell(3, Resume())
+    assert _until(lambda: any("rank 3 is not connected" in n for n in notes))
+    late = connect(listener.address, KEY)
+    send(late, Step(rank=3, epoch=0, step=5, global_step=5, loss=None))
+    assert _until(lambda: 3 in listener.connected())
+    assert listener.send(3, Pause())
+    assert isinstance(receive(late), Pause)  # the first it got: not the Resume given up on
+    assert notes == ["rank 3 is not connected: the command was not sent (held 1 s for it)"]
+    conn.close()
+    late.close()
+    listener.close()
