@@ -322,6 +322,7 @@ async def screen(plan: Plan, keys: int) -> dict:
                for i in range(plan.players)]
     for p in players:
         p.start()
+    _pin(me, players, relays)
     async with app.run_test(size=(160, 50)) as pilot:
         while not (app.view and len(app.view.ranks) == plan.ranks):
             await pilot.pause(0.2)
@@ -348,6 +349,18 @@ async def screen(plan: Plan, keys: int) -> dict:
     return {"ranks": plan.ranks, "all_in_s": round(appeared, 2), "p50_ms": round(
         statistics.median(ms), 1), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
             "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20)}
+
+
+def _pin(me: psutil.Process, players: list, relays: list[psutil.Process]) -> None:
+    """The simulated job (players, relays) on the last CPU, the dashboard on the others: on a
+    small machine they would otherwise take turns on the same cores, and a key would wait for
+    the job's processes, which in a real job run on other machines."""
+    cpus = me.cpu_affinity()
+    if len(cpus) < 2 or os.environ.get("SCALE_PIN") == "0":
+        return
+    me.cpu_affinity(cpus[:-1])
+    for p in [*(psutil.Process(p.pid) for p in players), *relays]:
+        p.cpu_affinity(cpus[-1:])
 
 
 def _read_log(log: str, plan: Plan, t0: float, sims: list[dict]) -> dict:
