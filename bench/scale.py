@@ -351,6 +351,10 @@ async def screen(plan: Plan, keys: int) -> dict:
             "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20)}
 
 
+def _screen_row(plan: Plan, keys: int, rows) -> None:
+    rows.put(asyncio.run(screen(plan, keys)))
+
+
 def _pin(me: psutil.Process, players: list, relays: list[psutil.Process]) -> None:
     """The simulated job (players, relays) on the last CPU, the dashboard on the others: on a
     small machine they would otherwise take turns on the same cores, and a key would wait for
@@ -410,8 +414,16 @@ def main() -> None:
         print("| ranks | all in (s) | key -> screen p50 (ms) | p95 (ms) | dashboard CPU | RSS (MB) |")
         print("|---|---|---|---|---|---|")
         for n in args.ranks:
-            row = asyncio.run(screen(Plan(n, args.per_node, 3600.0, True, 0.0, args.players,
-                                          args.stall_after, args.relay), args.screen))
+            plan = Plan(n, args.per_node, 3600.0, True, 0.0, args.players, args.stall_after,
+                        args.relay)
+            # Each size in a process of its own: the one before leaves threads and objects
+            # behind (its attach, its app) that weighed on the next one's keys.
+            spawn = mp.get_context("spawn")
+            rows = spawn.Queue()
+            one = spawn.Process(target=_screen_row, args=(plan, args.screen, rows))
+            one.start()
+            row = rows.get()
+            one.join()
             print(f"| {n} | {row['all_in_s']} | {row['p50_ms']} | {row['p95_ms']} | "
                   f"{row['process_cpu']:.2f} | {row['rss_mb']} |", flush=True)
         return
