@@ -18,6 +18,7 @@ import torch
 from ddptui.contract.environment import cuda_defaults
 from ddptui.contract.options.config import DataOptions, RunConfig, TrainOptions
 from ddptui.contract.protocol.codec import encode
+from ddptui.contract.protocol.events import Notice
 from ddptui.contract.protocol.orders import Recover, Reform
 from ddptui.rank.elastic.control import Mailbox, OrderPipe
 from ddptui.rank.elastic.snapshot import Snapshots, WorldLost, agree, buffer_count, state_tensors
@@ -88,15 +89,16 @@ def test_progress_is_the_fraction_of_the_epoch_in_any_world():
 
 
 def test_the_event_buffer_drops_the_oldest_and_a_failed_send_goes_back_in_front():
+    """Counted by rank: a node's relay holds its ranks' events in one buffer."""
     buf = EventBuffer(limit=3)
     for i in range(5):
-        buf.put({"i": i})
+        buf.put(Notice(rank=i % 2, level="info", text=str(i)))
     batch, dropped = buf.take()
-    assert [e["i"] for e in batch] == [2, 3, 4] and dropped == 2
-    buf.put({"i": 5})
+    assert [e.text for e in batch] == ["2", "3", "4"] and dropped == {0: 1, 1: 1}
+    buf.put(Notice(rank=1, level="info", text="5"))
     buf.restore(batch, dropped)  # the send failed: they go first, still bounded
     again, dropped_again = buf.take()
-    assert [e["i"] for e in again] == [3, 4, 5] and dropped_again == 3
+    assert [e.text for e in again] == ["3", "4", "5"] and dropped_again == {0: 2, 1: 1}
     buf.close()
     assert buf.take() is None
 

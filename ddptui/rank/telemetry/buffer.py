@@ -10,24 +10,25 @@ import threading
 
 class EventBuffer:
     """Events waiting for a sending thread. Bounded: when the reader falls far behind (or is
-    away), the oldest are dropped and counted, so a step never waits on a pipe or a socket."""
+    away), the oldest are dropped and counted by rank (a relay's buffer holds a node's ranks),
+    so a step never waits on a pipe or a socket."""
 
     def __init__(self, limit: int = 10_000):
         self.limit = limit
         self.events: collections.deque = collections.deque()
-        self.dropped = 0
+        self.dropped: collections.Counter = collections.Counter()  # rank -> events dropped
         self.ready = threading.Condition()
         self.closing = False
 
-    def put(self, ev: dict) -> None:
+    def put(self, ev) -> None:
         with self.ready:
             self.events.append(ev)
             self._trim()
             self.ready.notify()
 
-    def take(self) -> tuple[list[dict], int] | None:
-        """Everything buffered and how many were dropped before it; waits for events; None
-        once closed and empty."""
+    def take(self) -> tuple[list, collections.Counter] | None:
+        """Everything buffered and how many of each rank's were dropped before it; waits for
+        events; None once closed and empty."""
         with self.ready:
             while not self.events and not self.closing:
                 self.ready.wait()
@@ -35,10 +36,10 @@ class EventBuffer:
                 return None
             batch, dropped = list(self.events), self.dropped
             self.events.clear()
-            self.dropped = 0
+            self.dropped = collections.Counter()
             return batch, dropped
 
-    def restore(self, batch: list[dict], dropped: int) -> None:
+    def restore(self, batch: list, dropped: collections.Counter) -> None:
         """A batch that could not be sent goes back to the front."""
         with self.ready:
             self.events.extendleft(reversed(batch))
@@ -57,5 +58,4 @@ class EventBuffer:
 
     def _trim(self) -> None:
         while len(self.events) > self.limit:
-            self.events.popleft()
-            self.dropped += 1
+            self.dropped[getattr(self.events.popleft(), "rank", None)] += 1

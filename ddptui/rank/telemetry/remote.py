@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from multiprocessing import AuthenticationError
 
@@ -151,17 +152,18 @@ class RemoteLink:
             batch, dropped = taken
             if self.every:
                 batch = fold(batch)
-            notice = [Notice(rank=batch[0].rank, level="warning", node=self.node,
-                             text=f"{dropped} events dropped while the dashboard was away")
-                      ] if dropped else []
+            # Each rank's own count (a relay's link carries a node's ranks)
+            notices = [Notice(rank=r, level="warning", node=self.node,
+                              text=f"{n} events dropped while the dashboard was away")
+                       for r, n in sorted(dropped.items()) if r is not None and r >= 0]
             sent = 0
             try:
-                for ev in notice + batch:
+                for ev in notices + batch:
                     send(conn, ev)
                     sent += 1
             except (OSError, ValueError):  # gone: keep what was not sent (only), reconnect
-                told = sent - len(notice)
-                self.buffer.restore(batch[max(0, told):], dropped if told < 0 else 0)
+                untold = Counter({ev.rank: dropped[ev.rank] for ev in notices[sent:]})
+                self.buffer.restore(batch[max(0, sent - len(notices)):], untold)
                 return
             if self.every:
                 self.buffer.rest(self.every)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ddptui.contract.listener import ReportListener
-from ddptui.contract.protocol.events import Step
+from ddptui.contract.protocol.events import Notice, Step
 from ddptui.rank.telemetry.remote import RemoteLink
 from tests.helpers.runlogs import logged
 from tests.helpers.runs import REPORT_KEY
@@ -150,4 +150,29 @@ def test_a_world_order_for_a_rank_between_connections_waits_for_it_a_while():
     assert notes == ["rank 3 is not connected: the command was not sent (held 1 s for it)"]
     conn.close()
     late.close()
+    listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_events_a_node_link_dropped_while_away_are_said_for_each_of_its_ranks():
+    """A node's relay holds its ranks' events in one bounded buffer while attach is away: once
+    attach listens, each rank that lost events is told how many of its own, none another's."""
+    spare = socket.create_server(("127.0.0.1", 0))
+    address = spare.getsockname()
+    spare.close()  # nobody listens there yet
+    warnings: list[str] = []
+    link = RemoteLink(address, KEY, "node-a", warnings.append, limit=4, every=0.0)
+    for i in range(10):  # ranks 0, 1, 0, 1...: the oldest six go, three of each
+        link.put(Step(rank=i % 2, epoch=0, step=i, global_step=i, loss=None))
+    link.put(Step(rank=1, epoch=0, step=10, global_step=10, loss=None))  # one more of rank 1
+    assert _until(lambda: any("no dashboard" in w for w in warnings))
+    got: list = []
+    listener = ReportListener(address, KEY, got.append, lambda level, text: None)
+    listener.start()
+    assert _until(lambda: any(isinstance(e, Step) and e.step == 10 for e in got))
+    said = sorted((e.rank, e.text) for e in got if isinstance(e, Notice))
+    assert said == [(0, "4 events dropped while the dashboard was away"),
+                    (1, "3 events dropped while the dashboard was away")]
+    assert [e.step for e in got if isinstance(e, Step)] == [7, 8, 9, 10]
+    link.close()
     listener.close()
