@@ -19,7 +19,8 @@ python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out sc
   threads, and the relays' CPU (their sum, and the busiest one).
 - --screen KEYS: instead, attach and its dashboard in this process under Pilot (160x50) with the
   ranks connecting (with --relay, through a relay a node); up / down timed to the screen that
-  shows the cursor moved; CPU and RSS.
+  shows the cursor moved; CPU and RSS. --minutes M: keys pressed for M minutes instead (KEYS at
+  most), and the RSS each minute printed: the dashboard over a long job.
 """
 
 from __future__ import annotations
@@ -297,10 +298,11 @@ def measure(plan: Plan) -> dict:
             "log_mb_a_day": None if grew is None else round(grew * 86400 / 2**20)}
 
 
-async def screen(plan: Plan, keys: int) -> dict:
+async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
     """The dashboard at scale: attach and its screen (160x50) in this process under Pilot, the
     ranks played by other processes; up / down timed from the press to the first screen drawn
-    with the cursor moved (as bench/dashboard.py), and this process's CPU and RSS meanwhile."""
+    with the cursor moved (as bench/dashboard.py), and this process's CPU and RSS meanwhile
+    (its peak, and each minute's for a run of `minutes`)."""
     from dashboard import track_cursor  # bench/dashboard.py's, timed the same way
 
     from ddptui.dashboard.sources.attach import Attach
@@ -327,9 +329,13 @@ async def screen(plan: Plan, keys: int) -> dict:
         while not (app.view and len(app.view.ranks) == plan.ranks):
             await pilot.pause(0.2)
         appeared = time.time() - t0
-        cpu0, rss = sum(me.cpu_times()[:2]), 0
+        cpu0, rss, each_minute = sum(me.cpu_times()[:2]), 0, []
         start = time.monotonic()
         for k in range(keys):
+            if minutes and time.monotonic() - start >= 60 * len(each_minute):
+                each_minute.append(round(me.memory_info().rss / 2**20))
+                if len(each_minute) > minutes:
+                    break
             before, row = len(shown), app.rank_table.cursor_row
             pressed = time.perf_counter()
             await pilot.press("down" if k % 2 == 0 else "up")
@@ -348,11 +354,12 @@ async def screen(plan: Plan, keys: int) -> dict:
     ms = sorted(1000 * x for x in latencies)
     return {"ranks": plan.ranks, "all_in_s": round(appeared, 2), "p50_ms": round(
         statistics.median(ms), 1), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
-            "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20)}
+            "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20),
+            "rss_each_minute": each_minute}
 
 
-def _screen_row(plan: Plan, keys: int, rows) -> None:
-    rows.put(asyncio.run(screen(plan, keys)))
+def _screen_row(plan: Plan, keys: int, minutes: float, rows) -> None:
+    rows.put(asyncio.run(screen(plan, keys, minutes)))
 
 
 def _pin(me: psutil.Process, players: list, relays: list[psutil.Process]) -> None:
@@ -408,24 +415,28 @@ def main() -> None:
     ap.add_argument("--relay", action="store_true", help="each node's ranks through a relay")
     ap.add_argument("--screen", type=int, default=0, metavar="KEYS",
                     help="instead: the dashboard's key -> screen over KEYS presses, in-process")
+    ap.add_argument("--minutes", type=float, default=0.0,
+                    help="--screen: press keys for this long, the RSS printed each minute")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.screen:
         print("| ranks | all in (s) | key -> screen p50 (ms) | p95 (ms) | dashboard CPU | RSS (MB) |")
         print("|---|---|---|---|---|---|")
         for n in args.ranks:
-            plan = Plan(n, args.per_node, 3600.0, True, 0.0, args.players, args.stall_after,
-                        args.relay)
+            plan = Plan(n, args.per_node, max(3600.0, 60 * args.minutes + 300), True, 0.0,
+                        args.players, args.stall_after, args.relay)
             # Each size in a process of its own: the one before leaves threads and objects
             # behind (its attach, its app) that weighed on the next one's keys.
             spawn = mp.get_context("spawn")
             rows = spawn.Queue()
-            one = spawn.Process(target=_screen_row, args=(plan, args.screen, rows))
+            one = spawn.Process(target=_screen_row, args=(plan, args.screen, args.minutes, rows))
             one.start()
             row = rows.get()
             one.join()
             print(f"| {n} | {row['all_in_s']} | {row['p50_ms']} | {row['p95_ms']} | "
                   f"{row['process_cpu']:.2f} | {row['rss_mb']} |", flush=True)
+            if args.minutes:
+                print(f"  {n} ranks, RSS (MB) each minute: {row['rss_each_minute']}", flush=True)
         return
     rows = []
     print("| ranks | connect | appeared | last in (s) | events sent | steps lost | attach CPU "
