@@ -50,6 +50,7 @@ class ReportListener:
         self._heard: dict[int, list[Connection]] = {}
         self.hold_s = hold_s
         self._held: dict[int, list[Order]] = {}  # rank -> tell()'s orders waiting for it
+        self._telling = threading.Lock()  # one delivery of held orders at a time
         self._open: set[Connection] = set()
         self._closing = False
         self._refused = 0  # connections refused so far
@@ -121,27 +122,55 @@ class ReportListener:
 
     def tell(self, rank: int, cmd: Order) -> None:
         """An order `rank` must get (a world change: without it the rank waits for a world that
-        has moved on): sent now; or, while the rank has no connection, held and sent when it
-        speaks again, said as not sent after hold_s."""
+        has moved on), after every order told it before: sent now; or, while the rank has no
+        connection (or its send fails), held and sent when it speaks again, said as not sent
+        after hold_s."""
         with self._lock:
-            routed = rank in self._conns
-            held = self._held.setdefault(rank, []) if not routed else []
-            if not routed and len(held) < HELD_MOST:
+            held = self._held.setdefault(rank, [])
+            kept = len(held) < HELD_MOST
+            if kept:
                 held.append(cmd)
-        if routed:
-            self.send(rank, cmd)
-        elif any(c is cmd for c in held):
-            timer = threading.Timer(self.hold_s, self._give_up, (rank, cmd))
-            timer.daemon = True
-            timer.start()
-        else:
-            self.note("warning", f"rank {rank} is not connected: the command was not sent")
+        if not kept:
+            self.note("warning", f"rank {rank} is not connected: the command was not sent "
+                      f"({HELD_MOST} held for it already)")
+            return
+        timer = threading.Timer(self.hold_s, self._give_up, (rank, cmd))
+        timer.daemon = True
+        timer.start()
+        self._deliver(rank)
+
+    def drop_held(self) -> None:
+        """A new attempt's world begins: what was told the last one's ranks is void."""
+        with self._telling, self._lock:
+            self._held.clear()
+
+    def _deliver(self, rank: int) -> None:
+        """`rank`'s held orders, oldest first, while its connection takes them: one delivery at
+        a time, so that a newer order never overtakes one held for the rank."""
+        with self._telling:
+            while True:
+                with self._lock:
+                    held, conn = self._held.get(rank), self._conns.get(rank)
+                    if not held:
+                        self._held.pop(rank, None)
+                    if not held or conn is None:
+                        return
+                    cmd, relayed = held[0], conn in self._relays
+                try:
+                    with self._sending:
+                        send(conn, cmd.replace(to=rank) if relayed else cmd)
+                except (OSError, ValueError):
+                    wake(conn)  # the rank connects again, and its next event brings it
+                    return
+                with self._lock:
+                    held.remove(cmd)
 
     def _give_up(self, rank: int, cmd: Order) -> None:
-        with self._lock:
+        with self._telling, self._lock:
             held = self._held.get(rank, [])
             late = any(c is cmd for c in held)
-            self._held[rank] = [c for c in held if c is not cmd]
+            if late:
+                held.remove(cmd)
         if late and not self._closing:
             self.note("warning", f"rank {rank} is not connected: the command was not sent "
                       f"(held {self.hold_s:.0f} s for it)")
@@ -251,10 +280,10 @@ class ReportListener:
             if conn not in heard:
                 heard.append(conn)
             self._alone = self._alone or isinstance(ev, Rank) and bool(ev.alone)
-            held = self._held.pop(ev.rank, ())
+            held = bool(self._held.get(ev.rank))
+        if held:  # tell()'s, for a rank that had no connection: it has one now
+            self._deliver(ev.rank)
         self.record(ev)
-        for cmd in held:  # tell()'s, for a rank that had no connection: it has one now
-            self.send(ev.rank, cmd)
 
 
 def route(routes: dict[int, Connection], ev: Event, conn: Connection) -> None:

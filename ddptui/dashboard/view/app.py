@@ -39,7 +39,7 @@ from ddptui.dashboard.view.widgets.tables import EpochTable, RankTable
 
 REFRESH_S = 0.2
 WIDE = 140  # columns from which the tables take more of the width than the GPUs and charts
-GC_THRESHOLDS = (50_000, 20, 20)  # Python's are (700, 10, 10): see on_mount
+GC_THRESHOLDS, GC_PYTHONS = (50_000, 20, 20), gc.get_threshold()  # see on_mount
 CHARTS_S = 1.0  # a chart spans minutes: redrawing it (~25 ms) more often shows nothing new
 # The tables' figures (loss, img/s per rank) at 2 Hz: a table renders all its rows anew at each
 # change, and at 5 Hz that was a third of the dashboard's CPU. States and rows show at once.
@@ -126,11 +126,13 @@ class DashboardApp(RankKeys, App[int]):
         # Everything built so far (modules, widgets, styles) lives as long as the app: kept out
         # of the collector's full passes, which otherwise walk it all and stall a key ~100 ms.
         gc.freeze()
-        # Each view's copies (512 ranks' rows five times a second under attach) were promoted
-        # by the young collections that caught them alive, which set off a full pass (70-170
-        # ms, every thread stopped) about once a second: most of a 512-rank screen's slow keys.
+        # Each view's copies (512 ranks' rows, 5 a second) caught alive by young collections set
+        # off a full pass (70-170 ms, every thread stopped) about once a second: the slow keys.
         # Young collections 70 times rarer let the copies die by their count first.
         gc.set_threshold(*GC_THRESHOLDS)
+
+    def on_unmount(self) -> None:
+        gc.set_threshold(*GC_PYTHONS)  # the process may go on (a test, a run past its screen)
 
     def refresh_charts(self) -> None:
         if self.closing or not self.screen_stack or not self.charts.display:

@@ -135,6 +135,7 @@ class ScriptRun(LaunchedRanks, OwnedRun):
                           f"{self._link.address[0]}:{self._link.address[1]}", self._key)
         self.attempts += 1
         self.outcome, self._ended, self._restart = Outcome(), False, False
+        self._link.drop_held()  # told a world that is gone (its generations count again)
         self.world = ScriptWorld([] if self.config.launch else list(range(self.config.world_size)))
         self._link.leader = 0
         self._handle(Run(rank=PARENT, status="started", pid=os.getpid(),

@@ -176,3 +176,27 @@ def test_events_a_node_link_dropped_while_away_are_said_for_each_of_its_ranks():
     assert [e.step for e in got if isinstance(e, Step)] == [7, 8, 9, 10]
     link.close()
     listener.close()
+
+
+@pytest.mark.timeout(120)
+def test_orders_held_for_a_rank_come_in_the_order_told_and_a_new_attempt_voids_them():
+    from ddptui.contract.channel import connect, receive, send
+    from ddptui.contract.protocol.orders import Pause, Resume, Stop
+
+    notes: list[str] = []
+    listener = ReportListener(("127.0.0.1", 0), KEY, lambda ev: None,
+                              lambda level, text: notes.append(text), hold_s=1.0)
+    listener.start()
+    listener.tell(0, Stop())  # for the last attempt's rank 0
+    listener.drop_held()  # a new attempt: its world begins
+    listener.tell(0, Pause())
+    listener.tell(0, Resume())
+    conn = connect(listener.address, KEY)
+    send(conn, Step(rank=0, epoch=0, step=1, global_step=1, loss=None))
+    assert [type(receive(conn)) for _ in range(2)] == [Pause, Resume]
+    listener.tell(0, Stop())  # connected: at once
+    assert isinstance(receive(conn), Stop)
+    time.sleep(1.5)  # past hold_s: nothing delivered is said as not sent, nor the voided one
+    assert notes == []
+    conn.close()
+    listener.close()
