@@ -20,7 +20,7 @@ python bench/scale.py --ranks 64 256 512 1024 --per-node 8 --seconds 60 --out sc
 - --screen KEYS: instead, attach and its dashboard in this process under Pilot (160x50) with the
   ranks connecting (with --relay, through a relay a node); up / down timed to the screen that
   shows the cursor moved; CPU and RSS. --minutes M: keys pressed for M minutes instead (KEYS at
-  most), and the RSS each minute printed: the dashboard over a long job.
+  most), and the RSS and the key's p95 each minute printed: the dashboard over a long job.
 """
 
 from __future__ import annotations
@@ -329,11 +329,12 @@ async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
         while not (app.view and len(app.view.ranks) == plan.ranks):
             await pilot.pause(0.2)
         appeared = time.time() - t0
-        cpu0, rss, each_minute = sum(me.cpu_times()[:2]), 0, []
+        cpu0, rss, each_minute, mark = sum(me.cpu_times()[:2]), 0, [], 0
         start = time.monotonic()
         for k in range(keys):
             if minutes and time.monotonic() - start >= 60 * len(each_minute):
-                each_minute.append(round(me.memory_info().rss / 2**20))
+                each_minute.append((round(me.memory_info().rss / 2**20), _p95(latencies[mark:])))
+                mark = len(latencies)
                 if len(each_minute) > minutes:
                     break
             before, row = len(shown), app.rank_table.cursor_row
@@ -351,11 +352,15 @@ async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
             r.terminate()
         await pilot.press("q")
     psutil.wait_procs(relays, timeout=30)
-    ms = sorted(1000 * x for x in latencies)
     return {"ranks": plan.ranks, "all_in_s": round(appeared, 2), "p50_ms": round(
-        statistics.median(ms), 1), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 1),
+        1000 * statistics.median(latencies), 1), "p95_ms": _p95(latencies),
             "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20),
-            "rss_each_minute": each_minute}
+            "each_minute": each_minute}
+
+
+def _p95(latencies: list[float]) -> float | None:
+    ms = sorted(1000 * x for x in latencies)
+    return round(ms[int(0.95 * (len(ms) - 1))], 1) if ms else None
 
 
 def _screen_row(plan: Plan, keys: int, minutes: float, rows) -> None:
@@ -416,7 +421,7 @@ def main() -> None:
     ap.add_argument("--screen", type=int, default=0, metavar="KEYS",
                     help="instead: the dashboard's key -> screen over KEYS presses, in-process")
     ap.add_argument("--minutes", type=float, default=0.0,
-                    help="--screen: press keys for this long, the RSS printed each minute")
+                    help="--screen: press keys for this long, RSS and p95 printed each minute")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.screen:
@@ -436,7 +441,8 @@ def main() -> None:
             print(f"| {n} | {row['all_in_s']} | {row['p50_ms']} | {row['p95_ms']} | "
                   f"{row['process_cpu']:.2f} | {row['rss_mb']} |", flush=True)
             if args.minutes:
-                print(f"  {n} ranks, RSS (MB) each minute: {row['rss_each_minute']}", flush=True)
+                print(f"  {n} ranks, each minute: RSS (MB), key p95 (ms): "
+                      f"{row['each_minute']}", flush=True)
         return
     rows = []
     print("| ranks | connect | appeared | last in (s) | events sent | steps lost | attach CPU "
