@@ -111,12 +111,18 @@ class ReportListener:
         if conn is None:
             self.note("warning", f"rank {rank} is not connected: the command was not sent")
             return False
+        if not self._send_on(conn, rank, cmd):
+            self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
+            return False
+        return True
+
+    def _send_on(self, conn: Connection, rank: int, cmd: Order) -> bool:
+        """`cmd` on `conn` (a relay's names its rank); False where the connection broke."""
         try:
             with self._sending:
                 send(conn, cmd.replace(to=rank) if conn in self._relays else cmd)
         except (OSError, ValueError):
             wake(conn)  # a send cut short leaves half a message: the rank connects again
-            self.note("warning", f"rank {rank}'s connection broke: the command was not sent")
             return False
         return True
 
@@ -155,13 +161,9 @@ class ReportListener:
                         self._held.pop(rank, None)
                     if not held or conn is None:
                         return
-                    cmd, relayed = held[0], conn in self._relays
-                try:
-                    with self._sending:
-                        send(conn, cmd.replace(to=rank) if relayed else cmd)
-                except (OSError, ValueError):
-                    wake(conn)  # the rank connects again, and its next event brings it
-                    return
+                    cmd = held[0]
+                if not self._send_on(conn, rank, cmd):
+                    return  # kept: the rank connects again, and its next event brings it
                 with self._lock:
                     held.remove(cmd)
 

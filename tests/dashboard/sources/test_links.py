@@ -180,6 +180,8 @@ def test_events_a_node_link_dropped_while_away_are_said_for_each_of_its_ranks():
 
 @pytest.mark.timeout(120)
 def test_orders_held_for_a_rank_come_in_the_order_told_and_a_new_attempt_voids_them():
+    """tell()'s orders reach the rank oldest first once it speaks; drop_held() (a new attempt)
+    voids those told before it, unsaid."""
     from ddptui.contract.channel import connect, receive, send
     from ddptui.contract.protocol.orders import Pause, Resume, Stop
 
