@@ -31,9 +31,10 @@ from ddptui.contract.protocol.events import (
 )
 from ddptui.contract.protocol.updates import Applied, HostReadings, Said, Update
 from ddptui.contract.safe_text import keep_colours, plain
+from ddptui.contract.state.copies import Copies
 from ddptui.contract.state.epochs import EpochRow, LiveEpoch
 from ddptui.contract.state.steptime import StepTimes
-from ddptui.contract.state.timeline import Timeline, loss_line
+from ddptui.contract.state.timeline import MANY, LossBand, Timeline, chart_series
 from ddptui.contract.state.views import DeviceView, RankView, RunView, Vitals, progress_of, throughput
 from ddptui.contract.states import RankState
 from ddptui.contract.wording import count, describe, epoch_line
@@ -58,12 +59,15 @@ class RunState:
         self.ended_t: float | None = None
         self.ranks: dict[int, RankView] = {}
         self.devices: dict[str, DeviceView] = {}
+        # Views copy anew only what events touched (a handler changing other rows touches them)
+        self.rank_copies, self.device_copies = Copies(RankView.order), Copies(DeviceView.order)
         self.epochs: dict[tuple[int, int, int], EpochRow] = {}  # (restart, epoch, step0) -> row
         self.settings: dict = {}
         self.pending: dict = {}
         self.asked: dict[str, dict] = {}  # requests rank 0 has not echoed yet, oldest first
         self.best_val_acc: float | None = None
-        self.loss_lines: dict[int, Timeline] = {}  # rank -> its loss over the run
+        self.loss_lines: dict[int, Timeline] = {}  # rank -> its loss, up to MANY ranks
+        self.loss_band = LossBand()  # the ranks' lowest, median and highest loss
         self.rate_line = Timeline()  # the members' img/s
         self.wait_line = Timeline()  # their mean share of a step spent waiting for input, %
         self.marks: deque = deque(maxlen=200)  # (t, label): world and settings changes
@@ -104,6 +108,7 @@ class RunState:
     def _apply(self, ev: Event) -> None:
         self.last_t = max(self.last_t, ev.t)
         self.steptimes.take(ev)
+        self.rank_copies.touch(ev.rank)
         for cls in type(ev).__mro__:  # a kind's own handler, else its base's (a Notice's)
             handler = _HANDLERS.get(cls)
             if handler is not None:
@@ -123,6 +128,9 @@ class RunState:
     def _rank(self, rank: int) -> RankView:
         if rank not in self.ranks:
             self.ranks[rank] = RankView(rank)
+            self.rank_copies.touch(rank, moved=True)
+            if len(self.ranks) > MANY:  # the chart draws their band
+                self.loss_lines.clear()
         return self.ranks[rank]
 
     def _on_step(self, ev: Step) -> None:
@@ -148,8 +156,8 @@ class RunState:
         if r.step_ms:
             r.step_times.append(r.step_ms)
             r.count(ev.steps or 1, r.step_ms, r.samples_per_s)
-        if r.loss is not None:
-            loss_line(self.loss_lines, ev.rank, len(self.ranks)).add(t, r.loss)
+        if r.loss is not None and len(self.ranks) <= MANY:
+            self.loss_lines.setdefault(ev.rank, Timeline()).add(t, r.loss)
         # One point an interval, from the lowest stepping rank (found anew only when it may move)
         lead = self.ranks.get(self._lead)
         if lead is None or ev.rank < self._lead or not lead.state.is_stepping:
@@ -162,6 +170,7 @@ class RunState:
                 self.rate_line.add(t, rate)
                 self.wait_line.add(t, 100 * sum(v.data_wait for v in stepping) /
                                    max(1, len(stepping)))
+            self.loss_band.add(t, [v.loss for v in stepping if v.loss is not None])
             self.live_epoch.step(r.epoch, r.step, r.loss, r.progress, r.data_wait, t, rate,
                                  r.steps_per_s if r.iteration else None)
 
@@ -170,6 +179,7 @@ class RunState:
         if ev.node and ev.util is not None:  # attach: GPU numbers repeat per node
             key = f"{ev.node} {key}"
         d = self.devices.get(key) or self.devices.setdefault(key, DeviceView(key, ev.rank))
+        self.device_copies.touch(key)
         d.take(ev)
 
     def _on_epoch(self, ev: Epoch) -> None:
@@ -234,6 +244,7 @@ class RunState:
             if value is not None:
                 setattr(r, name, plain(value) if isinstance(value, str) else value)
         if ev.node:
+            self.rank_copies.touch(ev.rank, moved=ev.node != r.node)  # rows go node by node
             r.host = r.node = ev.node
         if ev.control is not None:
             r.control = [c for c in ev.control if isinstance(c, str)]
@@ -248,6 +259,7 @@ class RunState:
 
     def _on_run(self, ev: Run) -> None:
         t, status = ev.t, ev.status
+        self.rank_copies.touched.update(self.ranks)  # a start or an end changes every row
         if status == "started" and ev.restart and self.started_t:
             # A script's group started again: one timeline, with a mark where it restarted.
             self.ended_t, self.exit_code, self.reason = None, None, ""
@@ -291,6 +303,7 @@ class RunState:
 
     def _on_stacks(self, ev: Stacks) -> None:
         r = self._rank(ev.stacks_of)
+        self.rank_copies.touch(ev.stacks_of)
         r.stacks, r.stacks_t = ev.stacks, ev.t
         self._on_notice(ev)
 
@@ -330,10 +343,10 @@ class RunState:
                 meta=dict(self.meta),
                 elapsed=(now - self.started_t) if self.started_t else 0.0,
                 now=now,
-                # step_times copied: the supervisor thread appends to the original.
-                ranks=[r.copied() for r in sorted(self.ranks.values(), key=RankView.order)],
-                devices=[d.copy(now, self.ended_t is not None)
-                         for d in sorted(self.devices.values(), key=DeviceView.order)],
+                # Copied: the supervisor thread appends to the originals' histories.
+                ranks=self.rank_copies.rows(self.ranks, RankView.copied),
+                devices=[d.aged(now, self.ended_t is not None)
+                         for d in self.device_copies.rows(self.devices, DeviceView.copied)],
                 epochs=[self._row(self.epochs[k]) for k in sorted(self.epochs)],
                 live_epoch=None if self.ended_t is not None else self.live_epoch.row(
                     now, self.settings, self.meta.get("world_size")),
@@ -346,21 +359,9 @@ class RunState:
             )
 
     def charts(self) -> dict:
-        """The run's series for the charts: loss per rank, img/s, input wait, change marks, with
-        times in seconds since launch (copied under the lock; asked for about once a second)."""
+        """The run's series for the charts, copied under the lock (asked for once a second)."""
         with self.lock:
-            t0 = self.started_t or self.first_step_t or 0.0
-
-            def rel(points):
-                # A point before the launch (a node's clock behind ours) would stretch a line
-                # far off the chart, and plotext draws every cell of it.
-                return [(t - t0, v) for t, v in points if t >= t0]
-
-            return {"loss": {rank: rel(line.copy()) for rank, line in sorted(self.loss_lines.items())},
-                    "rate": rel(self.rate_line.copy()), "wait": rel(self.wait_line.copy()),
-                    "marks": [(t - t0, label) for t, label in self.marks],
-                    "script": bool(self.meta.get("script")),
-                    "now": self._now() - t0 if t0 else 0.0}
+            return chart_series(self, self._now())
 
     def unanswered(self) -> dict[str, dict]:
         """Settings requests rank 0 has not answered yet, by id, oldest first."""

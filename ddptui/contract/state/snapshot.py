@@ -30,6 +30,7 @@ def dump(state: RunState) -> dict:
                                                          row.ranks.items()]}]
                      for key, row in state.epochs.items()]
     out["loss_lines"] = [[rank, vars(line)] for rank, line in state.loss_lines.items()]
+    out["loss_band"] = {name: vars(line) for name, line in state.loss_band.lines.items()}
     out["rate_line"], out["wait_line"] = vars(state.rate_line), vars(state.wait_line)
     out["marks"] = list(state.marks)
     out["lines"] = list(state.lines)
@@ -64,6 +65,8 @@ def load(data: dict, live: bool = True) -> RunState:
                                                                 ranks.items() if ev}})
     for rank, line in data["loss_lines"]:
         state.loss_lines[rank] = _timeline(line)
+    for name, line in data.get("loss_band", {}).items():  # a run's process of before the band
+        state.loss_band.lines[name] = _timeline(line)
     state.rate_line, state.wait_line = _timeline(data["rate_line"]), _timeline(data["wait_line"])
     state.marks.extend(tuple(m) for m in data["marks"])
     state.lines.extend(tuple(line) for line in data["lines"])

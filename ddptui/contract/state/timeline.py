@@ -1,11 +1,15 @@
 """Time series for the charts: a whole run in bounded memory (Timeline halves its resolution
-when full), and the last minutes at full resolution (Recent)."""
+when full), the ranks' loss band past a few ranks, and the last minutes at full resolution
+(Recent)."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from typing import TYPE_CHECKING
 
-MANY, FEW = 16, 256  # ranks past which each rank's loss line holds FEW points
+if TYPE_CHECKING:
+    from ddptui.contract.state.runstate import RunState
 
 
 class Timeline:
@@ -38,26 +42,26 @@ class Timeline:
     def copy(self) -> list[tuple[float, float]]:
         return list(self.points)
 
-    def fit(self, capacity: int) -> None:
-        """Hold at most `capacity` points from now on, halving the resolution until they fit."""
-        self.capacity = capacity + capacity % 2
-        while len(self.points) >= self.capacity:
-            even, pts = len(self.points) & ~1, self.points  # an odd last point stays as it is
-            self.points = [((a[0] + b[0]) / 2, (a[1] + b[1]) / 2)
-                           for a, b in zip(pts[:even:2], pts[1:even:2], strict=True)] + pts[even:]
-            self.stride *= 2
+
+MANY = 16  # ranks past which the chart draws the loss band, not a line a rank
+BAND = ("min", "median", "max")
 
 
-def loss_line(lines: dict[int, Timeline], rank: int, ranks: int) -> Timeline:
-    """`rank`'s loss over the run. In a job of more than MANY ranks each holds FEW points: the
-    chart draws their envelope, a chart's width of points (1,024 a rank would be some 60 MB at
-    512 ranks, and the most of what attach keeps beside its log)."""
-    line = lines.get(rank)
-    if line is None:
-        line = lines[rank] = Timeline()
-    if ranks > MANY and line.capacity > FEW:
-        line.fit(FEW)
-    return line
+class LossBand:
+    """The ranks' loss as three lines over the run: the lowest, the median and the highest of
+    the stepping ranks' latest loss, taken at each point of the img/s line. Past MANY ranks the
+    chart draws these, not a line a rank: hundreds of lines are one blot, and 512 lines of 256
+    points, copied and binned each second, were the charts' whole cost and memory."""
+
+    def __init__(self):
+        self.lines = {name: Timeline() for name in BAND}
+
+    def add(self, t: float, losses: list[float]) -> None:
+        losses = sorted(x for x in losses if math.isfinite(x))  # a NaN has no place in order
+        if losses:
+            for name, value in zip(BAND, (losses[0], losses[len(losses) // 2], losses[-1]),
+                                   strict=True):
+                self.lines[name].add(t, value)
 
 
 class Recent:
@@ -96,3 +100,25 @@ def smooth(points: list[tuple[float, float]], alpha: float = 0.1) -> list[tuple[
         weight = (1 - alpha) * weight + alpha
         out.append((t, avg / weight))
     return out
+
+
+def chart_series(state: RunState, now: float) -> dict:
+    """The run's series for the charts: loss per rank (past MANY ranks, their band), img/s,
+    input wait, change marks, in seconds since launch (the caller holds the state's lock)."""
+    t0 = state.started_t or state.first_step_t or 0.0
+
+    def rel(points):
+        # A point before the launch (a node's clock behind ours) would stretch a line far off
+        # the chart, and plotext draws every cell of it.
+        return [(t - t0, v) for t, v in points if t >= t0]
+
+    many = len(state.ranks) > MANY
+    return {"loss": {} if many else {rank: rel(line.copy()) for rank, line in
+                                     sorted(state.loss_lines.items())},
+            "band": {name: rel(line.copy()) for name, line in state.loss_band.lines.items()}
+            if many else {},
+            "ranks": len(state.ranks),
+            "rate": rel(state.rate_line.copy()), "wait": rel(state.wait_line.copy()),
+            "marks": [(t - t0, label) for t, label in state.marks],
+            "script": bool(state.meta.get("script")),
+            "now": now - t0 if t0 else 0.0}

@@ -7,7 +7,7 @@ import bisect
 import copy
 import re
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ddptui.contract.protocol.events import Gpu
@@ -153,11 +153,18 @@ class DeviceView:
             self.history.add(ev.t, self.util if self.util is not None else self.cpu_percent, mem,
                              self.power_w)
 
-    def copy(self, now: float, over: bool) -> DeviceView:
-        """For a view: its history copied, and stale once its readings stopped or the run is
-        `over` (a finished run's last reading, a GPU at 100%, must not read as the present)."""
-        return replace(self, history=self.history.copy(), age=max(0.0, now - self.seen_t),
-                       stale=over or now - self.seen_t > STALE_S)
+    def copied(self) -> DeviceView:
+        """For views: its history copied (a reader holds it after the lock)."""
+        out = copy.copy(self)
+        out.history = self.history.copy()
+        return out
+
+    def aged(self, now: float, over: bool) -> DeviceView:
+        """A view's copy of a copy, stale once its readings stopped or the run is `over` (a
+        finished run's last reading, a GPU at 100%, must not read as the present)."""
+        out = copy.copy(self)
+        out.age, out.stale = max(0.0, now - self.seen_t), over or now - self.seen_t > STALE_S
+        return out
 
     def order(self) -> tuple[int, str, int]:
         """GPUs before CPU ranks, then by node and number."""

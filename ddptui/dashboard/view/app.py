@@ -260,7 +260,7 @@ class DashboardApp(RankKeys, App[int]):
 
     def watch_selected_rank(self, rank: int) -> None:
         if self.view is not None:
-            self.rank_table.show(self.view, rank)
+            self.rank_table.select(self.view, rank)
 
     def action_pause(self) -> None:
         if not self._can_steer("pause"):

@@ -17,8 +17,6 @@ from textual_plotext import PlotextPlot
 from ddptui.contract.state.timeline import bins, smooth
 from ddptui.dashboard.view.widgets.bars import duration
 
-EACH_UP_TO = 16  # ranks whose loss is drawn a line each; above, their min, median and max
-
 RANK_COLORS = ("cyan", "orange", "green", "magenta", "blue", "red", "yellow", "white")
 MARK_COLOR = "gray"
 BUILD_PAUSE = 3.0  # after a build, its duration times this before the next: charts <= 1/4 busy
@@ -111,17 +109,15 @@ class RunCharts(Vertical):
 
 
 def draw_loss(plt, charts: dict, span: float, points: int) -> None:
-    """Each rank's loss (thin), the lowest rank's smoothed (bold), y labelled, x in time."""
+    """Each rank's loss (thin), the lowest rank's smoothed (bold); past a few ranks their band
+    (lowest, median, highest); y labelled, x in time."""
     _start(plt, span)
-    lines = charts["loss"]
-    shown: list[float] = []
-    if len(lines) > EACH_UP_TO:  # hundreds of lines are one blot, and seconds to draw
-        for name, (xs, ys), color in zip(("min", "median", "max"), envelope(lines, span, points),
-                                         ("cyan", "white", "magenta"), strict=True):
-            plt.plot(xs, ys, marker="braille", color=color,
-                     label=f"{name} of {len(lines)} ranks")
-            shown += ys
-        lines = {}
+    lines, shown = charts["loss"], []
+    for (name, band), color in zip(charts.get("band", {}).items(), ("cyan", "white", "magenta"),
+                                   strict=False):
+        xs, ys = _xy(bins(band, points))
+        plt.plot(xs, ys, marker="braille", color=color, label=f"{name} of {charts['ranks']} ranks")
+        shown += ys
     for i, (rank, line) in enumerate(lines.items()):
         xs, ys = _xy(bins(line, points))
         if xs:
@@ -183,25 +179,6 @@ def _loss_axis(plt, ys: list[float]) -> None:
 
 def _count(v: float) -> str:
     return f"{v / 1000:.1f}k" if v >= 10_000 else f"{v:,.0f}"
-
-
-def envelope(lines: dict, span: float, points: int) -> list[tuple[list[float], list[float]]]:
-    """The ranks' loss as three lines, (xs, ys) each: the lowest, the median and the highest of
-    them in each of `points` slices of the time shown."""
-    slots: list[list[float]] = [[] for _ in range(points)]
-    for line in lines.values():
-        for t, v in bins(line, points):
-            if math.isfinite(v):
-                slots[max(0, min(points - 1, int(t / span * points)))].append(v)
-    out: list[tuple[list[float], list[float]]] = [([], []), ([], []), ([], [])]
-    for i, values in enumerate(slots):
-        if values:
-            values.sort()
-            for (xs, ys), y in zip(out, (values[0], values[len(values) // 2], values[-1]),
-                                   strict=True):
-                xs.append((i + 0.5) * span / points)
-                ys.append(y)
-    return out
 
 
 def _xy(points: list[tuple[float, float]]) -> tuple[list[float], list[float]]:
