@@ -327,6 +327,7 @@ async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
     _pin(me, players, relays)
     async with app.run_test(size=(160, 50)) as pilot:
         while not (app.view and len(app.view.ranks) == plan.ranks):
+            _alive(app)
             await pilot.pause(0.2)
         appeared = time.time() - t0
         cpu0, rss, each_minute, mark = sum(me.cpu_times()[:2]), 0, [], 0
@@ -341,6 +342,7 @@ async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
             pressed = time.perf_counter()
             await pilot.press("down" if k % 2 == 0 else "up")
             while not any(r != row for _, r in shown[before:]):
+                _alive(app)
                 await asyncio.sleep(0.001)
             latencies.append(next(t for t, r in shown[before:] if r != row) - pressed)
             rss = max(rss, me.memory_info().rss)
@@ -356,6 +358,12 @@ async def screen(plan: Plan, keys: int, minutes: float = 0.0) -> dict:
         1000 * statistics.median(latencies), 1), "p95_ms": _p95(latencies),
             "process_cpu": round(busy, 2), "rss_mb": round(rss / 2**20),
             "each_minute": each_minute}
+
+
+def _alive(app) -> None:
+    """A dashboard that failed ends the bench (its waits would never end)."""
+    if app.return_code is not None:
+        raise SystemExit(f"the dashboard ended ({app.return_code}) before the bench did")
 
 
 def _p95(latencies: list[float]) -> float | None:

@@ -4,7 +4,6 @@ events and copies for every view. Pure Python."""
 from __future__ import annotations
 
 import bisect
-import copy
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,6 +21,13 @@ HEAT_S, HEAT_POINTS = 120.0, 2400  # the heat map's span, and the step events ke
 # The metrics endpoint's step-time histogram, upper bounds in seconds (+Inf after).
 # Log-spaced, about 3x apart: 10 ms to 30 s in 8 (512 ranks' scrape stays near 2 MB).
 STEP_BUCKETS = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
+
+
+def _shallow(item):
+    """A shallow copy: copy.copy's own way (__reduce_ex__) was 15 us, 512 of them a view."""
+    out = object.__new__(type(item))
+    out.__dict__.update(item.__dict__)
+    return out
 
 
 @dataclass
@@ -100,7 +106,7 @@ class RankView:
     def copied(self) -> RankView:
         """For a view: what changes in place copied (a reader holds it after the lock); a
         shallow copy, not dataclasses.replace (its __init__ was a third of a 512-rank view)."""
-        out = copy.copy(self)
+        out = _shallow(self)
         out.step_times, out.step_counts = deque(self.step_times), list(self.step_counts)
         out.ends, out.changes = dict(self.ends), deque(self.changes)
         return out
@@ -155,14 +161,14 @@ class DeviceView:
 
     def copied(self) -> DeviceView:
         """For views: its history copied (a reader holds it after the lock)."""
-        out = copy.copy(self)
+        out = _shallow(self)
         out.history = self.history.copy()
         return out
 
     def aged(self, now: float, over: bool) -> DeviceView:
         """A view's copy of a copy, stale once its readings stopped or the run is `over` (a
         finished run's last reading, a GPU at 100%, must not read as the present)."""
-        out = copy.copy(self)
+        out = _shallow(self)
         out.age, out.stale = max(0.0, now - self.seen_t), over or now - self.seen_t > STALE_S
         return out
 

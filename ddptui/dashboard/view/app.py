@@ -27,7 +27,6 @@ from ddptui.dashboard.view.screens.confirm import ConfirmQuit
 from ddptui.dashboard.view.screens.gpus import GpuScreen
 from ddptui.dashboard.view.screens.heat_screen import HeatScreen
 from ddptui.dashboard.view.screens.help import HelpScreen
-from ddptui.dashboard.view.screens.jump import JumpToRank
 from ddptui.dashboard.view.screens.stacks_screen import StacksScreen
 from ddptui.dashboard.view.screens.steptime_screen import StepTimeScreen
 from ddptui.dashboard.view.widgets import rank_groups
@@ -172,8 +171,8 @@ class DashboardApp(RankKeys, App[int]):
         elif view.status != "failed":
             self._told_failed = False
         pending = ", ".join(f"{k} {onoff(v)}" for k, v in view.pending.items())
-        self.epoch_table.border_title = (f"epochs · pending: {pending} (next epoch; a: now)"
-                                         if pending else "epochs")
+        _title(self.epoch_table, f"epochs · pending: {pending} (next epoch; a: now)"
+               if pending else "epochs")
         start = state.started_t
         for seq, t, level, text, _kind in state.lines_after(self._seq):
             self._seq = seq
@@ -211,9 +210,10 @@ class DashboardApp(RankKeys, App[int]):
         self._rung = rung
 
     def _show_devices(self, view: RunView) -> None:
+        self.devices.over = self.source.done.is_set()
         self.devices.view = view
-        self.devices.border_title = "GPUs" if view.meta.get("device_kind") == "cuda" else \
-            "CPU ranks and host"
+        _title(self.devices, "GPUs" if view.meta.get("device_kind") == "cuda" else
+               "CPU ranks and host")
         self.devices.compact = len(view.devices) > 4 or self.size.height < 30
 
     def _refresh_keys(self) -> None:
@@ -304,17 +304,6 @@ class DashboardApp(RankKeys, App[int]):
     def action_steptime(self) -> None:
         self.push_screen(StepTimeScreen(self.source.state))
 
-    def action_jump(self) -> None:
-        ranks = [r.rank for r in self._ranks()]
-        if not ranks:
-            return
-
-        def chosen(rank: int | None) -> None:
-            if rank is not None:
-                self.selected_rank = rank
-
-        self.push_screen(JumpToRank(ranks), chosen)
-
     def action_gpus(self) -> None:
         screen = GpuScreen()
         screen.view = self.view
@@ -396,4 +385,11 @@ def _boxed(widget, title: str):
     widget.add_class("box")
     widget.border_title = title
     return widget
+
+
+def _title(widget, title: str) -> None:
+    """A border's title, set only if it changed: each set repaints the widget (the GPU panel at
+    64 nodes: 10 ms, five times a second)."""
+    if widget.border_title != title:
+        widget.border_title = title
 

@@ -1,5 +1,6 @@
 """s, r, k and K: a rank taken out, brought back or killed, or the whole job ended, as far as the
-run on screen allows; where a key cannot act, a notification says why. Part of DashboardApp.
+run on screen allows; where a key cannot act, a notification says why; / goes to a rank by its
+number. Part of DashboardApp.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 from ddptui.contract.state.source import RunSource
 from ddptui.contract.state.views import RankView, RunView
 from ddptui.dashboard.view.screens.confirm import ConfirmEndJob, ConfirmRestart
+from ddptui.dashboard.view.screens.jump import JumpToRank
 
 
 class RankKeys:
@@ -98,6 +100,17 @@ class RankKeys:
                 self.source.end_job()
 
         self.push_screen(ConfirmEndJob(self.source.grace), confirmed)
+
+    def action_jump(self) -> None:
+        ranks = [r.rank for r in self._ranks()]
+        if not ranks:
+            return
+
+        def chosen(rank: int | None) -> None:
+            if rank is not None:
+                self.selected_rank = rank
+
+        self.push_screen(JumpToRank(ranks), chosen)
 
     def _selected(self):
         return next((r for r in self._ranks() if r.rank == self.selected_rank), None)

@@ -103,7 +103,9 @@ class RunCharts(Vertical):
         rate = self.query_one("#rate-chart", Chart)
         # A script that reports no rates (its loss read from its output): the loss takes it all.
         rate.display = not charts.get("script") or bool(charts["rate"])
-        self.border_title = "loss · img/s and input wait" if rate.display else "loss"
+        title = "loss · img/s and input wait" if rate.display else "loss"
+        if self.border_title != title:  # each set repaints it
+            self.border_title = title
         if rate.display:
             rate.redraw(lambda plt, width: draw_rate(plt, charts, span, max(10, 2 * width)))
 

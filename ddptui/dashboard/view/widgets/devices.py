@@ -4,6 +4,8 @@ and RSS plus the host's CPU and memory. One line per device when there are many.
 
 from __future__ import annotations
 
+import time
+
 from rich.table import Table
 from rich.text import Text
 from textual.reactive import reactive
@@ -15,26 +17,46 @@ from ddptui.dashboard.view.widgets.rank_groups import GROUP_FROM
 
 HISTORY_MIN = 8  # below this many cells the history column is left out
 LEVELS = " ▁▂▃▄▅▆▇█"
+NODES_S = 1.0  # the line a node's shortest redraw period
 
 
 class DevicePanel(Static):
     """One or two rows per device, with bars sized to the panel's width."""
 
-    view: reactive[RunView | None] = reactive(None, layout=False)
+    # Repainted by watch_view, when what it draws changed.
+    view: reactive[RunView | None] = reactive(None, layout=False, repaint=False)
     compact: reactive[bool] = reactive(False, layout=True)
+    _node_lines: Text | None = None  # a line a node, as last drawn
+    _drawn_t = 0.0  # when (monotonic)
+    over = False  # no more events can come: every view is drawn
 
-    def watch_view(self, old: dict | None, new: dict | None) -> None:
+    def watch_view(self, old: RunView | None, new: RunView | None) -> None:
         # Only a change in the number of devices (or of the host lines) changes the height.
         if _lines(old) != _lines(new):
             self.refresh(layout=True)
+        devices = new.devices if new else []
+        if not (len(devices) >= GROUP_FROM and " " in devices[0].key):
+            self._node_lines = None
+            self.refresh()
+            return
+        # A line a node, drawn anew at most once a second while the run goes on (nvitop's
+        # default is 2 s), and only when it changed: at 64 nodes a draw took 10-13 ms, and
+        # views come five times a second.
+        now = time.monotonic()
+        if not self.over and now - self._drawn_t < NODES_S and _lines(old) == _lines(new):
+            return
+        nodes = _by_node(devices, max(3, self.app.size.height // 2 - 3))  # #top's room
+        if nodes != self._node_lines:
+            self._node_lines, self._drawn_t = nodes, now
+            self.refresh()
 
     def render(self) -> Table | Text:
         v = self.view
         if not v or not v.devices:
             return Text("waiting for the first device reading…", style="dim")
+        if self._node_lines is not None:
+            return self._node_lines
         devices = v.devices
-        if len(devices) >= GROUP_FROM and " " in devices[0].key:
-            return _by_node(devices, max(3, self.app.size.height // 2 - 3))  # #top's room
         # As wide as the longest label: "650W 55C" under a GPU, "node/0 GPU 1" under attach.
         label_width = max([7] + [len(_label(d)) for d in devices] +
                           ([] if self.compact else [len(_power(d)) for d in devices

@@ -13,6 +13,7 @@ from ddptui.contract.state.views import RunView
 from ddptui.contract.wording import figures, onoff
 from ddptui.dashboard.view.widgets import rank_groups
 from ddptui.dashboard.view.widgets.bars import duration, spark
+from ddptui.dashboard.view.widgets.cell_cache import CellCache, shown_as
 
 STATE_STYLE = {"running": "green", "starting": "yellow", "restarting": "yellow", "standby": "blue",
                "stopped": "dim", "crashed": "bold red", "done": "cyan", "stalled": "bold red",
@@ -56,6 +57,7 @@ class RankTable(DataTable):
     _order: list[str] = []  # the rows' keys, top to bottom, as last drawn
 
     def on_mount(self) -> None:
+        self._rendered = CellCache()
         self.cursor_type = "row"
         self.zebra_stripes = True
         self.script = False
@@ -93,6 +95,17 @@ class RankTable(DataTable):
         self._show_rows(shown, columns, str(selected))
         self._shown = view
         self._refit_output()
+
+    def _render_cell(self, row_index: int, column_index: int, *args, **kwargs):
+        """DataTable's cell, from the cache while it shows the same value in the same place."""
+        if row_index < 0 or column_index < 0:  # the header, row labels: as DataTable has them
+            return super()._render_cell(row_index, column_index, *args, **kwargs)
+        row = self._row_locations.get_key(row_index)
+        column = self._column_locations.get_key(column_index)
+        key = (row_index, column_index, column, shown_as(self._data[row][column]), args,
+               tuple(kwargs.items()), self._show_hover_cursor, self._pseudo_class_state)
+        return self._rendered.get(key, lambda: super(RankTable, self)._render_cell(
+            row_index, column_index, *args, **kwargs))
 
     def select(self, view: RunView, selected: int) -> None:
         """The cursor on `selected`: moved alone while the rows stay as they are (a key's whole
