@@ -396,4 +396,3 @@ def _title(widget, title: str) -> None:
     64 nodes: 10 ms, five times a second)."""
     if widget.border_title != title:
         widget.border_title = title
-
