@@ -61,6 +61,16 @@ def rows(ranks: list[RankView], selected: int) -> list[RankView | NodeRow]:
     return out
 
 
+def layout(ranks: list[RankView], selected: int) -> list[RankView | NodeRow]:
+    """The table's rows: a row a node where grouped, else a row a rank."""
+    return rows(ranks, selected) if grouped(ranks) else list(ranks)
+
+
+def key(row: RankView | NodeRow) -> str:
+    """A row's key in the table."""
+    return row.key if isinstance(row, NodeRow) else str(row.rank)
+
+
 def node_cells(row: NodeRow, columns: tuple[str, ...], styles: dict[str, str]) -> tuple:
     """The node's row in the ranks table's columns: its ranks, the worst state among them (and
     how many are in it), the furthest-behind position, median loss, min / median / max img/s,

@@ -71,16 +71,14 @@ class RankTable(DataTable):
         is over, to the widths its last figures need, now."""
         script = bool(view.meta.get("script"))
         columns = self.SCRIPT_COLUMNS if script else self.COLUMNS
-        grouped = rank_groups.grouped(view.ranks)
         # Grouped: cells only for the ranks shown (the pinned ones and the open node's).
-        layout = rank_groups.rows(view.ranks, selected) if grouped else list(view.ranks)
+        layout = rank_groups.layout(view.ranks, selected)
         drawn = [r for r in layout if not isinstance(r, rank_groups.NodeRow)]
         rows = [self._script_cells(r, view.now) for r in drawn] if script else \
             self._cells(view, drawn)
         cells = dict(zip((r.rank for r in drawn), rows, strict=True))
-        shown = [(row.key, rank_groups.node_cells(row, columns, STATE_STYLE))
-                 if isinstance(row, rank_groups.NodeRow) else (str(row.rank), cells[row.rank])
-                 for row in layout]
+        shown = [(rank_groups.key(row), rank_groups.node_cells(row, columns, STATE_STYLE)
+                  if isinstance(row, rank_groups.NodeRow) else cells[row.rank]) for row in layout]
         if script != self.script or refit or final:  # a script's run has its own columns
             self.script = script
             self.clear(columns=True)
@@ -111,9 +109,7 @@ class RankTable(DataTable):
         """The cursor on `selected`: moved alone while the rows stay as they are (a key's whole
         cost; new figures made the table render every visible cell anew, 80 ms at 512 ranks),
         else the rows laid out again around it (a node opened or closed)."""
-        keys = [r.key if isinstance(r, rank_groups.NodeRow) else str(r.rank)
-                for r in rank_groups.rows(view.ranks, selected)] \
-            if rank_groups.grouped(view.ranks) else [str(r.rank) for r in view.ranks]
+        keys = [rank_groups.key(row) for row in rank_groups.layout(view.ranks, selected)]
         if keys != self._order:
             self.show(view, selected)
         elif str(selected) in keys:
